@@ -1,0 +1,32 @@
+# Each target makes its own virtualenv (.venv) and installs what it needs on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+FXKIT := $(VENV)/bin/fxkit
+# torch 2.13.0 is the CPU build on this machine's disk; an unpinned torch would pull a CUDA build.
+TORCH ?= torch==2.13.0
+
+.PHONY: demo test lint bench system clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[loader,dev]"
+	touch $@
+
+system:
+	./scripts/install-system-deps.sh
+
+demo: system $(VENV)/.installed
+	$(FXKIT) demo
+
+test: system $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -ra
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from fxkit.cli import main
+
+main()

@@ -1,0 +1,53 @@
+"""The ``fxkit`` command line: parses arguments and calls the layers below; no logic of its own."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+from fxkit import __version__
+from fxkit.cli.inventory import inventory
+from fxkit.cli.lab import lab
+from fxkit.cli.loader import bench, load, make_checkpoint
+from fxkit.cli.play import play
+from fxkit.errors import FxkitError
+
+err_console = Console(stderr=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fxkit")
+def cli() -> None:
+    """Provision inference nodes Ansible-style, and load models fast.
+
+    \b
+    Provisioning:  fxkit play PLAYBOOK -i INVENTORY [--check] [--diff]
+    Inventories:   fxkit inventory -i INVENTORY --list | --graph
+    Lab fleet:     fxkit lab up N | status | down
+    Models:        fxkit load MODEL; fxkit bench load MODEL; fxkit make-checkpoint DIR
+    """
+
+
+for command in (play, inventory, lab, load, bench, make_checkpoint):
+    cli.add_command(command)
+
+
+def main() -> None:
+    """Console entry point: user mistakes print as one clear message, never a traceback."""
+    from fxkit.loader.errors import LoaderError
+
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (FxkitError, LoaderError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        sys.exit(2)
+    except SystemExit:
+        raise

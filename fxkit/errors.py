@@ -1,0 +1,42 @@
+"""User-facing errors: what is wrong, where, and what to do about it.
+
+Every mistake a user can make (a bad inventory line, an undefined template variable, an
+unknown host key) surfaces as a subclass of :class:`FxkitError`; the CLI prints it without a
+traceback. Anything else is a bug in fxkit and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class FxkitError(Exception):
+    """An error the user can fix. ``where`` is a file:line, host or variable; ``hint`` says how."""
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        return f"{text}\n  hint: {self.hint}" if self.hint else text
+
+
+class InventoryError(FxkitError):
+    """An inventory file, group_vars/host_vars file or host pattern is wrong."""
+
+
+class PlaybookError(FxkitError):
+    """A playbook, role or role file is wrong."""
+
+
+class TemplateError(FxkitError):
+    """A Jinja2 template failed to render (undefined variable, syntax error)."""
+
+
+class ConnectionFailed(FxkitError):
+    """A host could not be reached or logged into: the host counts as unreachable."""
+
+
+class HostKeyError(ConnectionFailed):
+    """A host's SSH key is unknown or changed: fxkit refuses to talk to it."""

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install the Debian packages the lab fleet and the benchmarks need, where they are missing.
+# openssh-server: the lab's hosts run real sshd; fio: the storage limit in `fxkit bench load`;
+# sshfs/fuse3 + iproute2: the emulated network filesystem of the remote-storage benchmark.
+set -euo pipefail
+need=()
+command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v fio >/dev/null || need+=(fio)
+command -v sshfs >/dev/null || need+=(sshfs fuse3)
+command -v ip >/dev/null || need+=(iproute2)
+command -v unshare >/dev/null || need+=(util-linux)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+    echo "missing Debian packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2
+    exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${need[@]}"
