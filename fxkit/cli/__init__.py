@@ -8,9 +8,10 @@ import click
 from rich.console import Console
 
 from fxkit import __version__
+from fxkit.cli.bench import bench
 from fxkit.cli.inventory import inventory
 from fxkit.cli.lab import lab
-from fxkit.cli.loader import bench, load, make_checkpoint
+from fxkit.cli.loader import load, make_checkpoint
 from fxkit.cli.play import play
 from fxkit.errors import FxkitError
 

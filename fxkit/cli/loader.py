@@ -1,4 +1,4 @@
-"""``fxkit load``, ``fxkit bench load`` and ``fxkit make-checkpoint``: the model loader's commands.
+"""``fxkit load`` and ``fxkit make-checkpoint``: the model loader's commands.
 
 torch is imported inside the commands, so ``fxkit --help`` stays fast.
 """
@@ -10,11 +10,6 @@ import click
 def load() -> None:
     """Load a model with the parallel loader (being built: see issue "Parallel safetensors loader")."""
     raise click.ClickException("fxkit load is not built yet")
-
-
-@click.group()
-def bench() -> None:
-    """Benchmarks that compare fxkit with baselines and peers in one run."""
 
 
 @click.command("make-checkpoint")

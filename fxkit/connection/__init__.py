@@ -1,5 +1,46 @@
 """Connections to hosts: SSH (Fabric/paramiko) and local, behind one interface."""
 
-from fxkit.connection.base import Connection, RunResult
+from __future__ import annotations
 
-__all__ = ["Connection", "RunResult"]
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fxkit.connection.base import Connection, RunResult
+from fxkit.errors import ConnectionFailed
+
+__all__ = ["ConnectOptions", "Connection", "RunResult", "connect"]
+
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclass
+class ConnectOptions:
+    """Run-wide connection settings (from the CLI); per-host settings come from host variables."""
+
+    connect_timeout: float = 10.0
+    command_timeout: float | None = None
+    #: fxkit's own known_hosts file (read, and written when accepting new keys).
+    known_hosts: str | None = None
+    #: Accept an unknown host key on first use and record it; a changed key is always refused.
+    accept_new_host_keys: bool = False
+    become_password: str | None = None
+    connect_retries: int = 2
+
+
+def connect(name: str, hostvars: Mapping[str, Any], options: ConnectOptions) -> Connection:
+    """Return an unopened connection for inventory host ``name`` with its merged variables."""
+    kind = hostvars.get("ansible_connection") or ("local" if name in LOCAL_NAMES else "ssh")
+    if kind == "local":
+        from fxkit.connection.local import LocalConnection
+
+        return LocalConnection(name, become_password=options.become_password)
+    if kind in ("ssh", "paramiko"):
+        from fxkit.connection.ssh import SSHConnection
+
+        return SSHConnection(name, hostvars, options)
+    raise ConnectionFailed(
+        f"unknown connection type {kind!r}",
+        where=f"host {name}, variable ansible_connection",
+        hint="use 'ssh' or 'local'",
+    )
