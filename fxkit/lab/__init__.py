@@ -1,0 +1,1 @@
+"""The lab fleet: real, isolated SSH hosts on this one machine."""
