@@ -79,7 +79,7 @@ def _section(line: str, where: str) -> tuple[str, str]:
             hint="write [group], [group:vars] or [group:children]",
         )
     kind = match[2] or "hosts"
-    if kind not in ("vars", "children"):
+    if match[2] not in (None, "vars", "children"):
         raise InventoryError(
             f"unknown section kind ':{kind}' in {line!r}",
             where=where,

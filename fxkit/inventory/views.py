@@ -26,16 +26,16 @@ def as_list(inventory: Inventory, hosts: list[str] | None = None) -> dict[str, A
 
 
 def as_graph(inventory: Inventory, group: str = "all") -> str:
-    """``ansible-inventory --graph [GROUP]``: child groups then hosts, each sorted by name."""
+    """``ansible-inventory --graph [GROUP]``: child groups then hosts, in declaration order."""
     return "\n".join(_graph(inventory, group, 0))
 
 
 def _graph(inventory: Inventory, name: str, depth: int) -> list[str]:
     group = inventory.groups[name]
     lines = [_indent(f"@{name}:", depth)]
-    for child in sorted(group.children):
+    for child in group.children:
         lines += _graph(inventory, child, depth + 1)
-    lines += [_indent(host, depth + 1) for host in sorted(group.hosts)]
+    lines += [_indent(host, depth + 1) for host in group.hosts]
     return lines
 
 
