@@ -51,9 +51,8 @@ def test_merge_order_deeper_groups_win_siblings_alphabetical_files_beat_inline()
     assert gpu01["nic"] == "gpu-file" and gpu03["nic"] == "rack2-file"
     # host_vars/gpu03.json beats gpu03's inline vars; the inline host:port gave ansible_port.
     assert gpu03["level"] == "host-file" and gpu03["ansible_port"] == 2222
-    assert inv.hosts["gpu03"] == InventoryHost(
-        "gpu03", gpu03, ["all", "gpu", "rack2"]
-    ), "groups: all, then ancestors before children"
+    # groups: all, then the others in merge order (ancestors before children)
+    assert inv.hosts["gpu03"] == InventoryHost("gpu03", gpu03, ["all", "gpu", "rack2"])
     assert inv.hosts["gpu01"].groups == ["all", "alpha", "gpu", "zeta", "rack1"]
     assert inv.hosts["bastion"].groups == ["all", "ungrouped"]
 
@@ -145,7 +144,7 @@ def test_extensionless_yaml_file_is_read_as_yaml(tmp_path: Path) -> None:
 )
 def test_host_ranges_in_both_formats(tmp_path: Path, text: str, names: list[str]) -> None:
     ini = write(tmp_path, "hosts.ini", f"[g]\n{text} x=1\n")
-    yml = write(tmp_path, "hosts.yml", f"all:\n  children:\n    g:\n      hosts:\n        {text}:\n")
+    yml = write(tmp_path, "hosts.yml", f"all:\n  children:\n    g:\n      hosts:\n        {text}:")
     assert list(Inventory.load(ini).hosts) == names
     assert list(Inventory.load(yml).hosts) == names
     assert Inventory.load(ini).groups["g"].hosts == names

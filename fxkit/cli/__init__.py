@@ -49,7 +49,9 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except (FxkitError, LoaderError) as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )
         sys.exit(2)
     except SystemExit:
         raise

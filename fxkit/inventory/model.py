@@ -196,6 +196,7 @@ def _merge_order(groups: dict[str, InventoryGroup], host: str) -> list[str]:
             raise InventoryError(
                 f"ansible_group_priority of group {name!r} must be an integer, got {priority!r}",
                 where=f"group {name}",
+                hint="set ansible_group_priority to a number, e.g. 10 (higher wins)",
             )
         return groups[name].depth, priority, name
 

@@ -36,10 +36,10 @@ def select(inventory: Inventory, pattern: str) -> list[InventoryHost]:
         chosen |= _match(inventory, term, pattern)
     for term in terms:
         if term[0] == "&":
-            chosen &= _match(inventory, term[1:], pattern)
+            chosen &= _match(inventory, term[1:].strip(), pattern)
     for term in terms:
         if term[0] == "!":
-            chosen -= _match(inventory, term[1:], pattern)
+            chosen -= _match(inventory, term[1:].strip(), pattern)
     return [host for name, host in inventory.hosts.items() if name in chosen]
 
 
