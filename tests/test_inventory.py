@@ -10,11 +10,11 @@ import pytest
 from inventory_helpers import ANSIBLE, DATA, FLEET, REPO, write
 
 from fxkit.inventory import Inventory, InventoryHost
-from fxkit.inventory.views import as_list
+from fxkit.inventory.views import as_graph, as_list
 
 
-def ansible_list() -> dict:
-    data = json.loads((ANSIBLE / "list.json").read_text())
+def ansible_list(path: Path = ANSIBLE / "list.json") -> dict:
+    data = json.loads(path.read_text())
     data["_meta"].pop("profile")  # ansible-core 2.19's serialisation profile, not inventory data
     return data
 
@@ -23,6 +23,19 @@ def ansible_list() -> dict:
 def test_fleet_matches_ansible_inventory_list(name: str) -> None:
     # Source: ansible-inventory -i fleet.yml --list (ansible-core 2.19.14), see ansible/README.md
     assert as_list(Inventory.load(FLEET / name)) == ansible_list()
+
+
+@pytest.mark.parametrize("name", ["edge.yml", "edge.ini"])
+def test_corner_cases_match_ansible_inventory(name: str) -> None:
+    # Source: ansible-inventory -i edge/NAME --list / --graph (ansible-core 2.19.14)
+    golden = DATA / "edge" / "ansible"
+    inv = Inventory.load(DATA / "edge" / name)
+    assert as_list(inv) == ansible_list(golden / f"{name}.list.json")
+    assert as_graph(inv) + "\n" == (golden / f"{name}.graph.txt").read_text()
+    # h1 is listed as ungrouped (before any section, or under all: hosts) and in g1: as in
+    # Ansible, a host in any other group is not ungrouped.
+    assert "h1" not in inv.groups["ungrouped"].hosts
+    assert "g1" in inv.hosts["h1"].groups and "ungrouped" not in inv.hosts["h1"].groups
 
 
 def test_yaml_and_ini_give_the_same_hosts_vars_and_groups() -> None:
@@ -148,6 +161,14 @@ def test_host_ranges_in_both_formats(tmp_path: Path, text: str, names: list[str]
     assert list(Inventory.load(ini).hosts) == names
     assert list(Inventory.load(yml).hosts) == names
     assert Inventory.load(ini).groups["g"].hosts == names
+
+
+def test_ini_host_ports_and_ranges_with_a_port() -> None:
+    inv = Inventory.load(DATA / "edge" / "edge.ini")
+    assert inv.hosts["h1"].vars["ansible_port"] == 2200
+    assert [inv.hosts[n].vars["ansible_port"] for n in ("n1", "n2", "n3")] == [2222] * 3
+    assert inv.hosts["n2"].vars == {"ansible_port": 2222, "a": 1, "b": "two words",
+                                    "c": [1, {"k": 2}], "v": "g2"}  # fmt: skip
 
 
 def test_host_in_several_places_keeps_first_position_and_later_vars(tmp_path: Path) -> None:

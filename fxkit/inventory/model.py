@@ -33,6 +33,7 @@ from fxkit.inventory.yaml_format import parse_yaml
 from fxkit.inventory.yamlfile import Marked, read_yaml
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
+UNGROUPED = ("all", "ungrouped")
 
 
 @dataclass
@@ -144,8 +145,11 @@ def _link_groups(draft: Draft) -> dict[str, InventoryGroup]:
     for name in list(draft.groups):
         if name != "all" and not any(name in g.children for g in draft.groups.values()):
             draft.add_child("all", name, draft.groups[name].where)
-    grouped = {host for name, g in draft.groups.items() if name != "all" for host in g.hosts}
-    draft.groups["ungrouped"].hosts.extend(h for h in draft.hosts if h not in grouped)
+    # As Ansible: ungrouped holds exactly the hosts that are in no other group.
+    other = {h for name, g in draft.groups.items() if name not in UNGROUPED for h in g.hosts}
+    ungrouped = draft.groups["ungrouped"].hosts
+    ungrouped[:] = [h for h in ungrouped if h not in other]
+    ungrouped.extend(h for h in draft.hosts if h not in other and h not in ungrouped)
     draft.groups["all"].hosts.clear()
 
     groups = {
