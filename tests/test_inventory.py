@@ -140,6 +140,11 @@ def test_ini_values_are_python_literals_or_strings(tmp_path: Path) -> None:
     }  # fmt: skip
 
 
+def test_json_inventory_is_read_like_yaml(tmp_path: Path) -> None:
+    inv = write(tmp_path, "hosts.json", '{"all": {"children": {"g": {"hosts": {"h1": {"x": 1}}}}}}')
+    assert Inventory.load(inv).hosts["h1"] == InventoryHost("h1", {"x": 1}, ["all", "g"])
+
+
 def test_extensionless_yaml_file_is_read_as_yaml(tmp_path: Path) -> None:
     inv = write(tmp_path, "hosts", "all:\n  hosts:\n    web1:\n")
     assert list(Inventory.load(inv).hosts) == ["web1"]

@@ -14,7 +14,8 @@ class DraftGroup:
     name: str
     where: str
     vars: dict[str, Any] = field(default_factory=dict)
-    hosts: list[str] = field(default_factory=list)
+    #: host names in declaration order (a dict used as an ordered set)
+    hosts: dict[str, None] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
     #: child name -> file:line of the line that made it a child (for cycle errors)
     child_where: dict[str, str] = field(default_factory=dict)
@@ -61,5 +62,4 @@ class Draft:
         target = self.group(group, where)
         for host in names:
             self.hosts.setdefault(host, {}).update(hostvars, **extra)
-            if host not in target.hosts:
-                target.hosts.append(host)
+            target.hosts[host] = None

@@ -105,9 +105,13 @@ class Inventory:
         group_files = {name: _vars_from(folder, "group_vars", name) for name in groups}
         for name, group in groups.items():
             group.vars = {**draft.groups[name].vars, **group_files[name]}
+        direct: dict[str, list[str]] = {name: [] for name in draft.hosts}
+        for group in groups.values():
+            for host in group.hosts:
+                direct[host].append(group.name)
         hosts = {}
         for name, inline in draft.hosts.items():
-            order = _merge_order(groups, name)
+            order = _merge_order(groups, direct[name])
             merged: dict[str, Any] = {}
             for group in order:
                 merged.update(draft.groups[group].vars)
@@ -147,9 +151,8 @@ def _link_groups(draft: Draft) -> dict[str, InventoryGroup]:
             draft.add_child("all", name, draft.groups[name].where)
     # As Ansible: ungrouped holds exactly the hosts that are in no other group.
     other = {h for name, g in draft.groups.items() if name not in UNGROUPED for h in g.hosts}
-    ungrouped = draft.groups["ungrouped"].hosts
-    ungrouped[:] = [h for h in ungrouped if h not in other]
-    ungrouped.extend(h for h in draft.hosts if h not in other and h not in ungrouped)
+    ungrouped = draft.groups["ungrouped"]
+    ungrouped.hosts = dict.fromkeys(h for h in [*ungrouped.hosts, *draft.hosts] if h not in other)
     draft.groups["all"].hosts.clear()
 
     groups = {
@@ -178,15 +181,15 @@ def _set_depths(
             raise InventoryError(
                 f"group {child!r} is its own ancestor: {' -> '.join([*path, name, child])}",
                 where=draft.groups[name].child_where[child],
-                hint="remove one of the children: entries so groups form a tree",
+                hint="remove one of these children: entries so that no group contains itself",
             )
         _set_depths(draft, groups, child, [*path, name], reached)
 
 
-def _merge_order(groups: dict[str, InventoryGroup], host: str) -> list[str]:
-    """``all``, then every group holding ``host`` (directly or via a child) in merge order."""
+def _merge_order(groups: dict[str, InventoryGroup], direct: list[str]) -> list[str]:
+    """``all``, then the ``direct`` groups of a host and their ancestors, in merge order."""
     found: set[str] = set()
-    todo = [name for name, group in groups.items() if host in group.hosts]
+    todo = list(direct)
     while todo:
         name = todo.pop()
         if name not in found:

@@ -25,6 +25,8 @@ def read_vars(folder: Path, name: str) -> dict[str, Any]:
 
 
 def _files_for(folder: Path, name: str) -> list[Path]:
+    if not folder.is_dir():
+        return []
     for extension in EXTENSIONS:
         path = folder / f"{name}{extension}"
         if path.is_dir():
