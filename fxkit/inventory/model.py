@@ -28,6 +28,7 @@ from typing import Any
 from fxkit.errors import InventoryError
 from fxkit.inventory.draft import Draft
 from fxkit.inventory.ini_format import parse_ini
+from fxkit.inventory.patterns import select
 from fxkit.inventory.vars_files import read_vars
 from fxkit.inventory.yaml_format import parse_yaml
 from fxkit.inventory.yamlfile import Marked, read_yaml
@@ -95,8 +96,6 @@ class Inventory:
 
     def select(self, pattern: str) -> list[InventoryHost]:
         """Hosts matching an Ansible host pattern, in inventory order (see ``patterns``)."""
-        from fxkit.inventory.patterns import select
-
         return select(self, pattern)
 
     @classmethod
