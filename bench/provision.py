@@ -1,0 +1,577 @@
+"""Provisioning benchmark: fxkit against ansible-core and pyinfra on the same lab fleet.
+
+The workload (20 tasks per host, ``bench/provision/``) runs on 8 and 32 lab hosts (and once on 64):
+a first run on hosts whose workload state was wiped (everything changes) and a second run right
+after it (nothing changes). The tools take turns in every round (the order rotates), each with its
+default settings, and every run is checked: exit status, changes reported, and the files left on
+every host (compared across tools). Reported: wall time (median of the rounds), the ratios to
+fxkit, and CPU seconds per host-task of the controller (the tool's process and every process under
+it, ssh included) and of the hosts (their sshd and everything it started).
+
+    .venv/bin/python bench/provision.py --hosts 8,32 --runs 3 --once 64
+
+ansible-core and pyinfra are installed (pinned) into their own virtualenvs under
+``.cache/bench-venvs/``; they are not fxkit dependencies. Needs root (the lab fleet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from fxkit.lab import Fleet
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOAD = REPO / "bench" / "provision"
+VENVS = REPO / ".cache" / "bench-venvs"
+TASKS_PER_HOST = 20
+#: What the workload writes on a host; the reset between first runs removes exactly this.
+WORKLOAD_PATHS = ("/srv/fxkit-bench", "/etc/fxkit-bench.conf")
+PEERS = {"ansible": "ansible-core==2.19.14", "pyinfra": "pyinfra==3.10.0"}
+TOOLS = ("fxkit", "pyinfra", "ansible")
+PR_SET_CHILD_SUBREAPER = 36
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+
+console = Console()
+
+
+class BenchError(Exception):
+    """A run did not do what the benchmark expects (the numbers would mean nothing)."""
+
+
+# -- the tools ------------------------------------------------------------------------------
+
+
+@dataclass
+class Counts:
+    """What a tool reported: changes, failures, and the hosts that reported a change."""
+
+    changed: int = 0
+    failed: int = 0
+    changed_hosts: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Tool:
+    """How to run one tool on an inventory and read what it did from its output."""
+
+    name: str
+    version: str
+    settings: str
+    argv: Callable[[Path, Path], list[str]]
+    env: dict[str, str]
+    parse: Callable[[str, Path], Counts]
+    teardown: Callable[[Path], None] = lambda workdir: None
+
+
+def peer_venv(name: str) -> Path:
+    """The virtualenv of ansible-core or pyinfra, created (pinned) on first use."""
+    venv = VENVS / name
+    marker = venv / f".installed-{PEERS[name]}"
+    if not marker.exists():
+        console.print(f"installing {PEERS[name]} into {venv} ...")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+        done = subprocess.run([*pip, PEERS[name]], capture_output=True, text=True)
+        if done.returncode:
+            raise BenchError(f"pip install {PEERS[name]} failed:\n{done.stdout}{done.stderr}")
+        marker.touch()
+    return venv / "bin"
+
+
+def _version(argv: list[str]) -> str:
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return out.strip().splitlines()[0]
+
+
+def fxkit_tool() -> Tool:
+    import fxkit
+
+    source = Path(fxkit.__file__).resolve().parent.parent
+    git = ["git", "-C", str(source)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "fxkit"], capture_output=True)
+    version = f"fxkit {commit.stdout.strip() or '?'}{'+dirty' if dirty.stdout else ''} ({source})"
+
+    def argv(inventory: Path, workdir: Path) -> list[str]:
+        playbook = WORKLOAD / "fxkit" / "playbook.yml"
+        log = workdir / "events.json"
+        return [sys.executable, "-m", "fxkit", "play", str(playbook), "-i", str(inventory),
+                "--log-json", str(log)]  # fmt: skip
+
+    def parse(output: str, workdir: Path) -> Counts:
+        counts = Counts()
+        for line in (workdir / "events.json").read_text().splitlines():
+            event = json.loads(line)
+            if event.get("status") == "changed":
+                counts.changed += 1
+                counts.changed_hosts.add(event["host"])
+            elif event.get("status") in ("failed", "unreachable"):
+                counts.failed += 1
+        return counts
+
+    return Tool("fxkit", version, "defaults (forks 50)", argv, {}, parse)
+
+
+ANSIBLE_RECAP = re.compile(
+    r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
+)
+
+
+def ansible_tool() -> Tool:
+    bin_dir = peer_venv("ansible")
+
+    def argv(inventory: Path, workdir: Path) -> list[str]:
+        playbook = WORKLOAD / "ansible" / "playbook.yml"
+        return [str(bin_dir / "ansible-playbook"), "-i", str(inventory), str(playbook)]
+
+    def parse(output: str, workdir: Path) -> Counts:
+        counts = Counts()
+        for host, changed, unreachable, failed in ANSIBLE_RECAP.findall(output):
+            counts.changed += int(changed)
+            counts.failed += int(unreachable) + int(failed)
+            if int(changed):
+                counts.changed_hosts.add(host)
+        return counts
+
+    def teardown(workdir: Path) -> None:
+        """Close the ControlPersist masters ansible leaves behind (they count as its CPU)."""
+        for socket in (workdir / "cp").iterdir():
+            ssh_exit = ["ssh", "-o", f"ControlPath={socket}", "-O", "exit", "lab"]
+            subprocess.run(ssh_exit, capture_output=True, timeout=30)
+
+    # The control sockets go to the run's own folder so that no run reuses another's masters.
+    env = {"ANSIBLE_SSH_CONTROL_PATH_DIR": "{workdir}/cp", "ANSIBLE_NOCOLOR": "1"}
+    settings = "defaults (forks 5, ssh ControlPersist 60s, no pipelining); gather_facts: false"
+    version = _version([str(bin_dir / "ansible-playbook"), "--version"])
+    return Tool("ansible", version, settings, argv, env, parse, teardown)
+
+
+def pyinfra_tool() -> Tool:
+    bin_dir = peer_venv("pyinfra")
+
+    def argv(inventory: Path, workdir: Path) -> list[str]:
+        deploy = WORKLOAD / "pyinfra" / "deploy.py"
+        return [str(bin_dir / "pyinfra"), "-y", str(inventory.with_suffix(".py")), str(deploy)]
+
+    def parse(output: str, workdir: Path) -> Counts:
+        counts = Counts()
+        for host in re.findall(r"^\s+\[(\S+)\] Success", output, re.MULTILINE):
+            counts.changed += 1
+            counts.changed_hosts.add(host)
+        counts.failed = len(re.findall(r"^\s+\[\S+\] (?:Error|Could not connect)", output, re.M))
+        return counts
+
+    version = _version([str(bin_dir / "pyinfra"), "--version"])
+    settings = "defaults (all hosts in parallel), -y (no prompt)"
+    return Tool("pyinfra", version, settings, argv, {}, parse)
+
+
+# -- the fleet and the hosts' state -----------------------------------------------------------
+
+
+def host_vars(index: int) -> dict[str, object]:
+    """The per-host variables the workload's template renders."""
+    return {"bench_id": index, "bench_zone": f"zone-{'abcd'[index % 4]}"}
+
+
+def write_inventories(fleet: Fleet, names: list[str], folder: Path) -> Path:
+    """An Ansible YAML inventory (read by fxkit and ansible) and a pyinfra inventory beside it,
+    for the same hosts, variables, key and known_hosts file (host keys are verified)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    common = {k: v for k, v in fleet.hostvars(names[0]).items() if k != "ansible_host"}
+    hosts = {}
+    pyinfra_hosts = []
+    for index, name in enumerate(names, 1):
+        hosts[name] = {"ansible_host": fleet.address(name), **host_vars(index)}
+        pyinfra_hosts.append(
+            (name, {"ssh_hostname": fleet.address(name), "ssh_port": fleet.port,
+                    "ssh_user": "root", "ssh_key": str(fleet.client_key),
+                    "ssh_known_hosts_file": str(fleet.known_hosts),
+                    "ssh_strict_host_key_checking": "yes", **host_vars(index)})
+        )  # fmt: skip
+    inventory = folder / f"hosts{len(names)}.yml"
+    tree = {"all": {"vars": common, "children": {"lab": {"hosts": hosts}}}}
+    inventory.write_text(yaml.safe_dump(tree, sort_keys=False))
+    inventory.with_suffix(".py").write_text(f"lab = {pyinfra_hosts!r}\n")
+    return inventory
+
+
+def ssh_all(fleet: Fleet, names: list[str], command: str) -> dict[str, str]:
+    """Run one command on every host with OpenSSH (host keys verified); its output per host."""
+
+    def one(name: str) -> str:
+        argv = ["ssh", "-i", str(fleet.client_key), "-o", f"UserKnownHostsFile={fleet.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-p", str(fleet.port),
+                f"root@{fleet.address(name)}", command]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if done.returncode:
+            raise BenchError(f"{name}: {command!r} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    with ThreadPoolExecutor(16) as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))
+
+
+def reset(fleet: Fleet, names: list[str]) -> None:
+    """Wipe the workload's state on every host: the next run starts from scratch."""
+    ssh_all(fleet, names, "rm -rf -- " + " ".join(map(shlex.quote, WORKLOAD_PATHS)))
+
+
+FINGERPRINT = (
+    "cd / && find {paths} -printf '%p %y %m %u %g %s\\n' | LC_ALL=C sort"
+    " && find {paths} -type f -exec sha256sum {{}} + | LC_ALL=C sort"
+).format(paths=" ".join(shlex.quote(p.lstrip("/")) for p in WORKLOAD_PATHS))
+
+
+def fingerprints(fleet: Fleet, names: list[str]) -> dict[str, str]:
+    """Per host: a digest of the workload's files (paths, types, modes, owners, contents)."""
+    listing = ssh_all(fleet, names, FINGERPRINT)
+    return {name: hashlib.sha256(text.encode()).hexdigest()[:16] for name, text in listing.items()}
+
+
+def sshd_pids(fleet: Fleet, names: list[str]) -> list[int]:
+    """Each host's sshd: PID 1 of its namespaces, the only child of the unshare process."""
+    return [child for name in names for child in _children(fleet.hosts[name]["pid"])]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _cpu_with_reaped(pid: int) -> float:
+    """CPU seconds of a process and of every child it has reaped (utime+stime+cutime+cstime)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return sum(int(x) for x in fields[11:15]) / CLOCK_TICK
+
+
+def hosts_cpu(pids: list[int]) -> float:
+    return sum(map(_cpu_with_reaped, pids))
+
+
+def wait_sessions_closed(pids: list[int], timeout: float = 5.0) -> None:
+    """Wait until no host has an SSH session left (its CPU is then in the sshd's cutime)."""
+    deadline = time.monotonic() + timeout
+    while any(_children(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+# -- one measured run -----------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    tool: str
+    hosts: int
+    round: int
+    phase: str  # "first" (from scratch) or "second" (nothing to change)
+    wall_s: float
+    controller_cpu_s: float
+    hosts_cpu_s: float
+    changed: int
+    changed_hosts: int
+
+    @property
+    def host_tasks(self) -> int:
+        return self.hosts * TASKS_PER_HOST
+
+
+def become_subreaper() -> None:
+    """Orphans of the tools' processes (ansible's ssh ControlPersist masters) become our
+    children, so that their CPU time reaches RUSAGE_CHILDREN when we reap them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def reap_orphans(keep: set[int], timeout: float = 15.0) -> None:
+    """Wait for every child of ours except ``keep`` (the fleet's hosts) to exit and reap it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        orphans = [pid for pid in _our_children() if pid not in keep]
+        for pid in orphans:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                orphans.remove(pid)
+        if not orphans:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"processes {orphans} left by a tool did not exit")
+        time.sleep(0.02)
+
+
+def _our_children() -> list[int]:
+    me = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
+                found.append(int(entry.name))
+    return found
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(
+    tool: Tool, fleet: Fleet, names: list[str], inventory: Path, phase: str, round_: int
+) -> Run:
+    """Run the tool once; check it succeeded; return its wall time and CPU use."""
+    keep = {info["pid"] for info in fleet.hosts.values()}
+    sshds = sshd_pids(fleet, names)
+    with tempfile.TemporaryDirectory(prefix=f"provbench-{tool.name}-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "cp").mkdir()
+        env = {**os.environ, **{k: v.format(workdir=workdir) for k, v in tool.env.items()}}
+        cpu0, hosts0 = children_cpu(), hosts_cpu(sshds)
+        start = time.perf_counter()
+        done = subprocess.run(
+            tool.argv(inventory, workdir), cwd=workdir, env=env, capture_output=True, text=True
+        )
+        wall = time.perf_counter() - start
+        tool.teardown(workdir)
+        reap_orphans(keep)
+        wait_sessions_closed(sshds)
+        cpu, hosts = children_cpu() - cpu0, hosts_cpu(sshds) - hosts0
+        output = done.stdout + done.stderr
+        if done.returncode:
+            raise BenchError(f"{tool.name} exited {done.returncode}:\n{output[-3000:]}")
+        counts = tool.parse(output, workdir)
+    if counts.failed:
+        raise BenchError(f"{tool.name} reported {counts.failed} failures:\n{output[-3000:]}")
+    if phase == "first" and len(counts.changed_hosts) != len(names):
+        missing = sorted(set(names) - counts.changed_hosts)
+        raise BenchError(f"{tool.name}'s first run changed nothing on {missing}")
+    if phase == "second" and counts.changed:
+        raise BenchError(f"{tool.name}'s second run changed {counts.changed} things:\n{output}")
+    return Run(tool.name, len(names), round_, phase, wall, cpu, hosts, counts.changed,
+               len(counts.changed_hosts))  # fmt: skip
+
+
+# -- the benchmark --------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    fleet: Fleet
+    tools: list[Tool]
+    workdir: Path
+    runs: list[Run] = field(default_factory=list)
+    reference: dict[str, str] = field(default_factory=dict)
+
+    def round(self, count: int, round_: int, record: bool = True) -> None:
+        """Every tool once (first run, then second run), in an order that rotates by round."""
+        names = sorted(self.fleet.hosts)[:count]
+        inventory = write_inventories(self.fleet, names, self.workdir)
+        shift = round_ % len(self.tools)
+        for tool in self.tools[shift:] + self.tools[:shift]:
+            reset(self.fleet, names)
+            for phase in ("first", "second"):
+                run = measure(tool, self.fleet, names, inventory, phase, round_)
+                self.check_state(tool, names, phase)
+                if record:
+                    self.runs.append(run)
+                    console.print(
+                        f"{count:3d} hosts #{round_} {tool.name:7s} {phase:6s} "
+                        f"{run.wall_s:6.2f} s, CPU-s: {run.controller_cpu_s:6.2f} controller, "
+                        f"{run.hosts_cpu_s:6.2f} hosts; {run.changed} changed"
+                    )
+
+    def check_state(self, tool: Tool, names: list[str], phase: str) -> None:
+        """Every tool must leave the same files on every host as the first tool measured."""
+        for name, digest in fingerprints(self.fleet, names).items():
+            expected = self.reference.setdefault(name, digest)
+            if digest != expected:
+                listing = ssh_all(self.fleet, [name], FINGERPRINT)[name]
+                raise BenchError(
+                    f"after {tool.name}'s {phase} run, {name} holds other files than after the "
+                    f"first tool's run:\n{listing}"
+                )
+
+
+def summarize(runs: list[Run], tools: Sequence[str]) -> list[dict]:
+    """Median wall and CPU per (hosts, tool, phase), with the ratios to fxkit."""
+    rows = []
+    keys = sorted({(r.hosts, r.phase) for r in runs}, key=lambda k: (k[0], k[1] != "first"))
+    for hosts, phase in keys:
+        group = {t: [r for r in runs if (r.tool, r.hosts, r.phase) == (t, hosts, phase)]
+                 for t in tools}  # fmt: skip
+        fx = group.get("fxkit")
+        fx_wall = statistics.median(r.wall_s for r in fx) if fx else None
+        for tool, chosen in group.items():
+            if not chosen:
+                continue
+            wall = statistics.median(r.wall_s for r in chosen)
+            cpu = statistics.median(r.controller_cpu_s for r in chosen)
+            host_cpu = statistics.median(r.hosts_cpu_s for r in chosen)
+            rows.append({
+                "hosts": hosts, "phase": phase, "tool": tool, "rounds": len(chosen),
+                "wall_s_median": round(wall, 3),
+                "wall_s_all": [round(r.wall_s, 3) for r in chosen],
+                "vs_fxkit": round(wall / fx_wall, 2) if fx_wall else None,
+                "controller_cpu_s": round(cpu, 3),
+                "controller_cpu_ms_per_host_task": round(1000 * cpu / (hosts * TASKS_PER_HOST), 2),
+                "hosts_cpu_ms_per_host_task": round(1000 * host_cpu / (hosts * TASKS_PER_HOST), 2),
+            })  # fmt: skip
+    return rows
+
+
+def targets(rows: list[dict], hosts: int = 32) -> dict[str, bool | None]:
+    """The issue's targets at 32 hosts: faster than pyinfra on both runs, >= 15x ansible-core."""
+    ratio = {(r["phase"], r["tool"]): r["vs_fxkit"] for r in rows if r["hosts"] == hosts}
+    result: dict[str, bool | None] = {}
+    for phase in ("first", "second"):
+        pyinfra, ansible = ratio.get((phase, "pyinfra")), ratio.get((phase, "ansible"))
+        result[f"{phase}: faster than pyinfra"] = None if pyinfra is None else pyinfra > 1
+        result[f"{phase}: >= 15x faster than ansible-core"] = (
+            None if ansible is None else ansible >= 15
+        )
+    return result
+
+
+COLUMNS = ("hosts", "run", "tool", "wall s", "rounds", "x fxkit", "ctl CPU-s", "ctl ms/task",
+           "hosts ms/task")  # fmt: skip
+
+
+def render(rows: list[dict], goals: dict[str, bool | None]) -> None:
+    table = Table(title="Provisioning: 20 tasks per host, wall time median of the rounds")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column in ("run", "tool") else "right")
+    previous = None
+    for row in rows:
+        if previous and (row["hosts"], row["phase"]) != previous:
+            table.add_section()
+        previous = (row["hosts"], row["phase"])
+        table.add_row(
+            str(row["hosts"]), row["phase"], row["tool"], f"{row['wall_s_median']:.2f}",
+            " ".join(f"{w:.2f}" for w in row["wall_s_all"]),
+            "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}",
+            f"{row['controller_cpu_s']:.2f}", f"{row['controller_cpu_ms_per_host_task']:.1f}",
+            f"{row['hosts_cpu_ms_per_host_task']:.1f}",
+        )  # fmt: skip
+    console.print(table)
+    for goal, met in goals.items():
+        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "not measured"}[met]
+        console.print(f"target at 32 hosts, {goal}: {mark}")
+
+
+def machine() -> dict[str, object]:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")), platform.processor(),
+    )  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "openssh": subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip(),
+    }
+
+
+@contextmanager
+def lab_fleet(state_dir: Path, prefix: str, count: int) -> Iterator[Fleet]:
+    """A fleet of ``count`` lab hosts, stopped (only what it started) when the benchmark ends."""
+    fleet = Fleet(state_dir, prefix)
+    try:
+        started = time.perf_counter()
+        fleet.up(count)
+        seconds = time.perf_counter() - started
+        console.print(f"lab fleet: {count} hosts on {prefix}.x up in {seconds:.1f} s")
+        yield fleet
+    finally:
+        fleet.down()
+
+
+def parse_counts(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=parse_counts, default=[8, 32], help="host counts: 8,32")
+    parser.add_argument("--runs", type=int, default=3, help="rounds per host count (median)")
+    parser.add_argument("--once", type=parse_counts, default=[], help="host counts run one round")
+    parser.add_argument("--tools", default=",".join(TOOLS), help="subset of fxkit,pyinfra,ansible")
+    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "provision.json")
+    parser.add_argument("--lab-dir", type=Path, default=REPO / ".cache" / "bench-lab")
+    parser.add_argument("--prefix", default="127.78.0", help="the fleet's addresses (127.x.y)")
+    args = parser.parse_args(argv)
+
+    chosen = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = set(chosen) - set(TOOLS)
+    if unknown:
+        parser.error(f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS)}")
+    makers = {"fxkit": fxkit_tool, "pyinfra": pyinfra_tool, "ansible": ansible_tool}
+    tools = [makers[name]() for name in chosen]
+    plan = [(count, args.runs) for count in args.hosts] + [(count, 1) for count in args.once]
+    become_subreaper()
+    load_before = os.getloadavg()
+    started = time.time()
+    with (
+        tempfile.TemporaryDirectory(prefix="provbench-") as tmp,
+        lab_fleet(args.lab_dir, args.prefix, max(count for count, _ in plan)) as fleet,
+    ):
+        bench = Bench(fleet, tools, Path(tmp))
+        console.print("warm-up (not recorded): every tool once on the smallest fleet")
+        bench.round(min(count for count, _ in plan), 0, record=False)
+        for count, rounds in plan:
+            for round_ in range(1, rounds + 1):
+                bench.round(count, round_)
+    rows = summarize(bench.runs, chosen)
+    goals = targets(rows)
+    render(rows, goals)
+    report = {
+        "benchmark": "provision",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 1),
+        "machine": {**machine(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "tasks_per_host": TASKS_PER_HOST,
+        "tools": {t.name: {"version": t.version, "settings": t.settings} for t in tools},
+        "summary": rows,
+        "targets_at_32_hosts": goals,
+        "runs": [asdict(run) for run in bench.runs],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    console.print(f"results: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
