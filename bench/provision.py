@@ -35,12 +35,15 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from fxkit.lab import Fleet
+if TYPE_CHECKING:
+    from fxkit.lab import Fleet
+
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOAD = REPO / "bench" / "provision"
@@ -121,17 +124,22 @@ def fxkit_tool() -> Tool:
                 "--log-json", str(log)]  # fmt: skip
 
     def parse(output: str, workdir: Path) -> Counts:
-        counts = Counts()
-        for line in (workdir / "events.json").read_text().splitlines():
-            event = json.loads(line)
-            if event.get("status") == "changed":
-                counts.changed += 1
-                counts.changed_hosts.add(event["host"])
-            elif event.get("status") in ("failed", "unreachable"):
-                counts.failed += 1
-        return counts
+        return parse_fxkit_events((workdir / "events.json").read_text())
 
     return Tool("fxkit", version, "defaults (forks 50)", argv, {}, parse)
+
+
+def parse_fxkit_events(log: str) -> Counts:
+    """Counts from fxkit's JSON event log (one event per operation and host)."""
+    counts = Counts()
+    for line in log.splitlines():
+        event = json.loads(line)
+        if event.get("status") == "changed":
+            counts.changed += 1
+            counts.changed_hosts.add(event["host"])
+        elif event.get("status") in ("failed", "unreachable"):
+            counts.failed += 1
+    return counts
 
 
 ANSIBLE_RECAP = re.compile(
@@ -146,15 +154,6 @@ def ansible_tool() -> Tool:
         playbook = WORKLOAD / "ansible" / "playbook.yml"
         return [str(bin_dir / "ansible-playbook"), "-i", str(inventory), str(playbook)]
 
-    def parse(output: str, workdir: Path) -> Counts:
-        counts = Counts()
-        for host, changed, unreachable, failed in ANSIBLE_RECAP.findall(output):
-            counts.changed += int(changed)
-            counts.failed += int(unreachable) + int(failed)
-            if int(changed):
-                counts.changed_hosts.add(host)
-        return counts
-
     def teardown(workdir: Path) -> None:
         """Close the ControlPersist masters ansible leaves behind (they count as its CPU)."""
         for socket in (workdir / "cp").iterdir():
@@ -165,7 +164,20 @@ def ansible_tool() -> Tool:
     env = {"ANSIBLE_SSH_CONTROL_PATH_DIR": "{workdir}/cp", "ANSIBLE_NOCOLOR": "1"}
     settings = "defaults (forks 5, ssh ControlPersist 60s, no pipelining); gather_facts: false"
     version = _version([str(bin_dir / "ansible-playbook"), "--version"])
-    return Tool("ansible", version, settings, argv, env, parse, teardown)
+    return Tool(
+        "ansible", version, settings, argv, env, lambda out, _: parse_ansible(out), teardown
+    )
+
+
+def parse_ansible(output: str) -> Counts:
+    """Counts from ansible-playbook's PLAY RECAP (changed counts tasks; a loop is one task)."""
+    counts = Counts()
+    for host, changed, unreachable, failed in ANSIBLE_RECAP.findall(output):
+        counts.changed += int(changed)
+        counts.failed += int(unreachable) + int(failed)
+        if int(changed):
+            counts.changed_hosts.add(host)
+    return counts
 
 
 def pyinfra_tool() -> Tool:
@@ -175,17 +187,19 @@ def pyinfra_tool() -> Tool:
         deploy = WORKLOAD / "pyinfra" / "deploy.py"
         return [str(bin_dir / "pyinfra"), "-y", str(inventory.with_suffix(".py")), str(deploy)]
 
-    def parse(output: str, workdir: Path) -> Counts:
-        counts = Counts()
-        for host in re.findall(r"^\s+\[(\S+)\] Success", output, re.MULTILINE):
-            counts.changed += 1
-            counts.changed_hosts.add(host)
-        counts.failed = len(re.findall(r"^\s+\[\S+\] (?:Error|Could not connect)", output, re.M))
-        return counts
-
     version = _version([str(bin_dir / "pyinfra"), "--version"])
     settings = "defaults (all hosts in parallel), -y (no prompt)"
-    return Tool("pyinfra", version, settings, argv, {}, parse)
+    return Tool("pyinfra", version, settings, argv, {}, lambda out, _: parse_pyinfra(out))
+
+
+def parse_pyinfra(output: str) -> Counts:
+    """Counts from pyinfra's per-operation lines: ``[host] Success`` is a change."""
+    counts = Counts()
+    for host in re.findall(r"^\s+\[(\S+)\] Success", output, re.MULTILINE):
+        counts.changed += 1
+        counts.changed_hosts.add(host)
+    counts.failed = len(re.findall(r"^\s+\[\S+\] (?:Error|Could not connect)", output, re.M))
+    return counts
 
 
 # -- the fleet and the hosts' state -----------------------------------------------------------
@@ -506,6 +520,8 @@ def machine() -> dict[str, object]:
 @contextmanager
 def lab_fleet(state_dir: Path, prefix: str, count: int) -> Iterator[Fleet]:
     """A fleet of ``count`` lab hosts, stopped (only what it started) when the benchmark ends."""
+    from fxkit.lab import Fleet
+
     fleet = Fleet(state_dir, prefix)
     try:
         started = time.perf_counter()
@@ -529,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tools", default=",".join(TOOLS), help="subset of fxkit,pyinfra,ansible")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "provision.json")
     parser.add_argument("--lab-dir", type=Path, default=REPO / ".cache" / "bench-lab")
-    parser.add_argument("--prefix", default="127.78.0", help="the fleet's addresses (127.x.y)")
+    parser.add_argument("--prefix", default="127.88.0", help="the fleet's addresses (127.x.y)")
     args = parser.parse_args(argv)
 
     chosen = [t.strip() for t in args.tools.split(",") if t.strip()]
