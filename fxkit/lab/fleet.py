@@ -22,9 +22,11 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from fxkit.connection import Connection, ConnectOptions
 from fxkit.errors import ConnectionFailed, FxkitError
 
 DIR_ENV, PREFIX_ENV, PORT_ENV = "FXKIT_LAB_DIR", "FXKIT_LAB_PREFIX", "FXKIT_LAB_PORT"
@@ -37,6 +39,10 @@ MAX_HOSTS = 254
 
 class LabError(FxkitError):
     """The lab fleet cannot be started, inspected or stopped."""
+
+
+class AddressInUse(LabError):
+    """Something already listens on a lab host's address and port."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,9 @@ class Fleet:
 
     def down(self) -> list[str]:
         """Stop the hosts this fleet started (by PID) and remove the state directory's files."""
-        stopped = [name for name in sorted(self.hosts) if self.stop(name)]
+        with ThreadPoolExecutor(16) as pool:
+            was_running = list(pool.map(self.stop, sorted(self.hosts)))
+        stopped = [name for name, ran in zip(sorted(self.hosts), was_running, strict=True) if ran]
         for path in (self.inventory, self.known_hosts, self.state_file, self.become_password_file):
             path.unlink(missing_ok=True)
         for path in (self.client_key, self.client_key.with_suffix(".pub")):
@@ -141,6 +149,15 @@ class Fleet:
             _signal(pid, signal.SIGKILL)  # --kill-child takes the host down with it
             _wait_gone(pid, grace)
         return True
+
+    def connect(
+        self, name: str, options: ConnectOptions | None = None, **hostvars: Any
+    ) -> Connection:
+        """An (unopened) SSH connection to a lab host; ``hostvars`` override the inventory's."""
+        from fxkit.connection.ssh import SSHConnection
+
+        options = options or ConnectOptions(known_hosts=str(self.known_hosts))
+        return SSHConnection(name, {**self.hostvars(name), **hostvars}, options)
 
     def address(self, name: str) -> str:
         return f"{self.prefix}.{int(name.removeprefix('lab'))}"
@@ -215,23 +232,19 @@ class Fleet:
 
     def _check_address_free(self, name: str) -> None:
         if _port_open(self.address(name), self.port):
-            raise LabError(
+            raise AddressInUse(
                 f"{self.address(name)} port {self.port} is already in use (another fleet?)",
                 where=f"host {name}",
                 hint=f"pick other addresses with --prefix or ${PREFIX_ENV} (e.g. 127.78.0)",
             )
 
     def _wait_for_logins(self, names: Iterable[str], timeout: float) -> None:
-        from fxkit.connection import ConnectOptions
-        from fxkit.connection.ssh import SSHConnection
-
         options = ConnectOptions(
             connect_timeout=2.0, known_hosts=str(self.known_hosts), connect_retries=0
         )
         deadline = time.monotonic() + timeout
 
         def login(name: str) -> None:
-            hostvars = self.hostvars(name)
             while True:
                 if self._pid(name) is None:
                     raise LabError(
@@ -239,7 +252,7 @@ class Fleet:
                         where=str(self.host_dir(name) / "log"),
                     )
                 try:
-                    with SSHConnection(name, hostvars, options) as conn:
+                    with self.connect(name, options) as conn:
                         conn.run("true")
                     return
                 except ConnectionFailed as exc:
@@ -290,10 +303,10 @@ class Fleet:
         _write_if_changed(self.known_hosts, "".join(lines))
 
     def _load_state(self) -> dict:
-        if not self.state_file.exists():
-            return {}
         try:
             return json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return {}
         except (ValueError, OSError) as exc:
             raise LabError(
                 f"cannot read the fleet's state: {exc}", where=str(self.state_file)
@@ -313,7 +326,7 @@ def check_requirements() -> None:
         )
     missing = [tool for tool in ("unshare", "setpriv", "findmnt") if not shutil.which(tool)]
     if missing:
-        raise LabError(f"missing {', '.join(missing)}", hint="apt-get install util-linux mount")
+        raise LabError(f"missing {', '.join(missing)}", hint="apt-get install util-linux")
     if not (Path("/usr/sbin/sshd").exists() and shutil.which("ssh-keygen")):
         raise LabError(
             "the lab's hosts run OpenSSH's sshd, which is not installed",
