@@ -25,6 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
 
 from fxkit.connection import Connection, ConnectOptions
 from fxkit.errors import ConnectionFailed, FxkitError
@@ -35,6 +42,7 @@ INIT_SCRIPT = Path(__file__).with_name("host-init.sh")
 #: The non-root user every lab host gets when sudo is installed (for trying ``become``).
 SUDO_USER = "fxkit"
 MAX_HOSTS = 254
+_YAMLDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class LabError(FxkitError):
@@ -96,16 +104,20 @@ class Fleet:
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.client_key.exists():
             _keygen(self.client_key, "fxkit-lab-client")
-        if shutil.which("sudo") and not self.become_password_file.exists():
+        if (
+            shutil.which("sudo")
+            and shutil.which("openssl")
+            and not self.become_password_file.exists()
+        ):
             _write_private(self.become_password_file, secrets.token_urlsafe(16) + "\n")
         wanted = [host_name(i) for i in range(1, count + 1)]
         names = sorted(set(wanted) | set(self.hosts))
         to_start = [name for name in wanted if self._pid(name) is None]
         for name in to_start:
             self._check_address_free(name)
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(self._prepare, to_start))
+        sudo_user = self._sudo_user_line()
         for name in to_start:
+            self._prepare(name, sudo_user)
             self._spawn(name)
         self._save_state()
         self._write_known_hosts(names)
@@ -173,23 +185,29 @@ class Fleet:
 
     # -- one host ---------------------------------------------------------------------------
 
-    def _prepare(self, name: str) -> None:
+    def _sudo_user_line(self) -> str | None:
+        """``user:password-hash`` of the hosts' sudo user, when sudo is installed."""
+        password = self.become_password()
+        if not password:
+            return None
+        hashed = subprocess.run(
+            ["openssl", "passwd", "-6", "-stdin"],
+            input=password,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return f"{SUDO_USER}:{hashed}\n"
+
+    def _prepare(self, name: str, sudo_user: str | None) -> None:
         hdir = self.host_dir(name)
         (hdir / "rt").mkdir(parents=True, exist_ok=True)
         key = hdir / "ssh_host_ed25519_key"
         if not key.exists():
             _keygen(key, name)
         shutil.copyfile(self.client_key.with_suffix(".pub"), hdir / "authorized_keys")
-        password = self.become_password()
-        if password:
-            hashed = subprocess.run(
-                ["openssl", "passwd", "-6", "-stdin"],
-                input=password,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-            _write_private(hdir / "sudo-user", f"{SUDO_USER}:{hashed}\n")
+        if sudo_user:
+            _write_private(hdir / "sudo-user", sudo_user)
 
     def _spawn(self, name: str) -> None:
         hdir = self.host_dir(name)
@@ -290,7 +308,9 @@ class Fleet:
         group_vars = {k: v for k, v in common.items() if k not in ("ansible_host", "ansible_port")}
         inventory = {"all": {"vars": group_vars, "children": {"lab": {"hosts": hosts}}}}
         header = f"# The lab fleet in {self.dir}, written by `fxkit lab up`.\n"
-        _write_if_changed(self.inventory, header + yaml.safe_dump(inventory, sort_keys=False))
+        _write_if_changed(
+            self.inventory, header + yaml.dump(inventory, Dumper=_YAMLDumper, sort_keys=False)
+        )
 
     def _write_known_hosts(self, names: list[str]) -> None:
         lines = []
@@ -327,7 +347,7 @@ def check_requirements() -> None:
     missing = [tool for tool in ("unshare", "setpriv", "findmnt") if not shutil.which(tool)]
     if missing:
         raise LabError(f"missing {', '.join(missing)}", hint="apt-get install util-linux")
-    if not (Path("/usr/sbin/sshd").exists() and shutil.which("ssh-keygen")):
+    if not Path("/usr/sbin/sshd").exists():
         raise LabError(
             "the lab's hosts run OpenSSH's sshd, which is not installed",
             hint="apt-get install openssh-server (or run scripts/install-system-deps.sh)",
@@ -346,11 +366,12 @@ def _check_prefix(prefix: str) -> str:
 
 
 def _keygen(path: Path, comment: str) -> None:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        check=True,
-        stdin=subprocess.DEVNULL,
-    )
+    """Write an Ed25519 key pair as ssh-keygen would (``path`` and ``path.pub``), in-process."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption())
+    public = key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH)
+    _write_private(path, private.decode())
+    Path(f"{path}.pub").write_text(f"{public.decode()} {comment}\n")
 
 
 def _write_private(path: Path, text: str) -> None:

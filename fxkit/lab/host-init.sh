@@ -42,9 +42,10 @@ findmnt -rn -o TARGET,VFS-OPTIONS | while read -r target options; do
         /etc/* | /var/* | /opt/* | /srv/* | /usr/* | /root/* | /home/* | /run/* | /tmp/*) continue ;;
     esac
     case ",$options," in *,ro,*) continue ;; esac
-    # Keep the mount's other flags (nosuid, noexec...); "rw" would undo "ro".
-    flags=$(echo ",$options," | sed 's/,rw,/,/; s/^,//; s/,$//')
-    mount -o "remount,bind,ro,$flags" "$target"
+    # Keep the mount's other flags (nosuid, noexec...) but not "rw" (always first), which would
+    # undo "ro".
+    flags=${options#rw}
+    mount -o "remount,bind,ro$flags" "$target"
 done
 
 hostname "$name"
@@ -61,8 +62,7 @@ install -d -m 0755 /run/sshd
 
 if [ -s in/sudo-user ] && [ -x /usr/bin/sudo ]; then
     IFS=: read -r user hash < in/sudo-user
-    useradd --create-home --shell /bin/sh "$user"
-    usermod --password "$hash" "$user"
+    useradd --create-home --shell /bin/sh --password "$hash" "$user"
     install -d -m 0700 -o "$user" -g "$user" "/home/$user/.ssh"
     install -m 0600 -o "$user" -g "$user" in/authorized_keys "/home/$user/.ssh/"
     echo "$user ALL=(ALL:ALL) ALL" > "/etc/sudoers.d/fxkit-lab"
