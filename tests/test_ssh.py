@@ -156,6 +156,21 @@ def test_a_stopped_host_fails_quickly(lab_fleet):
     fleet.up(2)  # restarted for later tests
 
 
+def test_connection_setup_is_retried_with_backoff_but_commands_are_not(lab_fleet):
+    fleet = lab_fleet(2, name="stoppable")
+    with fleet.connect("lab01") as conn:
+        result = conn.run("echo ran >> /tmp/runs; exit 1")
+        assert result.rc == 1
+        assert conn.run("cat /tmp/runs").stdout == "ran\n"  # a failed command ran once
+    fleet.stop("lab02")
+    options = ConnectOptions(known_hosts=str(fleet.known_hosts), connect_retries=2)
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailed, match="3 attempts"):
+        fleet.connect("lab02", options).open()
+    assert time.monotonic() - started >= 0.5 + 1.0  # waited between the attempts
+    fleet.up(2)
+
+
 def test_a_host_lost_in_the_middle_raises_connection_failed(lab_fleet):
     fleet = lab_fleet(2, name="stoppable")
     conn = fleet.connect("lab02")

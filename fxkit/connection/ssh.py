@@ -116,6 +116,13 @@ class SSHConnection(Connection):
             hostvars.get("ansible_password") or hostvars.get("ansible_ssh_pass")
         )
         self.become_user = str(hostvars.get("ansible_become_user") or "root")
+        method = hostvars.get("ansible_become_method") or "sudo"
+        if method != "sudo":
+            raise ConnectionFailed(
+                f"become method {method!r} is not supported",
+                where=f"host {name}, variable ansible_become_method",
+                hint="fxkit becomes root with sudo: remove the variable or set it to sudo",
+            )
         self.become_password = _reveal(
             hostvars.get("ansible_become_password")
             or hostvars.get("ansible_become_pass")

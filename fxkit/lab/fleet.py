@@ -122,7 +122,7 @@ class Fleet:
         self._save_state()
         self._write_known_hosts(names)
         self._write_inventory(names)
-        self._wait_for_logins(to_start, timeout)
+        self._wait_for_logins(wanted, timeout)
         return to_start
 
     def status(self) -> list[HostStatus]:
