@@ -83,6 +83,17 @@ def failed_run(what: str, result: RunResult) -> Result:
     )
 
 
+def combine(*results: Result) -> Result:
+    """One result for an operation made of steps: failed > changed > skipped > ok; messages,
+    diffs and data joined."""
+    order = (Status.FAILED, Status.CHANGED, Status.SKIPPED, Status.OK)
+    status = next(s for s in order if any(r.status is s for r in results))
+    diffs = [r.diff for r in results if r.diff]
+    data = {k: v for r in results for k, v in r.data.items()}
+    msg = "; ".join(r.msg for r in results if r.msg)
+    return Result(status, msg, "".join(diffs) if diffs else None, data=data)
+
+
 @dataclass
 class OpContext:
     """One host's view for operations: its connection, its facts and the run's modes."""
