@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fxkit.connection.local import TIMEOUT_RC, LocalConnection
+from fxkit.errors import FxkitError
 
 
 @pytest.fixture
@@ -56,3 +57,8 @@ def test_become_password_goes_to_stdin_not_argv() -> None:
     assert "s3cret" not in " ".join(argv)
     if os.geteuid() != 0:
         assert argv[:4] == ["sudo", "-S", "-p", ""]
+
+
+def test_get_of_a_directory_is_a_clear_error(conn: LocalConnection, tmp_path: Path) -> None:
+    with pytest.raises(FxkitError, match=r"cannot read .*: Is a directory"):
+        conn.get(str(tmp_path))

@@ -131,3 +131,45 @@ def test_shell_metacharacters_are_data(tmp_path: Path, monkeypatch: pytest.Monke
         assert path.read_text() == content
         assert file(make_ctx(), str(path), content, mode="0600").status is Status.OK
     assert not canary.exists()
+
+
+class CountingConnection(LocalConnection):
+    def __init__(self) -> None:
+        super().__init__("localhost")
+        self.calls = 0
+
+    def run(self, command: str, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super().run(command, **kwargs)
+
+    def get(self, path: str, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super().get(path, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("existing", "content", "mode", "round_trips"),
+    [
+        (None, "new\n", "0600", 2),  # stat, then write with mode
+        ("same\n", "same\n", None, 1),  # stat only
+        ("old\n", "new\n", "0600", 2),  # stat, then write + chmod + rename in one command
+        ("same\n", None, "0600", 2),  # stat, then chmod
+    ],
+)
+def test_file_round_trips(
+    tmp_path: Path, existing: str | None, content: str | None, mode: str | None, round_trips: int
+) -> None:
+    path = tmp_path / "f"
+    if existing is not None:
+        path.write_text(existing)
+        path.chmod(0o644)
+    conn = CountingConnection()
+    file(OpContext(conn, FactCache(conn)), str(path), content, mode=mode)
+    assert conn.calls == round_trips
+
+
+def test_paths_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(OpError, match="refusing to remove /"):
+        directory(make_ctx(), "//", state="absent")
+    with pytest.raises(OpError, match="bad path"):
+        file(make_ctx(), "", "x")

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from fxkit.connection.base import Connection, RunResult
-from fxkit.errors import ConnectionFailed
+from fxkit.errors import ConnectionFailed, FxkitError
 
 #: Exit status reported for a command that ran past its timeout (as coreutils' ``timeout``).
 TIMEOUT_RC = 124
@@ -83,6 +83,10 @@ class LocalConnection(Connection):
             return Path(path).read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise FxkitError(
+                f"cannot read {path}: {exc.strerror}", where=f"host {self.name}"
+            ) from None
 
     def put(self, path: str, data: bytes, *, become: bool = False) -> None:
         if become and os.geteuid() != 0:

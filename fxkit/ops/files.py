@@ -30,6 +30,13 @@ Mode = int | str | None
 Owner = int | str | None
 
 
+def check_path(path: str, *, removing: bool = False) -> None:
+    if not path or "\0" in path:
+        raise OpError(f"bad path {path!r}")
+    if removing and path.rstrip("/") == "":
+        raise OpError("refusing to remove /")
+
+
 def parse_mode(mode: Mode) -> int | None:
     """``0o644``, ``"0644"`` or ``"644"`` -> 0o644; None stays None."""
     if mode is None or isinstance(mode, int):
@@ -158,6 +165,7 @@ def directory(
     """Ensure a directory exists with the given attributes (parents are created too), or is
     removed with everything in it (``state="absent"``)."""
     check_state(state, ("present", "absent"))
+    check_path(path, removing=state == "absent")
     want_mode = parse_mode(mode)
     info = ctx.probe(FileStat, path)
     q = quote(path)
@@ -193,9 +201,11 @@ def file(
     """Ensure a regular file has ``content`` (when given) and the given attributes, or is absent.
 
     With ``content=None`` only the attributes of an existing file are managed. ``backup`` keeps
-    the old version as ``path.<time>~``; ``secret`` keeps the content out of diffs.
+    the old version as ``path.<time>~``; ``secret`` keeps the content out of diffs. A symbolic
+    link at ``path`` is replaced by a regular file when content is given.
     """
     check_state(state, ("present", "absent"))
+    check_path(path)
     want_mode = parse_mode(mode)
     info = ctx.probe(FileStat, path)
     q = quote(path)

@@ -12,7 +12,7 @@ from fxkit.ops.base import OpContext, OpError, Result, changed, check_state, fai
 _SPEC = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9.+_:-]*)(?:=(?P<version>[A-Za-z0-9.+~:_-]+))?")
 
 APT = (
-    "DEBIAN_FRONTEND=noninteractive apt-get -y -q "
+    "DEBIAN_FRONTEND=noninteractive apt-get -y -q -o DPkg::Lock::Timeout=120 "
     "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
 )
 MANAGERS = {
