@@ -144,11 +144,35 @@ def update_content(
     """Report or apply a content change computed by a text operation (line, block, sysctl...)."""
     if old == new:
         return ok("content as wanted")
-    diff = content_diff(path, old, new) if ctx.diff and not secret else None
-    verb = "create" if old is None else "update"
+    diff = _hidden(path) if secret else content_diff(path, old, new)
+    return _put(
+        ctx, path, new, exists=old is not None, diff=diff if ctx.diff else None, backup=backup
+    )
+
+
+def _hidden(path: str) -> str:
+    return f"content of {path} changed (hidden: secret)\n"
+
+
+def _put(
+    ctx: OpContext,
+    path: str,
+    data: bytes,
+    *,
+    exists: bool,
+    diff: str | None,
+    mode: int | None = None,
+    owner: Owner = None,
+    group: Owner = None,
+    backup: bool = False,
+) -> Result:
+    """Write new content (or, in check mode, say it would)."""
+    verb = "update" if exists else "create"
     if ctx.check:
         return changed(f"would {verb} {path}", diff)
-    written, detail = write_content(ctx, path, new, backup=backup)
+    written, detail = write_content(
+        ctx, path, data, mode=mode, owner=owner, group=group, backup=backup
+    )
     if not written:
         return failed(f"writing {path} failed: {detail}")
     return changed(f"{verb}d {path}", diff, **({"backup": detail} if detail else {}))
@@ -180,11 +204,7 @@ def directory(
             filter(None, [f"mkdir -p -- {q}", attribute_command(q, want_mode, owner, group)])
         )
         return _act(ctx, command, "create", path, "state: absent -> directory\n")
-    changes = attribute_changes(info, want_mode, owner, group)
-    if not changes:
-        return ok("directory as wanted")
-    command = attribute_command(q, want_mode, owner, group)
-    return _act(ctx, command, f"change {describe(changes)} of", path, attribute_diff(changes))
+    return _set_attributes(ctx, path, info, want_mode, owner, group)
 
 
 def file(
@@ -218,38 +238,39 @@ def file(
     if content is None:
         if not info.exists:
             return failed(f"{path} does not exist: pass content to create it")
-        changes = attribute_changes(info, want_mode, owner, group)
-        if not changes:
-            return ok("file as wanted")
-        command = attribute_command(q, want_mode, owner, group)
-        return _act(ctx, command, f"change {describe(changes)} of", path, attribute_diff(changes))
+        return _set_attributes(ctx, path, info, want_mode, owner, group)
 
     data = content.encode() if isinstance(content, str) else content
-    same = info.type == "file" and info.sha256 == hashlib.sha256(data).hexdigest()
-    changes = attribute_changes(info, want_mode, owner, group) if info.exists else []
-    if same and not changes:
-        return ok("file as wanted")
-    if same:
-        command = attribute_command(q, want_mode, owner, group)
-        return _act(ctx, command, f"change {describe(changes)} of", path, attribute_diff(changes))
-
+    if info.type == "file" and info.sha256 == hashlib.sha256(data).hexdigest():
+        return _set_attributes(ctx, path, info, want_mode, owner, group)
     diff = None
-    if ctx.diff:
+    if ctx.diff:  # the old content costs one more round trip, only for the diff
         old = ctx.conn.get(path, become=ctx.become) if info.type == "file" else None
+        changes = attribute_changes(info, want_mode, owner, group) if info.exists else []
         diff = attribute_diff(changes) + (
-            f"content of {path} changed (hidden: secret)\n"
-            if secret
-            else content_diff(path, old, data)
+            _hidden(path) if secret else content_diff(path, old, data)
         )
-    verb = "update" if info.exists else "create"
-    if ctx.check:
-        return changed(f"would {verb} {path}", diff)
-    written, detail = write_content(
-        ctx, path, data, mode=want_mode, owner=owner, group=group, backup=backup
+    return _put(
+        ctx,
+        path,
+        data,
+        exists=info.exists,
+        diff=diff,
+        mode=want_mode,
+        owner=owner,
+        group=group,
+        backup=backup,
     )
-    if not written:
-        return failed(f"writing {path} failed: {detail}")
-    return changed(f"{verb}d {path}", diff, **({"backup": detail} if detail else {}))
+
+
+def _set_attributes(
+    ctx: OpContext, path: str, info: FileInfo, mode: int | None, owner: Owner, group: Owner
+) -> Result:
+    changes = attribute_changes(info, mode, owner, group)
+    if not changes:
+        return ok(f"{info.type} as wanted")
+    command = attribute_command(quote(path), mode, owner, group)
+    return _act(ctx, command, f"change {describe(changes)} of", path, attribute_diff(changes))
 
 
 def _act(ctx: OpContext, command: str, verb: str, path: str, diff: str) -> Result:
