@@ -67,7 +67,7 @@ def virtualenv(
     return changed(f"changed {what}", diff, installed=[n for n, _ in todo])
 
 
-def git(ctx: OpContext, repo: str, dest: str, version: str = "HEAD") -> Result:
+def git(ctx: OpContext, repo: str, dest: str, version: str) -> Result:
     """Ensure ``dest`` is a checkout of ``repo`` at ``version`` (a commit, tag or branch of
     origin), detached; cloned when missing. ``data`` holds the commits before and after.
 
