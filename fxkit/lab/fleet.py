@@ -76,7 +76,7 @@ class Fleet:
     def __init__(
         self, state_dir: str | os.PathLike, prefix: str | None = None, port: int | None = None
     ):
-        self.dir = Path(state_dir).absolute()
+        self.dir = Path(state_dir).resolve()
         self.state_file = self.dir / "lab.json"
         self.inventory = self.dir / "inventory.yml"
         self.known_hosts = self.dir / "known_hosts"

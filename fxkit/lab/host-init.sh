@@ -38,8 +38,9 @@ mount --bind /proc/sys /proc/sys
 [ ! -e /proc/sysrq-trigger ] || mount --bind /proc/sysrq-trigger /proc/sysrq-trigger
 findmnt -rn -o TARGET,VFS-OPTIONS | while read -r target options; do
     case "$target" in
-        /etc | /var | /opt | /srv | /usr | /root | /home | /run | /tmp | /dev/shm | /dev/pts | /proc) continue ;;
+        /etc | /var | /opt | /srv | /usr | /root | /home | /run | /tmp) continue ;;
         /etc/* | /var/* | /opt/* | /srv/* | /usr/* | /root/* | /home/* | /run/* | /tmp/*) continue ;;
+        /dev/shm | /dev/pts | /proc) continue ;;
     esac
     case ",$options," in *,ro,*) continue ;; esac
     # Keep the mount's other flags (nosuid, noexec...) but not "rw" (always first), which would
