@@ -224,6 +224,8 @@ def test_become_with_a_password_that_never_shows(sudo_fleet):
     with fleet.connect("lab01", ansible_user=SUDO_USER, ansible_become_password=password) as conn:
         seen = []
         assert conn.run("id -un").stdout == f"{SUDO_USER}\n"
+        # One-letter files would match an unquoted sudo prompt "[fxkit-sudo-...]" as a glob.
+        assert conn.run("touch f x k i t s u d o").ok
         seen.append(conn.run("id -un", become=True))
         assert seen[-1].stdout == "root\n", seen[-1]
         # The password went to sudo, not to the command's stdin.

@@ -42,6 +42,8 @@ _CHUNK = 65536
 _MISSING = 107  # exit status of the `get` command when the file does not exist
 _LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
 REDACTED = "********"
+#: Shorter passwords are not masked in output: they would mask ordinary words ("root").
+MIN_SECRET_LENGTH = 6
 
 
 @dataclass
@@ -140,7 +142,9 @@ class SSHConnection(Connection):
             or ssh_args.proxy_jump
         )
         self.jump = JumpHost.parse(str(jump), self._where) if jump else None
-        self._secrets = [s for s in (self.password, self.become_password) if s]
+        self._secrets = [
+            s for s in (self.password, self.become_password) if s and len(s) >= MIN_SECRET_LENGTH
+        ]
         self._client: paramiko.SSHClient | None = None
         self._jump_client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
@@ -307,25 +311,27 @@ class SSHConnection(Connection):
         """Start ``command`` under sudo; answer its password prompt. Returns an exit status when
         sudo failed before the command started, None once the command runs (stdin sent)."""
         token = secrets.token_hex(8)
-        marker, prompt = f"fxkit-become-{token}\n".encode(), f"[fxkit-sudo-{token}]"
+        marker, prompt = f"fxkit-become-{token}", f"[fxkit-sudo-{token}]"
         user = shlex.quote(self.become_user)
-        script = shlex.quote(f"echo {marker.decode().strip()}\n{command}")
+        script = shlex.quote(f"echo {marker}\n{command}")
         if self.become_password is None:
             session.chan.exec_command(f"sudo -n -H -u {user} -- sh -c {script}")
         else:
-            session.chan.exec_command(f"sudo -S -p {prompt} -H -u {user} -- sh -c {script}")
+            quoted_prompt = shlex.quote(prompt)
+            session.chan.exec_command(f"sudo -S -p {quoted_prompt} -H -u {user} -- sh -c {script}")
+        started, asked = f"{marker}\n".encode(), prompt.encode()
         answered = False
-        while marker not in session.out:
+        while started not in session.out:
             if not session.pump():
                 return session.exit_status()
-            if session.err.endswith(prompt.encode()):
-                del session.err[-len(prompt) :]
+            if session.err.endswith(asked):
+                del session.err[-len(asked) :]
                 if answered:  # asked again: the password was wrong
                     session.err += b"sudo: the become password was refused\n"
                     return 1
                 session.chan.sendall(self.become_password.encode() + b"\n")
                 answered = True
-        del session.out[: session.out.index(marker) + len(marker)]
+        del session.out[: session.out.index(started) + len(started)]
         session.send_stdin(stdin)
         return None
 
