@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+import socket
 import threading
 import time
 
@@ -320,3 +321,20 @@ def test_known_hosts_lines_are_well_formed(lab_fleet):
     fleet = lab_fleet(1)
     for line in fleet.known_hosts.read_text().splitlines():
         assert re.fullmatch(r"127\.\d+\.\d+\.\d+ ssh-ed25519 [A-Za-z0-9+/=]+", line)
+
+
+def test_a_host_that_never_answers_times_out(tmp_path):
+    """A TCP listener that never speaks SSH (a hung host): the connect timeout ends the wait."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        hostvars = {"ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": "root"}
+        options = ConnectOptions(
+            known_hosts=str(tmp_path / "kh"), connect_timeout=1, connect_retries=0
+        )
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailed, match="cannot connect") as info:
+            SSHConnection("hung", hostvars, options).open()
+        assert time.monotonic() - started < 5
+        assert "connect timeout 1 s" in info.value.hint
