@@ -537,27 +537,78 @@ def parse_counts(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", type=parse_counts, default=[8, 32], help="host counts: 8,32")
-    parser.add_argument("--runs", type=int, default=3, help="rounds per host count (median)")
-    parser.add_argument("--once", type=parse_counts, default=[], help="host counts run one round")
-    parser.add_argument("--tools", default=",".join(TOOLS), help="subset of fxkit,pyinfra,ansible")
-    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "provision.json")
-    parser.add_argument("--lab-dir", type=Path, default=REPO / ".cache" / "bench-lab")
-    parser.add_argument("--prefix", default="127.88.0", help="the fleet's addresses (127.x.y)")
-    args = parser.parse_args(argv)
+def scaling(rows: list[dict]) -> list[dict]:
+    """How wall time grows with hosts, per tool and run: seconds at each host count, the ratio of
+    the largest to the smallest and the seconds each added host costs (least squares)."""
+    result = []
+    for tool, phase in dict.fromkeys((r["tool"], r["phase"]) for r in rows):
+        points = sorted((r["hosts"], r["wall_s_median"]) for r in rows
+                        if (r["tool"], r["phase"]) == (tool, phase))  # fmt: skip
+        if len(points) < 2:
+            continue
+        hosts, walls = zip(*points, strict=True)
+        slope = statistics.linear_regression(hosts, walls).slope
+        result.append({"tool": tool, "phase": phase, "wall_s": dict(points),
+                       "growth": round(walls[-1] / walls[0], 2),
+                       "s_per_added_host": round(slope, 3)})  # fmt: skip
+    return sorted(result, key=lambda r: (r["phase"] != "first", TOOLS.index(r["tool"])))
 
-    chosen = [t.strip() for t in args.tools.split(",") if t.strip()]
-    unknown = set(chosen) - set(TOOLS)
-    if unknown:
-        parser.error(f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS)}")
+
+def markdown(report: dict) -> str:
+    """The result tables as Markdown, for docs/BENCHMARKS.md."""
+    lines = ["| hosts | run | tool | wall s (median) | all rounds | × fxkit | controller CPU-s "
+             "| controller CPU ms / host-task | hosts CPU ms / host-task |",
+             "|---:|---|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    for row in report["summary"]:
+        ratio = "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}"
+        lines.append(
+            f"| {row['hosts']} | {row['phase']} | {row['tool']} | {row['wall_s_median']:.2f} "
+            f"| {' '.join(f'{w:.2f}' for w in row['wall_s_all'])} | {ratio} "
+            f"| {row['controller_cpu_s']:.2f} | {row['controller_cpu_ms_per_host_task']:.1f} "
+            f"| {row['hosts_cpu_ms_per_host_task']:.1f} |"
+        )
+    growth = scaling(report["summary"])
+    if growth:
+        counts = sorted({int(h) for r in growth for h in r["wall_s"]})
+        lines += ["", "| tool | run | " + " | ".join(f"{c} hosts" for c in counts)
+                  + " | growth | s per added host |",
+                  "|---|---|" + "---:|" * (len(counts) + 2)]  # fmt: skip
+        for r in growth:
+            walls = {int(h): w for h, w in r["wall_s"].items()}
+            cells = " | ".join(f"{walls[c]:.2f}" if c in walls else "-" for c in counts)
+            lines.append(
+                f"| {r['tool']} | {r['phase']} | {cells} | {r['growth']:.1f}x "
+                f"| {r['s_per_added_host']:.3f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run_benchmark(args: argparse.Namespace, chosen: list[str]) -> dict:
     makers = {"fxkit": fxkit_tool, "pyinfra": pyinfra_tool, "ansible": ansible_tool}
     tools = [makers[name]() for name in chosen]
     plan = [(count, args.runs) for count in args.hosts] + [(count, 1) for count in args.once]
     become_subreaper()
     load_before = os.getloadavg()
     started = time.time()
+
+    def report(bench: Bench, complete: bool) -> dict:
+        rows = summarize(bench.runs, chosen)
+        return {
+            "benchmark": "provision",
+            "complete": complete,
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "duration_s": round(time.time() - started, 1),
+            "machine": {**machine(), "loadavg_before": load_before,
+                        "loadavg_after": os.getloadavg()},
+            "tasks_per_host": TASKS_PER_HOST,
+            "tools": {t.name: {"version": t.version, "settings": t.settings} for t in tools},
+            "summary": rows,
+            "scaling": scaling(rows),
+            "targets_at_32_hosts": targets(rows),
+            "runs": [asdict(run) for run in bench.runs],
+        }  # fmt: skip
+
     with (
         tempfile.TemporaryDirectory(prefix="provbench-") as tmp,
         lab_fleet(args.lab_dir, args.prefix, max(count for count, _ in plan)) as fleet,
@@ -568,24 +619,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         for count, rounds in plan:
             for round_ in range(1, rounds + 1):
                 bench.round(count, round_)
-    rows = summarize(bench.runs, chosen)
-    goals = targets(rows)
-    render(rows, goals)
-    report = {
-        "benchmark": "provision",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "duration_s": round(time.time() - started, 1),
-        "machine": {**machine(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-        "tasks_per_host": TASKS_PER_HOST,
-        "tools": {t.name: {"version": t.version, "settings": t.settings} for t in tools},
-        "summary": rows,
-        "targets_at_32_hosts": goals,
-        "runs": [asdict(run) for run in bench.runs],
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
-    console.print(f"results: {args.json}")
+                save(args.json, report(bench, complete=False))  # a crash keeps what was measured
+    result = report(bench, complete=True)
+    save(args.json, result)
+    return result
+
+
+def save(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=parse_counts, default=[8, 32], help="host counts: 8,32")
+    parser.add_argument("--runs", type=int, default=3, help="rounds per host count (median)")
+    parser.add_argument("--once", type=parse_counts, default=[], help="host counts run one round")
+    parser.add_argument("--tools", default=",".join(TOOLS), help="subset of fxkit,pyinfra,ansible")
+    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "provision.json")
+    parser.add_argument("--lab-dir", type=Path, default=REPO / ".cache" / "bench-lab")
+    parser.add_argument("--prefix", default="127.88.0", help="the fleet's addresses (127.x.y)")
+    parser.add_argument("--report", action="store_true", help="only show the --json file's tables")
+    parser.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
+    args = parser.parse_args(argv)
+
+    chosen = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = set(chosen) - set(TOOLS)
+    if unknown:
+        parser.error(f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS)}")
+    if args.report:
+        report = json.loads(args.json.read_text())
+    else:
+        report = run_benchmark(args, chosen)
+        console.print(f"results: {args.json}")
+    render(report["summary"], report["targets_at_32_hosts"])
+    if args.markdown:
+        console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
