@@ -216,7 +216,7 @@ def _host_style(counts: Counts) -> str:
 
 def _diff_text(diff: str) -> Text:
     text = Text()
-    for line in diff.splitlines(keepends=True):
+    for number, line in enumerate(diff.rstrip("\n").splitlines()):
         style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
-        text.append(line if line.endswith("\n") else line + "\n", style=style)
+        text.append(("\n" if number else "") + "    " + line, style=style)
     return text

@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fxkit import paths
-from fxkit.errors import FxkitError, PlaybookError
+from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.ops.base import OpContext, Operation, Result, Status
 from fxkit.variables import HostVars, load_vars_file
 
@@ -194,6 +194,28 @@ def _caller() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "role"
 
 
+def _check_arguments(
+    name: str, op: Operation, ctx: OpContext, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """A wrong argument in a role is the role's mistake: say which, at the role's line."""
+    signature = inspect.signature(op)
+    params = [p for p in signature.parameters if p != "ctx"]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    unknown = [k for k in kwargs if k not in params and not takes_any]
+    try:
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], params, n=1)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"unexpected argument {unknown[0]!r}{guess}")
+        signature.bind(ctx, *args, **kwargs)
+    except TypeError as exc:
+        raise PlaybookError(
+            f"host.{name}(): {exc}",
+            where=_caller(),
+            hint=f"host.{name} takes {', '.join(params)} (and ignore_errors, tags)",
+        ) from None
+
+
 class Host:
     """What a role's ``apply(host, v)`` works with: operations, templates, facts, handlers."""
 
@@ -261,18 +283,15 @@ class Host:
         label = f"{operation} {args[0]}" if args and isinstance(args[0], str | Path) else operation
         if not self._tags.selects(self._role_tags | set(tags)):
             return Result(Status.SKIPPED, "not selected by --tags/--skip-tags", name=label)
-        try:
-            inspect.signature(op).bind(self.ctx, *args, **kwargs)
-        except TypeError as exc:
-            params = [p for p in inspect.signature(op).parameters if p != "ctx"]
-            raise PlaybookError(
-                f"host.{operation}(): {exc}",
-                where=_caller(),
-                hint=f"host.{operation} takes {', '.join(params)} (and ignore_errors, tags)",
-            ) from None
+        _check_arguments(operation, op, self.ctx, args, kwargs)
         self._reporter.op_started(self.name, self.role.name, label)
         start = time.perf_counter()
-        result = op(self.ctx, *args, **kwargs)
+        try:
+            result = op(self.ctx, *args, **kwargs)
+        except ConnectionFailed:
+            raise
+        except FxkitError as exc:  # arguments the operation cannot work with
+            result = Result(Status.FAILED, str(exc))
         result.name = result.name or label
         self._reporter.op_done(
             self.name, self.play, self.role.name, result, time.perf_counter() - start
