@@ -65,6 +65,7 @@ def environment(templates_dir: str | None = None) -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
+        trim_blocks=True,  # a line holding only {% ... %} leaves no empty line (as in Ansible)
         autoescape=False,
     )
 
