@@ -93,10 +93,10 @@ def test_template_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     assert err.value.where == f"{tmp_path / 't.j2'}:3"
 
 
-def test_template_renders_text_and_keeps_the_trailing_newline(tmp_path: Path) -> None:
-    (tmp_path / "t.j2").write_text("port={{ port }}\n{% for d in dirs %}{{ d }};{% endfor %}\n")
+def test_template_renders_text_one_line_per_item(tmp_path: Path) -> None:
+    (tmp_path / "t.j2").write_text("port={{ port }}\n{% for d in dirs %}\n{{ d }}\n{% endfor %}\n")
     v = HostVars("h1", [Layer("defaults", {"port": 22, "dirs": ["/a", "/b"]})])
-    assert v.render_template(tmp_path, "t.j2") == "port=22\n/a;/b;\n"
+    assert v.render_template(tmp_path, "t.j2") == "port=22\n/a\n/b\n"
 
 
 def test_missing_template_is_a_clear_error(tmp_path: Path) -> None:
