@@ -58,7 +58,7 @@ class Reporter:
         verbose: bool = False,
         log_json: IO[str] | None = None,
     ):
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, soft_wrap=True)
         self.show_diff = diff
         self.verbose = verbose
         self.counts: dict[str, Counts] = {}
@@ -115,7 +115,8 @@ class Reporter:
         with self._lock:
             for host in hosts:
                 self.counts.setdefault(host, Counts())
-            self._print(Text(f"\nPLAY {self.redact(name)} ({len(hosts)} hosts)", style="bold"))
+            count = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
+            self._print(Text(f"\nPLAY {self.redact(name)} ({count})", style="bold"))
 
     def op_started(self, host: str, role: str | None, operation: str) -> None:
         with self._lock:

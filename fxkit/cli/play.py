@@ -97,7 +97,7 @@ def play(
 
     \b
     Example:
-      fxkit play site -i inventory/lab.yml --check --diff
+      fxkit play site -i local -e node_base_root=/tmp/node --check --diff
       fxkit play site.yml -i hosts.ini --limit 'gpu:!rack2' -e node_role=inference
 
     Exit code: 0 when no host failed or was unreachable, 1 otherwise, 2 for a mistake in the
