@@ -27,7 +27,6 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import importlib.util
 import inspect
 import sys
 import time
@@ -136,16 +135,16 @@ def _defaults(path: Path) -> dict[str, Any]:
 
 
 def _apply(file: Path) -> Handler:
-    """Import ``role.py`` and return its ``apply(host, v)``; mistakes point at file:line."""
-    module_name = (
-        f"fxkit_role_{file.parent.name}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
-    )
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
+    """Run ``role.py`` and return its ``apply(host, v)``; mistakes point at file:line.
+
+    Compiled here rather than imported, so no ``__pycache__`` lands in the roles folders.
+    """
+    digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
+    module = ModuleType(f"fxkit_role_{file.parent.name}_{digest}")
+    module.__file__ = str(file)
+    sys.modules[module.__name__] = module  # dataclasses and pickling look modules up by name
     try:
-        spec.loader.exec_module(module)
+        exec(compile(file.read_bytes(), str(file), "exec"), module.__dict__)
     except SyntaxError as exc:
         raise PlaybookError(
             f"syntax error in role: {exc.msg}",
