@@ -100,11 +100,12 @@ class Reporter:
             self._live = None
 
     def _progress(self) -> RenderableType:
-        with self._lock:
-            table = Table.grid(padding=(0, 2))
-            for host, doing in self._current.items():
-                table.add_row(Text(host, style="bold"), Text(self.redact(doing), style="dim"))
-            return table
+        # Called from Live's refresh thread: no lock here (a copy is atomic), so a host thread
+        # printing under self._lock can never wait on a refresh that waits on it.
+        table = Table.grid(padding=(0, 2))
+        for host, doing in dict(self._current).items():
+            table.add_row(Text(host, style="bold"), Text(self.redact(doing), style="dim"))
+        return table
 
     def _print(self, *renderables: RenderableType) -> None:
         self.console.print(Group(*renderables))

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fxkit.inventory import Inventory
 from rich.console import Console
 
 from fxkit.connection import Connection, ConnectOptions, RunResult
 from fxkit.errors import ConnectionFailed, PlaybookError
+from fxkit.inventory import Inventory
 from fxkit.ops.base import OpContext, Result, changed, failed, ok
 from fxkit.playbook import Playbook
 from fxkit.report import Reporter
@@ -262,6 +262,16 @@ def test_max_fail_percentage_stops_after_the_batch(tmp_path: Path, limit: int, s
         )
     else:  # 50% is not more than 50%
         assert out.file("h3", "/b") == out.file("h4", "/b") == "b"
+
+
+def test_max_fail_percentage_without_serial_stops_the_later_plays(tmp_path: Path) -> None:
+    book = TWO_ROLES.replace(
+        "  roles: [first, second]\n", "  max_fail_percentage: 20\n  roles: [first, second]\n"
+    )
+    out = play(tmp_path, book, FOUR, ROLES)
+    assert out.file("h2", "/c") == "c"  # the play itself finished on the other hosts
+    assert out.file("h2", "/d") is None  # the later play never started
+    assert "STOPPED: 1 of 4 hosts failed in the play (25% > max_fail_percentage 20%)" in out.output
 
 
 def test_every_host_of_a_batch_failing_stops_the_run(tmp_path: Path) -> None:

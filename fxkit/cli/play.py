@@ -44,7 +44,14 @@ def _tags(values: tuple[str, ...]) -> frozenset[str]:
     metavar="VARS",
     help="key=value, a JSON/YAML mapping, or @file.yml; wins over every other variable.",
 )
-@click.option("-f", "--forks", default=50, show_default=True, help="Hosts at once.")
+@click.option(
+    "-f",
+    "--forks",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Hosts at once.",
+)
 @click.option(
     "--log-json",
     type=click.Path(dir_okay=False, path_type=Path),
