@@ -10,7 +10,7 @@ A role is a folder ``roles/<name>/``::
 ``role.py`` reads like a checklist::
 
     def restart_nvmet(host, v):
-        host.service("nvmet", restarted=True)
+        host.service("nvmet", state="restarted")
 
     def apply(host, v):
         host.package(["nvmetcli"])
