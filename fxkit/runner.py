@@ -111,7 +111,8 @@ class Runner:
         hosts = self._hosts(play)
         self.reporter.play_started(play.name, [h.name for h in hosts])
         if not hosts:
-            self.reporter.note(f"  no hosts match {play.hosts!r}", style="dim")
+            limit = f" within --limit {self.options.limit!r}" if self.options.limit else ""
+            self.reporter.note(f"  no hosts match {play.hosts!r}{limit}", style="dim")
             return True
         batches = play.batches(hosts)
         for number, batch in enumerate(batches, 1):

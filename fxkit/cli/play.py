@@ -68,6 +68,13 @@ def _tags(values: tuple[str, ...]) -> frozenset[str]:
 @click.option("-v", "--verbose", is_flag=True, help="Also show operations that were already ok.")
 @click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to connect.")
 @click.option("--command-timeout", type=float, help="Seconds a remote command may run.")
+@click.option(
+    "--connect-retries",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Retries of a failed connection attempt.",
+)
 @click.option("--known-hosts", type=click.Path(dir_okay=False), help="fxkit's known_hosts file.")
 @click.option(
     "--accept-new-host-keys",
@@ -95,6 +102,7 @@ def play(
     verbose: bool,
     connect_timeout: float,
     command_timeout: float | None,
+    connect_retries: int,
     known_hosts: str | None,
     accept_new_host_keys: bool,
     ask_become_pass: bool,
@@ -130,6 +138,7 @@ def play(
         connect=ConnectOptions(
             connect_timeout=connect_timeout,
             command_timeout=command_timeout,
+            connect_retries=connect_retries,
             known_hosts=known_hosts,
             accept_new_host_keys=accept_new_host_keys,
             become_password=become_password,
