@@ -58,6 +58,10 @@ class HostFailed(Exception):
         self.result = result
 
 
+class UnknownOperation(AttributeError):
+    """A role called ``host.<name>`` for an operation that does not exist."""
+
+
 @dataclass(frozen=True)
 class TagFilter:
     """``--tags`` and ``--skip-tags``: ``always`` runs unless skipped by name, ``never`` only
@@ -198,7 +202,7 @@ def _check_arguments(
 ) -> None:
     """A wrong argument in a role is the role's mistake: say which, at the role's line."""
     signature = inspect.signature(op)
-    params = [p for p in signature.parameters if p != "ctx"]
+    params = list(signature.parameters)[1:]  # after ctx
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     unknown = [k for k in kwargs if k not in params and not takes_any]
     try:
@@ -257,7 +261,9 @@ class Host:
         if name.startswith("_") or name not in self._ops:
             close = difflib.get_close_matches(name, list(self._ops), n=1)
             hint = f" (did you mean host.{close[0]}?)" if close else ""
-            raise AttributeError(f"no operation {name!r}{hint}; operations: {', '.join(self._ops)}")
+            raise UnknownOperation(
+                f"no operation {name!r}{hint}; operations: {', '.join(self._ops)}"
+            )
         op = self._ops[name]
 
         @functools.wraps(op)

@@ -12,9 +12,11 @@ the end.
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from fxkit.connection import Connection, ConnectOptions, connect
@@ -23,7 +25,7 @@ from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, Operation
 from fxkit.playbook import Play, Playbook, RoleRef
 from fxkit.report import Reporter
-from fxkit.role import Host, HostFailed, Role, RoleLoader, TagFilter, roles_path
+from fxkit.role import Host, HostFailed, Role, RoleLoader, TagFilter, UnknownOperation, roles_path
 from fxkit.variables import HostVars, Layer
 
 Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
@@ -138,7 +140,7 @@ class Runner:
     def _host(self, play: Play, inv: InventoryHost) -> bool:
         """Run the play's roles on one host; False when it failed or was unreachable."""
         name = inv.name
-        role_name: str | None = None
+        role: Role | None = None
         try:
             ctx = self._context(play, inv)
             for ref in play.roles:
@@ -147,7 +149,6 @@ class Runner:
                 if role_tags & tags.skip or not (tags.selects(role_tags) or tags.only):
                     continue
                 role = self.roles.load(ref.role)
-                role_name = role.name
                 self._apply(play, ref, role, inv, ctx, role_tags)
             return True
         except HostFailed:
@@ -155,14 +156,23 @@ class Runner:
         except ConnectionFailed as exc:
             self.reporter.host_unreachable(name, play.name, str(exc))
         except FxkitError as exc:
-            self.reporter.host_error(name, play.name, role_name, str(exc))
-        except Exception as exc:  # a bug in fxkit or in a role: keep the traceback
-            self.reporter.host_error(name, play.name, role_name, f"{type(exc).__name__}: {exc}")
-            self.reporter.console.print_exception()
+            self.reporter.host_error(name, play.name, role and role.name, str(exc))
+        except Exception as exc:
+            self._crashed(play, name, role, exc)
         finally:
             self.reporter.host_done(name)
         self._down.add(name)
         return False
+
+    def _crashed(self, play: Play, host: str, role: Role | None, exc: Exception) -> None:
+        """An exception escaped a role: the role's own bug (file:line), or fxkit's (traceback)."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        in_role = [f for f in frames if role and Path(f.filename).is_relative_to(role.path)]
+        where = f"{in_role[-1].filename}:{in_role[-1].lineno}: " if in_role else ""
+        message = f"{where}{type(exc).__name__}: {exc}"
+        self.reporter.host_error(host, play.name, role and role.name, message)
+        if not (in_role and in_role[-1] == frames[-1]) and not isinstance(exc, UnknownOperation):
+            self.reporter.console.print_exception()
 
     def _context(self, play: Play, inv: InventoryHost) -> OpContext:
         """The host's operation context; opens its connection on first use in the run."""

@@ -542,7 +542,7 @@ def test_bad_operation_arguments_point_at_the_role_line(tmp_path: Path) -> None:
     assert "host.put(): unexpected argument 'valeu' (did you mean 'value'?)" in event["msg"]
 
 
-def test_a_bug_in_a_role_fails_that_host_with_its_traceback(tmp_path: Path) -> None:
+def test_a_bug_in_role_code_fails_that_host_at_its_line(tmp_path: Path) -> None:
     files = {
         "roles/first/role.py": """
             def apply(host, v):
@@ -554,7 +554,34 @@ def test_a_bug_in_a_role_fails_that_host_with_its_traceback(tmp_path: Path) -> N
     out = play(tmp_path, "- hosts: all\n  roles: [first]\n", THREE, files)
     assert out.file("h1", "/ok") == out.file("h3", "/ok") == "1"
     assert out.counts("h2")["failed"] == 1
-    assert "ZeroDivisionError" in out.output and "Traceback" in out.output
+    [event] = [e for e in out.events if e["status"] == "failed"]
+    assert event["msg"] == f"{tmp_path}/roles/first/role.py:4: ZeroDivisionError: division by zero"
+    assert "Traceback" not in out.output
+
+
+def test_an_unknown_operation_is_the_role_s_mistake(tmp_path: Path) -> None:
+    files = {"roles/first/role.py": "def apply(host, v):\n    host.pur('/x', 1)\n"}
+    out = play(tmp_path, "- hosts: all\n  roles: [first]\n", "all: {hosts: {h1: {}}}", files)
+    [event] = out.events
+    assert event["msg"].startswith(f"{tmp_path}/roles/first/role.py:2: UnknownOperation")
+    assert "did you mean host.put?" in event["msg"]
+    assert "Traceback" not in out.output
+
+
+def crash(ctx: OpContext) -> Result:
+    raise RuntimeError("a bug in an operation")
+
+
+def test_a_bug_below_the_role_keeps_its_traceback(tmp_path: Path) -> None:
+    OPS["crash"] = crash
+    try:
+        files = {"roles/first/role.py": "def apply(host, v):\n    host.crash()\n"}
+        out = play(tmp_path, "- hosts: all\n  roles: [first]\n", THREE, files)
+    finally:
+        del OPS["crash"]
+    assert out.code == 1 and out.reporter.failed_hosts == ["h1", "h2", "h3"]
+    assert "RuntimeError: a bug in an operation" in out.events[0]["msg"]
+    assert "Traceback" in out.output
 
 
 def test_a_missing_role_stops_before_any_host_is_touched(tmp_path: Path) -> None:
