@@ -68,7 +68,7 @@ def statuses(events: list[dict]) -> dict[str, int]:
 def test_converge_then_a_second_run_changes_nothing(tmp_path: Path, root: Path) -> None:
     code, output, events = site(tmp_path, root)
     assert code == 0, output
-    assert statuses(events) == {"changed": 9}
+    assert statuses(events) == {"changed": 9, "ok": 3}
     node = (root / "etc/fxkit/node.yaml").read_text()
     assert "name: localhost\n" in node and "model: MI308X\n" in node
     assert (root / "etc/sysctl.d/90-fxkit.conf").read_text() == "kernel.numa_balancing = 0\n"
@@ -86,10 +86,18 @@ def test_converge_then_a_second_run_changes_nothing(tmp_path: Path, root: Path) 
     before = snapshot(root)
     code, output, events = site(tmp_path, root)
     assert code == 0
-    assert statuses(events) == {"ok": 9}
+    assert statuses(events) == {"ok": 12}
     assert "changed" not in {e["status"] for e in events}
     assert snapshot(root) == before
     assert (root / "etc/fxkit/node-id").read_text() == node_id  # the guarded command did not rerun
+
+
+def test_an_empty_scratch_folder_converges_too(tmp_path: Path) -> None:
+    root = tmp_path / "empty"
+    code, _, events = site(tmp_path, root)
+    assert code == 0 and statuses(events) == {"changed": 12}  # sysctl: persisted, live skipped
+    code, _, events = site(tmp_path, root)
+    assert code == 0 and statuses(events) == {"ok": 11, "skipped": 1}
 
 
 @pytest.mark.parametrize("converged", [False, True])
@@ -146,7 +154,7 @@ def test_unreachable_host_fails_the_run(tmp_path: Path, root: Path) -> None:
     assert code == 1
     [event] = [e for e in events if e["host"] == "elsewhere"]
     assert event["status"] == "unreachable" and "unknown connection type" in event["msg"]
-    assert statuses([e for e in events if e["host"] == "localhost"]) == {"changed": 9}
+    assert statuses([e for e in events if e["host"] == "localhost"])["changed"] == 9
 
 
 def test_limit_tags_and_skip_tags(tmp_path: Path, root: Path) -> None:
