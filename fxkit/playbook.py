@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from fxkit.errors import FxkitError, PlaybookError
 from fxkit.variables import load_vars_file
@@ -34,10 +42,10 @@ T = TypeVar("T")
 
 
 def _as_list(value: Any) -> Any:
-    """``tags: a,b`` and ``tags: a`` mean ``[a, b]`` and ``[a]``."""
+    """``tags: a,b`` and ``tags: a`` mean ``[a, b]`` and ``[a]``; an empty ``tags:`` none."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
-    return value
+    return [] if value is None else value
 
 
 class RoleRef(BaseModel):
@@ -80,6 +88,12 @@ class Play(BaseModel):
     _file_vars: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     _tags = field_validator("tags", "secret_vars", mode="before")(_as_list)
+
+    @field_validator("vars", "vars_files", "roles", mode="before")
+    @classmethod
+    def _empty(cls, value: Any, info: ValidationInfo) -> Any:
+        """An empty ``vars:`` (YAML null) means no variables, not an error."""
+        return ({} if info.field_name == "vars" else []) if value is None else value
 
     @field_validator("hosts", mode="before")
     @classmethod

@@ -132,3 +132,9 @@ def test_missing_playbook_file(tmp_path: Path) -> None:
 def test_empty_playbook_has_no_plays(tmp_path: Path) -> None:
     (tmp_path / "empty.yml").write_text("# nothing yet\n")
     assert Playbook.load(tmp_path / "empty.yml").plays == []
+
+
+def test_empty_keys_mean_nothing(tmp_path: Path) -> None:
+    (tmp_path / "book.yml").write_text("- hosts: all\n  vars:\n  vars_files:\n  roles:\n  tags:\n")
+    [play] = Playbook.load(tmp_path / "book.yml").plays
+    assert (play.vars, play.vars_files, play.roles, play.tags) == ({}, [], [], [])
