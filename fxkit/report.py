@@ -86,7 +86,7 @@ class Reporter:
     def __enter__(self) -> Reporter:
         if self.console.is_terminal:
             self._live = Live(
-                get_renderable=self._progress,
+                get_renderable=self.progress,
                 console=self.console,
                 refresh_per_second=8,
                 transient=True,
@@ -99,7 +99,8 @@ class Reporter:
             self._live.stop()
             self._live = None
 
-    def _progress(self) -> RenderableType:
+    def progress(self) -> RenderableType:
+        """The live view: what each busy host is doing (its role and operation)."""
         # Called from Live's refresh thread: no lock here (a copy is atomic), so a host thread
         # printing under self._lock can never wait on a refresh that waits on it.
         table = Table.grid(padding=(0, 2))

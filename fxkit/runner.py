@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.errors import ConnectionFailed, FxkitError
+from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, Operation
 from fxkit.playbook import Play, Playbook, RoleRef
@@ -86,7 +86,8 @@ class Runner:
 
     def run(self) -> int:
         """0 when no host failed or was unreachable, else 1."""
-        for play in self.playbook.plays:  # every role must load before any host is touched
+        for play in self.playbook.plays:  # mistakes show before any host is touched
+            self._hosts(play)
             for ref in play.roles:
                 self.roles.load(ref.role, ref.where)
         if self.options.connect.become_password:
@@ -102,11 +103,17 @@ class Runner:
         return 1 if self._down else 0
 
     def _hosts(self, play: Play) -> list[InventoryHost]:
-        hosts = list(self.inventory.select(play.hosts))
+        hosts = self._select(play.hosts, f"{play.where} (hosts of play {play.name!r})")
         if self.options.limit:
-            allowed = {h.name for h in self.inventory.select(self.options.limit)}
+            allowed = {h.name for h in self._select(self.options.limit, "--limit")}
             hosts = [h for h in hosts if h.name in allowed]
         return [h for h in hosts if h.name not in self._down]
+
+    def _select(self, pattern: str, where: str) -> list[InventoryHost]:
+        try:
+            return list(self.inventory.select(pattern))
+        except FxkitError as exc:
+            raise PlaybookError(exc.message, where=where, hint=exc.hint) from None
 
     def _play(self, play: Play) -> bool:
         """Run one play batch by batch; False when the failure policy stops the run."""
@@ -118,7 +125,7 @@ class Runner:
             return True
         batches = play.batches(hosts)
         for number, batch in enumerate(batches, 1):
-            workers = max(1, min(self.options.forks, len(batch)))
+            workers = min(self.options.forks, len(batch))
             with ThreadPoolExecutor(workers, thread_name_prefix="fxkit-host") as pool:
                 outcomes = list(pool.map(lambda h: self._host(play, h), batch))
             failed = outcomes.count(False)

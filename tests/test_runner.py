@@ -659,3 +659,41 @@ def test_json_log_has_one_event_per_operation(tmp_path: Path) -> None:
             "duration_s",
         }
         assert event["duration_s"] >= 0
+
+
+def test_live_progress_shows_each_busy_host_s_role_and_operation(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def look(ctx: OpContext) -> Result:
+        console = Console(file=io.StringIO(), width=120)
+        console.print(reporter.progress())
+        seen.append(console.file.getvalue())  # type: ignore[attr-defined]
+        return ok()
+
+    write(tmp_path, {"roles/first/role.py": "def apply(host, v):\n    host.look()\n"})
+    write(
+        tmp_path,
+        {"site.yml": "- hosts: all\n  roles: [first]\n", "hosts.yml": "all: {hosts: {h1: {}}}"},
+    )
+    reporter = Reporter(Console(file=io.StringIO()))
+    Runner(
+        Playbook.load(tmp_path / "site.yml"),
+        Inventory.load(tmp_path / "hosts.yml"),
+        RunOptions(),
+        reporter,
+        connector=Fleet(),
+        operations={"look": look},
+    ).run()
+    assert seen[0].split() == ["h1", "first", "/", "look"]
+    console = Console(file=io.StringIO())
+    console.print(reporter.progress())
+    assert console.file.getvalue().strip() == ""  # done hosts leave the view
+
+
+def test_a_bad_host_pattern_stops_before_any_host_is_touched(tmp_path: Path) -> None:
+    fleet = Fleet()
+    book = "- hosts: all\n  roles: [first]\n- hosts: 'a:&&b'\n  roles: [first]\n"
+    with pytest.raises(PlaybookError, match="operator without a name") as err:
+        play(tmp_path, book, "all: {hosts: {h1: {}}}", ROLES, fleet)
+    assert err.value.where == f"{tmp_path / 'site.yml'}:3 (hosts of play 'a:&&b')"
+    assert fleet.hosts == {}
