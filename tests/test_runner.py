@@ -12,6 +12,7 @@ import io
 import json
 import textwrap
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -322,6 +323,29 @@ def test_hosts_run_concurrently_up_to_forks(tmp_path: Path) -> None:
     hosts = "all:\n  hosts:\n" + "".join(f"    h{i}: {{}}\n" for i in range(4))
     out = play(tmp_path, "- hosts: all\n  roles: [first]\n", hosts, roles, forks=4)
     assert out.code == 0  # a barrier of 4 only opens when all four hosts run at once
+
+
+def test_forks_bounds_how_many_hosts_run_at_once(tmp_path: Path) -> None:
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def busy(ctx: OpContext) -> Result:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return ok()
+
+    OPS["busy"] = busy
+    try:
+        roles = {"roles/first/role.py": "def apply(host, v):\n    host.busy()\n"}
+        hosts = "all:\n  hosts:\n" + "".join(f"    h{i}: {{}}\n" for i in range(6))
+        out = play(tmp_path, "- hosts: all\n  roles: [first]\n", hosts, roles, forks=2)
+    finally:
+        del OPS["busy"]
+    assert out.code == 0 and out.counts("h5")["ok"] == 1
+    assert peak[0] == 2
 
 
 def test_hosts_do_not_wait_for_each_other_between_roles(tmp_path: Path) -> None:
