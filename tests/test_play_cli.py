@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,26 @@ from click.testing import CliRunner
 from fxkit.cli import cli
 
 LOCAL = "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+
+
+#: What node_base manages on a real machine: no test may create any of it here.
+REAL_TARGETS = [
+    Path("/etc/fxkit"),
+    Path("/opt/fxkit"),
+    Path("/etc/sysctl.d/90-fxkit.conf"),
+    Path("/etc/modules-load.d/fxkit.conf"),
+]
+
+
+@pytest.fixture(autouse=True)
+def real_machine_untouched() -> Iterator[None]:
+    """Every run here must stay inside its scratch root (node_base_root)."""
+    before = [p.exists() for p in REAL_TARGETS]
+    limits = Path("/etc/security/limits.conf")
+    limits_before = limits.read_bytes() if limits.exists() else None
+    yield
+    assert [p.exists() for p in REAL_TARGETS] == before
+    assert (limits.read_bytes() if limits.exists() else None) == limits_before
 
 
 @pytest.fixture
@@ -186,8 +207,8 @@ def test_roles_path_order(tmp_path: Path, root: Path) -> None:
     (book.parent / "roles/node_base").rmdir()
     assert fxkit(*args, env={"FXKIT_ROLES_PATH": f"/nonexistent:{mine}"}).exit_code == 0
     assert (root / "which").read_text() == "roles-path"
-    result = fxkit(*args)  # the built-in node_base, which needs its scratch root
-    assert "undefined" not in result.output
+    assert fxkit(*args, "-e", f"node_base_root={root}").exit_code == 0  # the built-in one
+    assert (root / "etc/fxkit/node.yaml").is_file()
 
 
 def test_help_names_every_option() -> None:
