@@ -10,6 +10,7 @@ import click
 
 from fxkit import paths
 from fxkit.connection import ConnectOptions
+from fxkit.inventory import Inventory
 from fxkit.playbook import Playbook
 from fxkit.report import Reporter
 from fxkit.role import TagFilter
@@ -118,8 +119,6 @@ def play(
     Exit code: 0 when no host failed or was unreachable, 1 otherwise, 2 for a mistake in the
     command line, inventory, playbook or roles.
     """
-    from fxkit.inventory import Inventory
-
     become_password = os.environ.get("FXKIT_BECOME_PASSWORD")
     if become_password_file:
         become_password = become_password_file.read_text().rstrip("\n")
