@@ -163,8 +163,9 @@ def _link_groups(draft: Draft) -> dict[str, InventoryGroup]:
             groups[child].parents.append(name)
     reached: set[str] = set()
     _set_depths(draft, groups, "all", [], reached)
-    for name in groups.keys() - reached:  # only groups in a cycle are out of reach of all
-        _set_depths(draft, groups, name, [], reached)
+    for name in groups:  # only groups in a cycle are out of reach of all; report the first one
+        if name not in reached:
+            _set_depths(draft, groups, name, [], reached)
     return groups
 
 
