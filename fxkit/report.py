@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import traceback
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import IO, Any
@@ -20,8 +21,13 @@ from fxkit.ops.base import Result, Status
 
 REDACTED = "********"
 UNREACHABLE = "unreachable"
-STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "cyan"}
-STYLE[UNREACHABLE] = "bold magenta"
+STYLE = {
+    "ok": "green",
+    "changed": "yellow",
+    "failed": "bold red",
+    "skipped": "cyan",
+    UNREACHABLE: "bold magenta",
+}
 
 
 @dataclass
@@ -154,6 +160,12 @@ class Reporter:
     def note(self, msg: str, style: str = "bold") -> None:
         with self._lock:
             self._print(Text(self.redact(msg), style=style))
+
+    def traceback(self, exc: BaseException) -> None:
+        """Print the traceback of a bug (in fxkit or an operation), redacted like the rest."""
+        text = "".join(traceback.format_exception(exc))
+        with self._lock:
+            self._print(Text(self.redact(text), style="dim"))
 
     def _record(self, event: Event) -> None:
         with self._lock:

@@ -179,7 +179,7 @@ class Runner:
         message = f"{where}{type(exc).__name__}: {exc}"
         self.reporter.host_error(host, play.name, role and role.name, message)
         if not (in_role and in_role[-1] == frames[-1]) and not isinstance(exc, UnknownOperation):
-            self.reporter.console.print_exception()
+            self.reporter.traceback(exc)
 
     def _context(self, play: Play, inv: InventoryHost) -> OpContext:
         """The host's operation context; opens its connection on first use in the run."""

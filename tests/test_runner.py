@@ -593,19 +593,21 @@ def test_an_unknown_operation_is_the_role_s_mistake(tmp_path: Path) -> None:
 
 
 def crash(ctx: OpContext) -> Result:
-    raise RuntimeError("a bug in an operation")
+    raise RuntimeError(f"a bug in an operation, with {SECRET} in its message")
 
 
 def test_a_bug_below_the_role_keeps_its_traceback(tmp_path: Path) -> None:
     OPS["crash"] = crash
     try:
         files = {"roles/first/role.py": "def apply(host, v):\n    host.crash()\n"}
-        out = play(tmp_path, "- hosts: all\n  roles: [first]\n", THREE, files)
+        book = f"- hosts: all\n  secret_vars: [s]\n  vars: {{s: '{SECRET}'}}\n  roles: [first]\n"
+        out = play(tmp_path, book, THREE, files)
     finally:
         del OPS["crash"]
     assert out.code == 1 and out.reporter.failed_hosts == ["h1", "h2", "h3"]
     assert "RuntimeError: a bug in an operation" in out.events[0]["msg"]
-    assert "Traceback" in out.output
+    assert "Traceback" in out.output and 'raise RuntimeError(f"a bug' in out.output
+    assert SECRET not in out.output
 
 
 def test_a_missing_role_stops_before_any_host_is_touched(tmp_path: Path) -> None:
