@@ -29,6 +29,7 @@ import functools
 import hashlib
 import inspect
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -56,6 +57,10 @@ class HostFailed(Exception):
     def __init__(self, result: Result):
         super().__init__(result.msg)
         self.result = result
+
+
+class Interrupted(Exception):
+    """The run was interrupted (Ctrl-C): hosts stop before their next operation."""
 
 
 class UnknownOperation(AttributeError):
@@ -233,6 +238,7 @@ class Host:
         ops: Mapping[str, Operation],
         tags: TagFilter = TagFilter(),
         role_tags: Iterable[str] = (),
+        stop: threading.Event | None = None,
     ):
         self.ctx = ctx
         self.vars = v
@@ -243,6 +249,7 @@ class Host:
         self._tags = tags
         self._role_tags = frozenset(role_tags)
         self._handlers: list[Handler] = []
+        self._stop = stop or threading.Event()
 
     @property
     def name(self) -> str:
@@ -284,6 +291,8 @@ class Host:
         **kwargs: Any,
     ) -> Result:
         """Run a registered operation by name; record its result; stop the host if it failed."""
+        if self._stop.is_set():
+            raise Interrupted
         op = self._ops[operation]
         label = f"{operation} {args[0]}" if args and isinstance(args[0], str | Path) else operation
         if not self._tags.selects(self._role_tags | set(tags)):

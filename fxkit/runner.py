@@ -12,9 +12,10 @@ the end.
 from __future__ import annotations
 
 import contextlib
+import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,7 +26,16 @@ from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, Operation
 from fxkit.playbook import Play, Playbook, RoleRef
 from fxkit.report import Reporter
-from fxkit.role import Host, HostFailed, Role, RoleLoader, TagFilter, UnknownOperation, roles_path
+from fxkit.role import (
+    Host,
+    HostFailed,
+    Interrupted,
+    Role,
+    RoleLoader,
+    TagFilter,
+    UnknownOperation,
+    roles_path,
+)
 from fxkit.variables import HostVars, Layer
 
 Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
@@ -83,6 +93,7 @@ class Runner:
         self._facts: dict[str, FactCache] = {}
         #: Hosts that failed or were unreachable: they sit out the rest of the run.
         self._down: set[str] = set()
+        self._stop = threading.Event()
 
     def run(self) -> int:
         """0 when no host failed or was unreachable, else 1."""
@@ -126,8 +137,17 @@ class Runner:
         batches = play.batches(hosts)
         for number, batch in enumerate(batches, 1):
             workers = min(self.options.forks, len(batch))
-            with ThreadPoolExecutor(workers, thread_name_prefix="fxkit-host") as pool:
-                outcomes = list(pool.map(lambda h: self._host(play, h), batch))
+            pool = ThreadPoolExecutor(workers, thread_name_prefix="fxkit-host")
+            try:
+                futures = [pool.submit(self._host, play, h) for h in batch]
+                while wait(futures, timeout=0.2).not_done:
+                    pass  # waking up lets Python run a Ctrl-C that a host thread received
+                outcomes = [f.result() for f in futures]
+            except KeyboardInterrupt:  # hosts stop before their next operation
+                self._stop.set()
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
             failed = outcomes.count(False)
             percent = 100.0 * failed / len(batch)
             limit = play.max_fail_percentage
@@ -160,6 +180,8 @@ class Runner:
             return True
         except HostFailed:
             pass  # the failed operation is already reported
+        except Interrupted:
+            self.reporter.host_error(name, play.name, role and role.name, "interrupted")
         except ConnectionFailed as exc:
             self.reporter.host_unreachable(name, play.name, str(exc))
         except FxkitError as exc:
@@ -220,6 +242,7 @@ class Runner:
             ops=self.operations,
             tags=self.options.tags,
             role_tags=role_tags,
+            stop=self._stop,
         )
         self.reporter.op_started(inv.name, role.name, "starting")
         role.apply(host, v)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import textwrap
 import threading
 import time
@@ -723,3 +724,31 @@ def test_a_bad_host_pattern_stops_before_any_host_is_touched(tmp_path: Path) -> 
         play(tmp_path, book, "all: {hosts: {h1: {}}}", ROLES, fleet)
     assert err.value.where == f"{tmp_path / 'site.yml'}:3 (hosts of play 'a:&&b')"
     assert fleet.hosts == {}
+
+
+def interrupt(ctx: OpContext) -> Result:
+    """Ctrl-C while this operation runs (the main thread gets KeyboardInterrupt)."""
+    signal.raise_signal(signal.SIGINT)
+    time.sleep(1)
+    return ok()
+
+
+def test_ctrl_c_stops_hosts_before_their_next_operation(tmp_path: Path) -> None:
+    OPS["interrupt"] = interrupt
+    files = {
+        "roles/first/role.py": """
+            def apply(host, v):
+                host.interrupt()
+                host.put("/after", "x")
+            """
+    }
+    fleet = Fleet()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            play(
+                tmp_path, "- hosts: all\n  roles: [first]\n", "all: {hosts: {h1: {}}}", files, fleet
+            )
+    finally:
+        del OPS["interrupt"]
+    assert fleet.hosts["h1"].files == {}  # the operation after Ctrl-C never ran
+    assert (fleet.hosts["h1"].opens, fleet.hosts["h1"].closes) == (1, 1)

@@ -117,7 +117,7 @@ def play(
       fxkit play site.yml -i hosts.ini --limit 'gpu:!rack2' -e node_role=inference
 
     Exit code: 0 when no host failed or was unreachable, 1 otherwise, 2 for a mistake in the
-    command line, inventory, playbook or roles.
+    command line, inventory, playbook or roles, 130 when interrupted (Ctrl-C).
     """
     become_password = os.environ.get("FXKIT_BECOME_PASSWORD")
     if become_password_file:
@@ -146,8 +146,14 @@ def play(
     log = log_json.open("w", encoding="utf-8") if log_json else None
     try:
         reporter = Reporter(diff=diff, verbose=verbose, log_json=log)
-        with reporter:
-            code = Runner(book, hosts, options, reporter).run()
+        try:
+            with reporter:
+                code = Runner(book, hosts, options, reporter).run()
+        except KeyboardInterrupt:
+            reporter.note(
+                "interrupted: hosts stopped before their next operation", style="bold red"
+            )
+            code = 130
         reporter.recap()
         if check:
             reporter.note("check mode: nothing was changed", style="dim")
