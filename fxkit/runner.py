@@ -14,15 +14,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from fxkit import paths
 from fxkit.connection import Connection, ConnectOptions, connect
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.facts.base import FactCache
+from fxkit.inventory import Inventory, InventoryHost
 from fxkit.ops.base import OpContext, Operation
 from fxkit.playbook import Play, Playbook, RoleRef
 from fxkit.report import Reporter
@@ -41,16 +43,6 @@ from fxkit.variables import HostVars, Layer
 Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
 
 
-class InventoryHost(Protocol):
-    name: str
-    vars: Mapping[str, Any]
-    groups: Sequence[str]
-
-
-class Inventory(Protocol):
-    def select(self, pattern: str) -> Sequence[InventoryHost]: ...
-
-
 @dataclass
 class RunOptions:
     check: bool = False
@@ -61,6 +53,27 @@ class RunOptions:
     forks: int = 50
     roles_path: list[str] = field(default_factory=list)
     connect: ConnectOptions = field(default_factory=ConnectOptions)
+
+
+def run_playbook(
+    playbook: str | Path, inventory: str | Path, options: RunOptions, reporter: Reporter
+) -> int:
+    """What ``fxkit play`` does: load both (paths or built-in names), run, print the recap.
+
+    Returns the exit code: 0, 1 when a host failed or was unreachable, 130 when interrupted.
+    """
+    book = Playbook.load(paths.resolve(playbook, "playbooks"))
+    hosts = Inventory.load(paths.resolve(inventory, "inventories"))
+    try:
+        with reporter:
+            code = Runner(book, hosts, options, reporter).run()
+    except KeyboardInterrupt:
+        reporter.note("interrupted: hosts stopped before their next operation", style="bold red")
+        code = 130
+    reporter.recap()
+    if options.check:
+        reporter.note("check mode: nothing was changed", style="dim")
+    return code
 
 
 def default_operations() -> Mapping[str, Operation]:

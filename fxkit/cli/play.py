@@ -8,13 +8,10 @@ from pathlib import Path
 
 import click
 
-from fxkit import paths
 from fxkit.connection import ConnectOptions
-from fxkit.inventory import Inventory
-from fxkit.playbook import Playbook
 from fxkit.report import Reporter
 from fxkit.role import TagFilter
-from fxkit.runner import Runner, RunOptions
+from fxkit.runner import RunOptions, run_playbook
 from fxkit.variables import parse_extra_vars
 
 
@@ -124,8 +121,6 @@ def play(
         become_password = become_password_file.read_text().rstrip("\n")
     if ask_become_pass:
         become_password = click.prompt("become password", hide_input=True)
-    book = Playbook.load(paths.resolve(playbook, "playbooks"))
-    hosts = Inventory.load(paths.resolve(inventory, "inventories"))
     options = RunOptions(
         check=check,
         diff=diff,
@@ -146,17 +141,7 @@ def play(
     log = log_json.open("w", encoding="utf-8") if log_json else None
     try:
         reporter = Reporter(diff=diff, verbose=verbose, log_json=log)
-        try:
-            with reporter:
-                code = Runner(book, hosts, options, reporter).run()
-        except KeyboardInterrupt:
-            reporter.note(
-                "interrupted: hosts stopped before their next operation", style="bold red"
-            )
-            code = 130
-        reporter.recap()
-        if check:
-            reporter.note("check mode: nothing was changed", style="dim")
+        code = run_playbook(playbook, inventory, options, reporter)
     finally:
         if log:
             log.close()
