@@ -32,12 +32,12 @@ def builtin(kind: str) -> Path:
     )
 
 
-def resolve(path: str | Path, kind: str, suffixes: tuple[str, ...] = ("", ".yml", ".yaml")) -> Path:
+def resolve(path: str | Path, kind: str) -> Path:
     """``path`` if it exists, else the built-in file or folder of that name (site -> site.yml)."""
     given = Path(path)
     if given.exists() or given.is_absolute():
         return given
-    for suffix in suffixes:
+    for suffix in ("", ".yml", ".yaml"):
         candidate = builtin(kind) / f"{path}{suffix}"
         if candidate.exists():
             return candidate
