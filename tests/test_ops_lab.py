@@ -8,6 +8,7 @@ no CAP_SYS_MODULE, and a non-root user ``fxkit`` that becomes root with a sudo p
 
 from __future__ import annotations
 
+import logging
 import shlex
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -215,7 +216,10 @@ def test_directory_and_file_owned_by_another_user(root: Connection, sudo_user: s
     assert sh(root, "ls -A /srv/fxkit-owned/sub") == "app.conf\n"  # no temp file left behind
 
 
-def test_become_as_the_non_root_user_with_a_password(fleet: Fleet, sudo_user: str) -> None:
+def test_become_as_the_non_root_user_with_a_password(
+    fleet: Fleet, sudo_user: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # paramiko's transport log included
     password = fleet.become_password()
     target, conf = "/etc/fxkit-become.conf", "/etc/sysctl.d/92-fxkit-become.conf"
     results: list[Result] = []
@@ -247,6 +251,7 @@ def test_become_as_the_non_root_user_with_a_password(fleet: Fleet, sudo_user: st
         results.append(denied)
     for result in results:
         assert password not in repr(result)
+    assert caplog.records and password not in caplog.text
 
 
 @pytest.fixture
@@ -300,3 +305,30 @@ def test_packages_install_and_remove_with_apt(root: Connection, apt_repo: str) -
 
 def _remove(ctx: OpContext, name: str) -> Result:
     return packages(ctx, name, state="absent")
+
+
+def test_usermod_and_apt_through_become(fleet: Fleet, sudo_user: str, apt_repo: str) -> None:
+    password = fleet.become_password()
+    with (
+        fleet.connect("lab01") as root,
+        fleet.connect("lab01", ansible_user=sudo_user, ansible_become_password=password) as user,
+    ):
+        results = converge(
+            user,
+            group_member,
+            sudo_user,
+            "video",
+            become=True,
+            state=lambda: sh(root, f"id -nG {sudo_user}"),
+        )
+        assert "video" in sh(root, f"id -nG {sudo_user}").split()
+
+        def installed() -> str:
+            return root.run(f"dpkg-query -W -f '${{db:Status-Status}}' {apt_repo}").stdout
+
+        results += converge(user, packages, apt_repo, become=True, state=installed)
+        assert installed() == "installed"
+        results += converge(user, _remove, apt_repo, become=True, state=installed)
+        assert installed() != "installed"
+    for result in results:
+        assert password not in repr(result)
