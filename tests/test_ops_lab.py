@@ -294,6 +294,8 @@ def test_packages_install_and_remove_with_apt(root: Connection, apt_repo: str) -
     assert installed() == "1.0 installed"
     assert root.get(readme) == b"fxkit lab test package\n"
     assert packages(OpContext(root, FactCache(root)), f"{apt_repo}=1.0").status is Status.OK
+    missing = packages(OpContext(root, FactCache(root)), f"{apt_repo}=2.0")
+    assert missing.failed and "'2.0' for 'fxkit-test-pkg' was not found" in missing.msg, missing
 
     # converge()'s own ``state`` is the read-back: the package state goes through _remove.
     preview, applied, again = converge(root, _remove, apt_repo, state=installed)
