@@ -60,20 +60,21 @@ class LocalConnection(Connection):
             )
         except OSError as exc:
             raise ConnectionFailed(f"cannot run sh: {exc}", where=f"host {self.name}") from exc
-        stream = _Process(proc, None if timeout is None else time.monotonic() + timeout)
-        try:
-            if sudo:
-                rc = sudo.start(stream)
-                if rc is not None:
-                    _kill(proc)  # sudo failed; it may still wait for a password
-                    return RunResult(command, rc, _text(stream.out), _text(stream.err))
-            out, err = proc.communicate(stdin, timeout=stream.time_left())
-        except (subprocess.TimeoutExpired, _Timeout):
-            _kill(proc)
-            out, err = proc.communicate()
-            err += f"\nfxkit: timed out after {timeout:g}s".encode()
-            return RunResult(command, TIMEOUT_RC, _text(stream.out + out), _text(stream.err + err))
-        return RunResult(command, proc.returncode, _text(stream.out + out), _text(stream.err + err))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with proc, _Process(proc, deadline) as stream:
+            try:
+                rc = sudo.start(stream) if sudo else None
+                if rc is None:
+                    stream.collect(*proc.communicate(stdin, timeout=stream.time_left()))
+                    rc = proc.returncode
+                else:
+                    _kill(proc)  # sudo refused the password and may wait for another
+            except (subprocess.TimeoutExpired, _Timeout):
+                _kill(proc)
+                stream.collect(*proc.communicate())
+                stream.err += f"\nfxkit: timed out after {timeout:g}s".encode()
+                rc = TIMEOUT_RC
+        return RunResult(command, rc, _text(stream.out), _text(stream.err))
 
     def get(self, path: str, *, become: bool = False) -> bytes | None:
         if become and os.geteuid() != 0:
@@ -120,6 +121,16 @@ class _Process:
         self._selector.register(proc.stdout, selectors.EVENT_READ, self.out)
         self._selector.register(proc.stderr, selectors.EVENT_READ, self.err)
 
+    def __enter__(self) -> _Process:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._selector.close()
+
+    def collect(self, out: bytes, err: bytes) -> None:
+        self.out += out
+        self.err += err
+
     def time_left(self) -> float | None:
         if self.deadline is None:
             return None
@@ -150,6 +161,8 @@ class _Process:
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """Kill the command's whole process group (it runs in a session of its own), children that
+    outlived the shell included."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
 
