@@ -7,10 +7,8 @@ part still happens and the live part is reported as skipped with the reason.
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
-from collections.abc import Callable
 from shlex import quote
 
 from fxkit.facts.kernel import ModuleState, SysctlState, normalize_sysctl, sysctl_path
@@ -46,7 +44,7 @@ def sysctl(
     want = normalize_sysctl(str(value))
     if not want or "\n" in str(value):
         raise OpError(f"bad value {value!r} for sysctl {name}")
-    persisted = _in_directory(
+    persisted = files.in_directory(
         ctx, file, lambda: line(ctx, file, f"{name} = {want}", regexp=rf"^\s*{re.escape(name)}\s*=")
     )
     if persisted.failed:
@@ -102,17 +100,7 @@ def module(
 
 
 def _config_file(ctx: OpContext, path: str, content: str) -> Result:
-    return _in_directory(ctx, path, lambda: files.file(ctx, path, content, mode="0644"))
-
-
-def _in_directory(ctx: OpContext, path: str, write: Callable[[], Result]) -> Result:
-    """``write()`` a file of a ``*.d`` directory, creating the directory first where the host
-    lacks it (a minimal system without kmod has no /etc/modprobe.d)."""
-    parent = files.directory(ctx, posixpath.dirname(path))
-    if parent.failed:
-        return parent
-    result = write()
-    return combine(parent, result) if parent.changed else result
+    return files.in_directory(ctx, path, lambda: files.file(ctx, path, content, mode="0644"))
 
 
 def kernel_cmdline(
