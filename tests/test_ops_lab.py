@@ -241,6 +241,7 @@ def test_become_as_the_non_root_user_with_a_password(
         results += converge(user, file, target, "secret = 2\n", become=True, state=owned)
         assert "-secret = 1\n+secret = 2\n" in results[-2].diff
         assert owned() == "root:600\nsecret = 2\n"
+        assert sh(root, "ls -A /etc | grep -c '[.]fxkit[.]' || true") == "0\n"  # no temp files
         results += converge(
             user, line, conf, "vm.swappiness = 7", become=True, state=lambda: root.get(conf)
         )
