@@ -1,1 +1,28 @@
-"""fxkit.loader: a parallel safetensors loader that stands on its own (imports nothing from the engine)."""
+"""fxkit.loader: a parallel safetensors loader; it imports nothing from fxkit's engine.
+
+``load`` / ``iter_tensors`` read a model; ``open_checkpoint`` validates and describes it without
+reading tensor data; ``make_checkpoint`` writes a synthetic one. torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fxkit.loader.errors import LoaderError
+
+__all__ = ["LoaderError", "iter_tensors", "load", "make_checkpoint", "open_checkpoint"]
+
+_LAZY = {
+    "load": "fxkit.loader.api",
+    "iter_tensors": "fxkit.loader.api",
+    "open_checkpoint": "fxkit.loader.format",
+    "make_checkpoint": "fxkit.loader.checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fxkit.loader' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

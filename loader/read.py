@@ -1,0 +1,131 @@
+"""Reading files: positional reads (the GIL is released in them) into caller-given memory.
+
+O_DIRECT is tried when asked and dropped, for that file, where the filesystem refuses it (tmpfs
+refuses the open, some FUSE filesystems refuse the read): the read is then repeated buffered.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import threading
+from pathlib import Path
+
+from fxkit.loader.errors import LoaderError
+
+HUGE_PAGE = 2 * 2**20
+
+
+def host_buffer(size: int):  # -> torch.Tensor
+    """A page-aligned host uint8 tensor of ``size`` bytes, backed by an anonymous mapping.
+
+    Page alignment lets O_DIRECT read straight into it; transparent huge pages (where the kernel
+    offers them) make the first write to fresh memory several times faster than 4 KiB faults.
+    """
+    import torch
+
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    buffer = mmap.mmap(-1, size)
+    if size >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        buffer.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def writable_view(tensor) -> memoryview:
+    """A writable memoryview of a contiguous CPU uint8 tensor (no copy)."""
+    return memoryview(tensor.numpy()).cast("B")
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return libc
+
+
+def resident_fraction(path: Path | str) -> float:
+    """The fraction of a file's pages that are in the page cache (mincore); 0.0 if unknown."""
+    libc = _libc()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 1.0
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return 0.0
+        try:
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vector = (ctypes.c_ubyte * pages)()
+            if libc.mincore(address, size, vector) != 0:
+                return 0.0
+            return sum(b & 1 for b in bytes(vector)) / pages
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+class FileReader:
+    """One open file, read with ``pread`` from many threads, O_DIRECT where asked and allowed."""
+
+    def __init__(self, path: Path, direct: bool) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self.direct = False
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+            if direct and hasattr(os, "O_DIRECT"):
+                try:
+                    self._fd_direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
+                    self.direct = True
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+        except OSError as exc:
+            raise LoaderError(f"{path}: cannot open: {exc.strerror or exc}") from None
+
+    def _fallback(self) -> None:
+        """The filesystem refused an O_DIRECT read: read this file buffered from now on."""
+        with self._lock:
+            if self.direct:
+                self.direct = False
+                os.close(self._fd_direct)
+
+    def read(self, view: memoryview, offset: int, need: int) -> None:
+        """Fill ``view`` from ``offset``; ``need`` bytes must arrive (the rest is past EOF)."""
+        got = 0
+        while got < need:
+            direct = self.direct
+            try:
+                n = os.preadv(self._fd_direct if direct else self._fd, [view[got:]], offset + got)
+            except OSError as exc:
+                if direct and exc.errno == errno.EINVAL:
+                    self._fallback()
+                    continue
+                raise LoaderError(f"{self.path}: read failed at {offset + got}: {exc}") from None
+            if n == 0:
+                raise LoaderError(
+                    f"{self.path}: file ended at {offset + got}, expected data up to "
+                    f"{offset + need} (was it truncated while loading?)"
+                )
+            got += n
+
+    def close(self, drop_cache: bool = False) -> None:
+        """Close the file; with ``drop_cache``, evict its pages from the page cache first."""
+        if drop_cache:
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(self._fd)
+        self._fallback()
