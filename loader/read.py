@@ -28,10 +28,14 @@ def host_buffer(size: int):  # -> torch.Tensor
 
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
-    buffer = mmap.mmap(-1, size)
-    if size >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
-        buffer.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(buffer, dtype=torch.uint8)
+    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
+    # Huge pages need a 2 MiB-aligned address: map 2 MiB more and start at the boundary.
+    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)
+    shift = -whole.data_ptr() % HUGE_PAGE
+    mapping.madvise(mmap.MADV_HUGEPAGE, shift, size - size % HUGE_PAGE)
+    return whole[shift : shift + size]
 
 
 def writable_view(tensor) -> memoryview:
