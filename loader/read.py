@@ -10,7 +10,6 @@ import ctypes
 import errno
 import mmap
 import os
-import threading
 from pathlib import Path
 
 from fxkit.loader.errors import LoaderError
@@ -87,8 +86,8 @@ class FileReader:
 
     def __init__(self, path: Path, direct: bool) -> None:
         self.path = path
-        self._lock = threading.Lock()
         self.direct = False
+        self._fd_direct: int | None = None
         try:
             self._fd = os.open(path, os.O_RDONLY)
             if direct and hasattr(os, "O_DIRECT"):
@@ -101,13 +100,6 @@ class FileReader:
         except OSError as exc:
             raise LoaderError(f"{path}: cannot open: {exc.strerror or exc}") from None
 
-    def _fallback(self) -> None:
-        """The filesystem refused an O_DIRECT read: read this file buffered from now on."""
-        with self._lock:
-            if self.direct:
-                self.direct = False
-                os.close(self._fd_direct)
-
     def read(self, view: memoryview, offset: int, need: int) -> None:
         """Fill ``view`` from ``offset``; ``need`` bytes must arrive (the rest is past EOF)."""
         got = 0
@@ -117,7 +109,7 @@ class FileReader:
                 n = os.preadv(self._fd_direct if direct else self._fd, [view[got:]], offset + got)
             except OSError as exc:
                 if direct and exc.errno == errno.EINVAL:
-                    self._fallback()
+                    self.direct = False  # refused: read this file buffered from now on
                     continue
                 raise LoaderError(f"{self.path}: read failed at {offset + got}: {exc}") from None
             if n == 0:
@@ -132,4 +124,5 @@ class FileReader:
         if drop_cache:
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(self._fd)
-        self._fallback()
+        if self._fd_direct is not None:
+            os.close(self._fd_direct)
