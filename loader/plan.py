@@ -61,9 +61,12 @@ def normalise_chunk_size(chunk_size: int | None) -> int:
     return align_up(chunk_size)
 
 
-def plan_file(header: FileHeader, chunk_size: int) -> FilePlan:
-    """Split a file's (block-widened) data region into chunks of ``chunk_size`` bytes."""
-    start = align_down(header.data_offset)
+def plan_file(header: FileHeader, chunk_size: int, whole_file: bool = False) -> FilePlan:
+    """Split a file's (block-widened) data region into chunks of ``chunk_size`` bytes.
+
+    ``whole_file`` makes the buffer start at the file's first byte (for a mapped file).
+    """
+    start = 0 if whole_file else align_down(header.data_offset)
     end = align_up(header.file_size) if header.data_size else start
     chunks = [
         Chunk(offset, offset - start, min(chunk_size, end - offset))

@@ -12,9 +12,11 @@ import mmap
 import os
 from pathlib import Path
 
+import numpy
 from fxkit.loader.errors import LoaderError
 
 HUGE_PAGE = 2 * 2**20
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 
 
 def host_buffer(size: int):  # -> torch.Tensor
@@ -74,7 +76,7 @@ def resident_fraction(path: Path | str) -> float:
             vector = (ctypes.c_ubyte * pages)()
             if libc.mincore(address, size, vector) != 0:
                 return 0.0
-            return sum(b & 1 for b in bytes(vector)) / pages
+            return int((numpy.frombuffer(vector, dtype=numpy.uint8) & 1).sum()) / pages
         finally:
             libc.munmap(address, size)
     finally:
@@ -126,3 +128,45 @@ class FileReader:
         os.close(self._fd)
         if self._fd_direct is not None:
             os.close(self._fd_direct)
+
+
+class MappedFile:
+    """A file already in the page cache, mapped privately: its tensors are the cached pages.
+
+    "Reading" a range maps its pages (MADV_POPULATE_READ, or a touch per page where the kernel
+    lacks it) without copying a byte; a write to a tensor copies only that page (copy on write).
+    Like any mapping, it shows later changes to the file, and truncating the file under it makes
+    access fail (SIGBUS): use ``direct_io="off"`` for files that may change while in use.
+    """
+
+    direct = False
+
+    def __init__(self, path: Path, size: int) -> None:
+        import torch
+
+        self.path = path
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if os.fstat(fd).st_size < size:
+                    raise LoaderError(
+                        f"{path}: file is {os.fstat(fd).st_size} bytes, expected {size} "
+                        "(was it truncated while loading?)"
+                    )
+                self.mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise LoaderError(f"{path}: cannot map: {exc.strerror or exc}") from None
+        self.buffer = torch.frombuffer(self.mapping, dtype=torch.uint8)
+
+    def read(self, view: memoryview, offset: int, need: int) -> None:
+        """Map the pages of ``need`` bytes from ``offset`` (``view`` is the mapping itself)."""
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self.mapping.madvise(MADV_POPULATE_READ, start, offset + need - start)
+        except OSError:
+            numpy.frombuffer(view, dtype=numpy.uint8)[: need : mmap.PAGESIZE].max()
+
+    def close(self, drop_cache: bool = False) -> None:
+        """Nothing to close: the mapping lives as long as its tensors."""

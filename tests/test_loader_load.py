@@ -296,8 +296,9 @@ def test_file_truncated_after_validation(tmp_path: Path, every_dtype_file: Path)
     copy.write_bytes(every_dtype_file.read_bytes())
     checkpoint = open_checkpoint(copy)
     os.truncate(copy, checkpoint.files[0].data_offset + 10)
-    with pytest.raises(LoaderError, match="truncated"):
-        load(checkpoint)
+    for direct_io in ("auto", "on", "off"):
+        with pytest.raises(LoaderError, match="truncated"):
+            load(checkpoint, direct_io=direct_io)
 
 
 def test_bad_arguments(every_dtype_file: Path) -> None:
@@ -325,23 +326,43 @@ def test_drop_cache_evicts_the_files(sharded: Path, disk_dir: Path) -> None:
 def test_auto_direct_io_follows_the_page_cache(
     sharded: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Uncached: O_DIRECT; partly cached: buffered; fully cached: mapped (not with drop_cache)."""
     from fxkit.loader import api
 
+    cached = {"model-0.safetensors": 0.0, "model-1.safetensors": 0.7, "model-2.safetensors": 1.0}
+    monkeypatch.setattr(api, "resident_fraction", lambda path: cached[path.name])
     seen = []
-    monkeypatch.setattr(api, "resident_fraction", lambda path: 0.0 if "0" in path.name else 1.0)
-    real = api.FileReader
 
-    def reader(path: Path, direct: bool) -> FileReader:
-        seen.append((path.name, direct))
-        return real(path, direct)
+    def recording(cls: type) -> type:
+        class Recording(cls):
+            def __init__(self, path: Path, *args: object, **kwargs: object) -> None:
+                super().__init__(path, *args, **kwargs)
+                seen.append((path.name, cls.__name__, self.direct))
 
-    monkeypatch.setattr(api, "FileReader", reader)
-    load(sharded)
+        return Recording
+
+    monkeypatch.setattr(api, "FileReader", recording(api.FileReader))
+    monkeypatch.setattr(api, "MappedFile", recording(api.MappedFile))
+    assert_same(load(sharded), reference(sharded))
     assert seen == [
-        ("model-0.safetensors", True),
-        ("model-1.safetensors", False),
-        ("model-2.safetensors", False),
+        ("model-0.safetensors", "FileReader", True),
+        ("model-1.safetensors", "FileReader", False),
+        ("model-2.safetensors", "MappedFile", False),
     ]
+    seen.clear()
+    load(sharded, drop_cache=True)
+    assert seen[-1] == ("model-2.safetensors", "FileReader", False)
+
+
+def test_mapped_tensors_are_private_copies_on_write(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    save_file({"w": torch.arange(4096, dtype=torch.float32)}, path)
+    before = path.read_bytes()
+    assert resident_fraction(path) == 1.0, "a file just written is in the page cache"
+    tensor = load(path)["w"]
+    tensor.add_(1)
+    assert path.read_bytes() == before
+    assert torch.equal(tensor, torch.arange(4096, dtype=torch.float32) + 1)
 
 
 def test_make_checkpoint_is_llama_shaped_deterministic_and_loads(tmp_path: Path) -> None:
