@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 from typing import Any
 
+from fxkit.loader.errors import LoaderError
 from fxkit.loader.plan import ALIGN, Chunk
 from fxkit.loader.read import FileReader, host_buffer, writable_view
 
@@ -98,9 +99,19 @@ def make_sink(device: Any, threads: int, chunk_size: int, staged: bool | None = 
     """
     import torch
 
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise LoaderError(f"device {device!r} is not a torch device: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LoaderError(
+            f"device {str(device)!r} asked for, but this torch {torch.__version__} sees no "
+            "CUDA/ROCm device; load to device='cpu' or install a GPU build of torch"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise LoaderError(f"device {str(device)!r} is not supported (cpu, cuda, cuda:N)")
     if staged is None:
         staged = device.type != "cpu"
     if not staged:
         return HostSink()
-    return StagedSink(device, slots=2 * threads, chunk_size=chunk_size)
+    return StagedSink(device, slots=threads + 2, chunk_size=chunk_size)

@@ -306,6 +306,8 @@ def test_bad_arguments(every_dtype_file: Path) -> None:
         ({"threads": -1}, "threads"),
         ({"chunk_size": -5}, "chunk_size"),
         ({"direct_io": "sometimes"}, "direct_io"),
+        ({"device": "floppy"}, "not a torch device"),
+        ({"device": "meta"}, "not supported"),
     ]:
         with pytest.raises(LoaderError, match=words):
             load(every_dtype_file, **kwargs)
@@ -435,6 +437,17 @@ def test_cli_load_and_make_checkpoint(tmp_path: Path) -> None:
     failed = subprocess.run([*fxkit, "load", str(bad)], capture_output=True, text=True)
     assert failed.returncode == 2
     assert "too small" in failed.stderr and "Traceback" not in failed.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA/ROCm device is present")
+def test_gpu_without_gpu_is_a_clear_error(sharded: Path) -> None:
+    with pytest.raises(LoaderError, match="sees no CUDA/ROCm device"):
+        load(sharded, device="cuda:0")
+
+
+def test_progress_bar_reports_bytes(sharded: Path, capsys: pytest.CaptureFixture) -> None:
+    assert_same(load(sharded, progress=True), reference(sharded))
+    assert "loading" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA/ROCm device on this host")
