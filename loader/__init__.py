@@ -2,6 +2,15 @@
 
 ``load`` / ``iter_tensors`` read a model; ``open_checkpoint`` validates and describes it without
 reading tensor data; ``make_checkpoint`` writes a synthetic one. torch is imported on first use.
+
+    from fxkit.loader import load, iter_tensors, open_checkpoint
+    tensors = load("/models/llama", threads=8, chunk_size=32 << 20)   # {name: CPU tensor}
+    for name, tensor in iter_tensors("/models/llama", device="cuda:0"):  # streamed, in file order
+        ...
+
+In vLLM (the ``vllm.general_plugins`` entry point registers the load format)::
+
+    vllm serve MODEL --load-format fxkit --model-loader-extra-config '{"threads": 16}'
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Size(click.ParamType):
     type=click.Choice(["auto", "on", "off"]),
     default="auto",
     show_default=True,
-    help="O_DIRECT reads; auto uses them for files not in the page cache.",
+    help="O_DIRECT reads. auto: O_DIRECT for uncached files, mapping for cached ones.",
 )
 @click.option("--drop-cache", is_flag=True, help="Evict the files from the page cache afterwards.")
 @click.option("--progress", is_flag=True, help="Show a progress bar with GB/s.")
