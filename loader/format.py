@@ -204,6 +204,8 @@ def _index_files(directory: Path) -> tuple[list[Path], dict[str, str]]:
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
     ):
         raise _fail(index, "weight_map must be an object of tensor names to file names")
+    if not weight_map:
+        raise _fail(index, "weight_map is empty: the index names no tensors")
     files = []
     for name in dict.fromkeys(weight_map.values()):
         file = directory / name

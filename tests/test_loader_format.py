@@ -200,6 +200,7 @@ def test_directory_with_index_reads_only_indexed_files(tmp_path: Path) -> None:
         ({"x": "../a.safetensors"}, "plain name"),
         (["x"], "weight_map must be"),
         ({"x": 3}, "weight_map must be"),
+        ({}, "weight_map is empty"),
     ],
 )
 def test_index_rules(tmp_path: Path, weight_map: object, words: str) -> None:
