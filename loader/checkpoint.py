@@ -100,6 +100,7 @@ def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # readable like any model directory (writers may create 0600)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
