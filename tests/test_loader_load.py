@@ -415,17 +415,23 @@ print(checkpoint.total_bytes, status("VmHWM") - before)
 """
 
 
+@pytest.fixture(scope="module")
+def model_200mb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    model = make_checkpoint(tmp_path_factory.mktemp("rss") / "m", 200_000_000, shards=2)
+    yield model
+    shutil.rmtree(model)  # not left behind in pytest's kept temporary directories
+
+
 @pytest.mark.parametrize("direct_io", ["off", "auto"])
-def test_peak_rss_is_the_checkpoint_plus_a_small_constant(tmp_path: Path, direct_io: str) -> None:
-    """Read into buffers (off) or mapped from the page cache (auto, the files were just written)."""
-    model = make_checkpoint(tmp_path / "m", 200_000_000, shards=2)
+def test_peak_rss_is_the_checkpoint_plus_a_little(model_200mb: Path, direct_io: str) -> None:
+    """Read into buffers (off) or mapped from the page cache (auto: the files were just written)."""
+    model = model_200mb
     result = subprocess.run(
         [sys.executable, "-c", RSS_PROBE, str(model), direct_io],
         capture_output=True,
         text=True,
         check=True,
     )
-    shutil.rmtree(model)  # 200 MB: not left behind in pytest's kept temporary directories
     total, grown = map(int, result.stdout.split())
     assert 0.9 * total <= grown <= total + 48 * 2**20, (
         f"RSS +{grown / 1e6:.0f} MB for {total / 1e6:.0f} MB"
