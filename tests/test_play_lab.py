@@ -230,6 +230,7 @@ def test_a_host_lost_in_the_middle_of_the_run(lab_fleet, tmp_path: Path) -> None
     lost = [e for e in run.events if e["host"] == "lab03"]
     assert lost[-1]["status"] in ("unreachable", "failed"), lost
     assert "connection lost" in lost[-1]["msg"]
+    assert lost[-1]["role"] == "slow" and lost[-1]["operation"].startswith("command touch")
     others = ["lab01", "lab02", "lab04"]
     assert {h: run.counts("changed")[h] for h in others} == dict.fromkeys(others, 9)
     assert {h: run.counts("failed")[h] + run.counts("unreachable")[h] for h in others} == {
