@@ -150,8 +150,16 @@ class Reporter:
         )
         self._record(event)
 
-    def host_unreachable(self, host: str, play: str, msg: str) -> None:
-        self._record(Event(host, play, None, "connect", UNREACHABLE, msg, None, 0.0))
+    def host_unreachable(
+        self,
+        host: str,
+        play: str,
+        msg: str,
+        role: str | None = None,
+        operation: str = "connect",
+    ) -> None:
+        """The host could not be reached, or its link broke during ``role``'s ``operation``."""
+        self._record(Event(host, play, role, operation, UNREACHABLE, msg, None, 0.0))
 
     def host_error(self, host: str, play: str, role: str | None, msg: str) -> None:
         """A role or template error stopped the host (not an operation's result)."""

@@ -59,6 +59,15 @@ class HostFailed(Exception):
         self.result = result
 
 
+class HostUnreachable(Exception):
+    """The host's connection broke during an operation: the host is unreachable from here on."""
+
+    def __init__(self, operation: str, error: ConnectionFailed):
+        super().__init__(str(error))
+        self.operation = operation
+        self.error = error
+
+
 class Interrupted(Exception):
     """The run was interrupted (Ctrl-C): hosts stop before their next operation."""
 
@@ -302,8 +311,8 @@ class Host:
         start = time.perf_counter()
         try:
             result = op(self.ctx, *args, **kwargs)
-        except ConnectionFailed:
-            raise
+        except ConnectionFailed as exc:
+            raise HostUnreachable(label, exc) from None
         except FxkitError as exc:  # arguments the operation cannot work with
             result = Result(Status.FAILED, str(exc))
         result.name = result.name or label

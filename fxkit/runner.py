@@ -31,6 +31,7 @@ from fxkit.report import Reporter
 from fxkit.role import (
     Host,
     HostFailed,
+    HostUnreachable,
     Interrupted,
     Role,
     RoleLoader,
@@ -195,6 +196,9 @@ class Runner:
             pass  # the failed operation is already reported
         except Interrupted:
             self.reporter.host_error(name, play.name, role and role.name, "interrupted")
+        except HostUnreachable as exc:
+            role_name = role and role.name
+            self.reporter.host_unreachable(name, play.name, str(exc), role_name, exc.operation)
         except ConnectionFailed as exc:
             self.reporter.host_unreachable(name, play.name, str(exc))
         except FxkitError as exc:

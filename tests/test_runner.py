@@ -310,6 +310,9 @@ def test_unreachable_mid_run(tmp_path: Path) -> None:
     assert out.file("h2", "/never") is None
     assert out.counts("h2")["unreachable"] == 1 and out.counts("h2")["changed"] == 1
     assert "connection reset by peer" in out.output
+    # The event names the operation the link broke in, not "connect".
+    [lost] = [e for e in out.events if e["host"] == "h2" and e["status"] == "unreachable"]
+    assert (lost["role"], lost["operation"]) == ("first", "shell two")
 
 
 def test_one_connection_per_host_per_run(tmp_path: Path) -> None:
