@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -26,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fxkit.cli.lab import dir_option, port_option, prefix_option
+from fxkit.cli.loader import Size
 from fxkit.connection import ConnectOptions
 from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
 from fxkit.lab.fleet import host_name
@@ -35,26 +35,13 @@ from fxkit.runner import RunOptions, run_playbook
 console = Console(highlight=False, soft_wrap=True)
 CACHE = ".cache/demo-ckpt"
 STAMP = "fxkit-demo.json"
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
-
-
-class ByteSize(click.ParamType):
-    """``1GB``, ``64MB``, ``512MiB`` or a number of bytes."""
-
-    name = "size"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]i?)?b?\s*", str(value), re.IGNORECASE)
-        if not match:
-            self.fail(f"{value!r} is not a size (examples: 1GB, 64MB, 512MiB)", param, ctx)
-        return int(float(match[1]) * _UNITS[(match[2] or "").lower()])
 
 
 @click.command()
 @click.option("--hosts", type=click.IntRange(1, 254), default=4, show_default=True)
 @click.option(
     "--size",
-    type=ByteSize(),
+    type=Size(),
     default="1GB",
     show_default=True,
     help="Checkpoint size (e.g. 64MB, 2GB).",
