@@ -51,14 +51,6 @@ def test_become_as_root_runs_directly(conn: LocalConnection) -> None:
     assert conn.run("id -u", become=True).stdout.strip() == "0"
 
 
-def test_become_password_goes_to_stdin_not_argv() -> None:
-    conn = LocalConnection("localhost", become_password="s3cret")
-    argv = conn._argv("id -u", become=True)
-    assert "s3cret" not in " ".join(argv)
-    if os.geteuid() != 0:
-        assert argv[:4] == ["sudo", "-S", "-p", ""]
-
-
 def test_get_of_a_directory_is_a_clear_error(conn: LocalConnection, tmp_path: Path) -> None:
     with pytest.raises(FxkitError, match=r"cannot read .*: Is a directory"):
         conn.get(str(tmp_path))

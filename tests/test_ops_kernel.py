@@ -143,3 +143,21 @@ def test_kernel_cmdline_missing_file_and_bad_args(tmp_path: Path) -> None:
     assert result.failed and "does not exist" in result.msg
     with pytest.raises(OpError, match="bad kernel arguments"):
         kernel_cmdline(make_ctx(), ['a"; reboot; "'], grub_file=str(tmp_path / "none"))
+
+
+def test_module_and_sysctl_create_a_missing_config_directory(
+    tmp_path: Path, proc_sys: Path
+) -> None:
+    # Found on a lab host: a system without kmod has no /etc/modprobe.d and writing failed.
+    options_dir = tmp_path / "etc" / "modprobe.d"
+    dirs = {"modules_load_dir": str(tmp_path / "modules-load.d"), "modprobe_dir": str(options_dir)}
+    preview = module(make_ctx(check=True), "nvme_fabrics", {"debug": 1}, **dirs)
+    assert preview.changed and not (tmp_path / "etc").exists()
+    result = module(make_ctx(), "nvme_fabrics", {"debug": 1}, **dirs)
+    assert not result.failed and f"created {options_dir}" in result.msg
+    assert (options_dir / "nvme_fabrics.conf").read_text() == "options nvme_fabrics debug=1\n"
+    assert not module(make_ctx(), "nvme_fabrics", {"debug": 1}, **dirs).changed
+
+    conf = tmp_path / "sysctl.d" / "90-fxkit.conf"
+    result = sysctl(make_ctx(), "vm.swappiness", 60, file=str(conf), proc_sys=str(proc_sys))
+    assert result.changed and conf.read_text() == "vm.swappiness = 60\n"

@@ -83,6 +83,17 @@ def test_unit_installed_daemon_reload_skipped(tmp_path: Path) -> None:
     assert unit(make_ctx(), "fx.service", content, unit_dir=str(tmp_path)).status is Status.OK
 
 
+def test_unit_directory_missing_on_a_host_without_systemd(tmp_path: Path) -> None:
+    # A minimal container without the systemd package has no /etc/systemd/system at all.
+    unit_dir = tmp_path / "etc" / "systemd" / "system"
+    preview = unit(make_ctx(check=True), "fx.service", "[Unit]\n", unit_dir=str(unit_dir))
+    assert preview.changed and not (tmp_path / "etc").exists()
+    result = unit(make_ctx(), "fx.service", "[Unit]\n", unit_dir=str(unit_dir))
+    assert result.changed and result.msg.startswith(f"created {unit_dir}; created {unit_dir}/fx")
+    assert (unit_dir / "fx.service").read_text() == "[Unit]\n"
+    assert unit(make_ctx(), "fx.service", "[Unit]\n", unit_dir=str(unit_dir)).status is Status.OK
+
+
 def test_unit_names_are_checked(tmp_path: Path) -> None:
     with pytest.raises(OpError, match="bad unit name"):
         unit(make_ctx(), "../../etc/passwd", "x", unit_dir=str(tmp_path))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import secrets
 import select
 import shlex
 import socket
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import paramiko
 
 from fxkit.connection.base import Connection, RunResult
+from fxkit.connection.become import Sudo
 from fxkit.connection.hostkeys import (
     AcceptNewKey,
     RefuseUnknownKey,
@@ -289,12 +289,14 @@ class SSHConnection(Connection):
         session = _Session(chan, transport, deadline)
         try:
             if self._needs_sudo(become):
-                rc = self._sudo(session, command, stdin)
+                sudo = Sudo(self.become_user, self.become_password)
+                chan.exec_command(sudo.command(command))
+                rc = sudo.start(session)
                 if rc is not None:
                     return rc, bytes(session.out), bytes(session.err)
             else:
                 chan.exec_command(f"sh -c {shlex.quote(command)}")
-                session.send_stdin(stdin)
+            session.send_stdin(stdin)
             session.drain()
             return session.exit_status(), bytes(session.out), bytes(session.err)
         except _Timeout:
@@ -306,34 +308,6 @@ class SSHConnection(Connection):
             raise self._lost(_describe(exc)) from None
         finally:
             chan.close()
-
-    def _sudo(self, session: _Session, command: str, stdin: bytes | None) -> int | None:
-        """Start ``command`` under sudo; answer its password prompt. Returns an exit status when
-        sudo failed before the command started, None once the command runs (stdin sent)."""
-        token = secrets.token_hex(8)
-        marker, prompt = f"fxkit-become-{token}", f"[fxkit-sudo-{token}]"
-        user = shlex.quote(self.become_user)
-        script = shlex.quote(f"echo {marker}\n{command}")
-        if self.become_password is None:
-            session.chan.exec_command(f"sudo -n -H -u {user} -- sh -c {script}")
-        else:
-            quoted_prompt = shlex.quote(prompt)
-            session.chan.exec_command(f"sudo -S -p {quoted_prompt} -H -u {user} -- sh -c {script}")
-        started, asked = f"{marker}\n".encode(), prompt.encode()
-        answered = False
-        while started not in session.out:
-            if not session.pump():
-                return session.exit_status()
-            if session.err.endswith(asked):
-                del session.err[-len(asked) :]
-                if answered:  # asked again: the password was wrong
-                    session.err += b"sudo: the become password was refused\n"
-                    return 1
-                session.chan.sendall(self.become_password.encode() + b"\n")
-                answered = True
-        del session.out[: session.out.index(started) + len(started)]
-        session.send_stdin(stdin)
-        return None
 
     # -- files -----------------------------------------------------------------------------
 
@@ -422,6 +396,9 @@ class _Session:
     ):
         self.chan, self.transport, self.deadline = chan, transport, deadline
         self.out, self.err = bytearray(), bytearray()
+
+    def send(self, data: bytes) -> None:
+        self.chan.sendall(data)
 
     def send_stdin(self, data: bytes | None) -> None:
         if data:

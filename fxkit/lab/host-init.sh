@@ -46,7 +46,10 @@ findmnt -rn -o TARGET,VFS-OPTIONS | while read -r target options; do
     # Keep the mount's other flags (nosuid, noexec...) but not "rw" (always first), which would
     # undo "ro".
     flags=${options#rw}
-    mount -o "remount,bind,ro$flags" "$target"
+    mount -o "remount,bind,ro$flags" "$target" || {
+        echo "host-init: cannot make $target read-only; refusing to start a host that could write to it" >&2
+        exit 1
+    }
 done
 
 hostname "$name"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import posixpath
+from collections.abc import Callable
 from shlex import quote
 
 from fxkit.facts.files import FileInfo, FileStat
@@ -18,6 +20,7 @@ from fxkit.ops.base import (
     Result,
     changed,
     check_state,
+    combine,
     failed,
     failed_run,
     ok,
@@ -261,6 +264,16 @@ def file(
         group=group,
         backup=backup,
     )
+
+
+def in_directory(ctx: OpContext, path: str, write: Callable[[], Result]) -> Result:
+    """``write()`` a file of a configuration directory (``*.d``, a unit directory), creating the
+    directory first where the host lacks it (a system without kmod has no /etc/modprobe.d)."""
+    parent = directory(ctx, posixpath.dirname(path))
+    if parent.failed:
+        return parent
+    result = write()
+    return combine(parent, result) if parent.changed else result
 
 
 def _set_attributes(

@@ -44,7 +44,9 @@ def sysctl(
     want = normalize_sysctl(str(value))
     if not want or "\n" in str(value):
         raise OpError(f"bad value {value!r} for sysctl {name}")
-    persisted = line(ctx, file, f"{name} = {want}", regexp=rf"^\s*{re.escape(name)}\s*=")
+    persisted = files.in_directory(
+        ctx, file, lambda: line(ctx, file, f"{name} = {want}", regexp=rf"^\s*{re.escape(name)}\s*=")
+    )
     if persisted.failed:
         return persisted
     live = ctx.probe(SysctlState, name, proc_sys)
@@ -77,10 +79,10 @@ def module(
     options = [f"{k}={v}" for k, v in params.items()]
     if any(not _MODULE_NAME.fullmatch(k) or re.search(r"\s", str(v)) for k, v in params.items()):
         raise OpError(f"bad parameters {params!r} for module {name}", hint="key=value, no spaces")
-    steps = [files.file(ctx, f"{modules_load_dir}/{name}.conf", f"{name}\n", mode="0644")]
+    steps = [_config_file(ctx, f"{modules_load_dir}/{name}.conf", f"{name}\n")]
     if options:
         content = f"options {name} {' '.join(options)}\n"
-        steps.append(files.file(ctx, f"{modprobe_dir}/{name}.conf", content, mode="0644"))
+        steps.append(_config_file(ctx, f"{modprobe_dir}/{name}.conf", content))
     if any(step.failed for step in steps):
         return combine(*steps)
     state = ctx.probe(ModuleState, name)
@@ -95,6 +97,10 @@ def module(
     if not result.ok:
         return combine(*steps, failed_run(f"modprobe {name}", result))
     return combine(*steps, changed(f"loaded {name}"))
+
+
+def _config_file(ctx: OpContext, path: str, content: str) -> Result:
+    return files.in_directory(ctx, path, lambda: files.file(ctx, path, content, mode="0644"))
 
 
 def kernel_cmdline(

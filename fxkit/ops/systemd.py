@@ -20,7 +20,7 @@ from fxkit.ops.base import (
     ok,
     skipped,
 )
-from fxkit.ops.files import file
+from fxkit.ops.files import file, in_directory
 
 _UNIT = re.compile(r"[A-Za-z0-9:_.\\@-]+\.(service|socket|timer|mount|target|path|slice)")
 #: is-enabled states in which ``enabled=True`` has nothing to do.
@@ -48,7 +48,8 @@ def unit(
 ) -> Result:
     """Install the unit file ``unit_dir/name``; run ``systemctl daemon-reload`` when it changed."""
     _check_name(name)
-    result = file(ctx, f"{unit_dir}/{name}", content, mode="0644")
+    path = f"{unit_dir}/{name}"
+    result = in_directory(ctx, path, lambda: file(ctx, path, content, mode="0644"))
     if not result.changed:
         return result
     reason = systemd_missing(ctx)
