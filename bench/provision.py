@@ -25,6 +25,7 @@ import platform
 import re
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -588,6 +589,8 @@ def run_benchmark(args: argparse.Namespace, chosen: list[str]) -> dict:
     tools = [makers[name]() for name in chosen]
     plan = [(count, args.runs) for count in args.hosts] + [(count, 1) for count in args.once]
     become_subreaper()
+    # SIGTERM unwinds like Ctrl-C, so that the fleet is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     load_before = os.getloadavg()
     started = time.time()
 
