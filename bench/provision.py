@@ -653,7 +653,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report:
         report = json.loads(args.json.read_text())
     else:
-        report = run_benchmark(args, chosen)
+        try:
+            report = run_benchmark(args, chosen)
+        except BenchError as exc:
+            console.print(f"[red]benchmark stopped:[/] {exc}", highlight=False)
+            console.print(f"what was measured before: {args.json}")
+            return 1
         console.print(f"results: {args.json}")
     render(report["summary"], report["targets_at_32_hosts"])
     if args.markdown:
