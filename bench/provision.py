@@ -657,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = run_benchmark(args, chosen)
         except BenchError as exc:
             console.print(f"[red]benchmark stopped:[/] {exc}", highlight=False)
-            console.print(f"what was measured before: {args.json}")
+            console.print(f"rounds completed before it (if any): {args.json}")
             return 1
         console.print(f"results: {args.json}")
     render(report["summary"], report["targets_at_32_hosts"])
