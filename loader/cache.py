@@ -1,0 +1,107 @@
+"""The page cache, for cold benchmarks: evict a file's pages, and count the ones still resident.
+
+``resident_bytes`` asks the kernel with ``mincore(2)`` on a fresh read-only mapping of the file,
+which reads nothing from storage; ``evict`` writes back and drops a file's cached pages with
+``posix_fadvise(POSIX_FADV_DONTNEED)``. Linux only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_WARM_READ = 16 << 20
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _oserror(call: str, path: Path) -> OSError:
+    code = ctypes.get_errno()
+    return OSError(code, f"{call}: {os.strerror(code)}", str(path))
+
+
+def resident_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of ``path`` in the page cache now (whole pages, capped at the file size)."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr == _MAP_FAILED:
+            raise _oserror("mmap", path)
+        try:
+            pages = (size + PAGE_SIZE - 1) // PAGE_SIZE
+            vec = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(addr, size, vec) != 0:
+                raise _oserror("mincore", path)
+            # The kernel sets bit 0 of each byte for a resident page; the other bits are reserved.
+            resident = sum(1 for flag in bytes(vec) if flag & 1)
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return min(resident * PAGE_SIZE, size)
+
+
+def evict(path: str | os.PathLike[str]) -> None:
+    """Write back and drop the cached pages of ``path`` (a hint the kernel may partly ignore)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            os.fsync(fd)
+        except OSError as exc:  # some FUSE file systems lack fsync; clean pages need none
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def evict_all(paths: Iterable[str | os.PathLike[str]], tries: int = 3) -> dict[str, int]:
+    """Evict every file and verify with mincore; returns the bytes still resident per file.
+
+    A file whose pages are mapped or being read by another process can keep some pages: those
+    files are tried again, up to ``tries`` times. An empty result means every page is gone.
+    """
+    left = {str(p): 0 for p in paths}
+    for _ in range(tries):
+        for path in left:
+            evict(path)
+        left = {p: n for p in left if (n := resident_bytes(p))}
+        if not left:
+            break
+    return left
+
+
+def warm(paths: Iterable[str | os.PathLike[str]]) -> dict[str, int]:
+    """Read every file into the page cache; returns the bytes per file that did not stay."""
+    buf = bytearray(_WARM_READ)
+    missing = {}
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+        size = os.path.getsize(path)
+        if (held := resident_bytes(path)) < size:
+            missing[str(path)] = size - held
+    return missing
