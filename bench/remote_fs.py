@@ -276,11 +276,7 @@ def run(args: argparse.Namespace, console: Console) -> list[dict]:
                     cold=True,
                     fxkit_options=args.fxkit_options,
                     also_evict=backing,
-                    on_run=lambda r: console.print(
-                        f"  round {r.round + 1} {r.method:<9} "
-                        + (r.error or f"{r.gbps:.3f} GB/s ({r.seconds:.1f} s)"),
-                        highlight=False,
-                    ),
+                    on_run=lambda r: console.print(f"  {r.line()}", highlight=False),
                 )
             bench.render(report, console)
             ratios = {m: bench.ratio(report.runs, "fxkit", m) for m in ("baseline", "prefetch")}

@@ -190,6 +190,11 @@ class Run:
     resident_before: int | None = None
     error: str | None = None
 
+    def line(self) -> str:
+        """``round 2  fxkit  1.93 GB/s (3.3 s)``: one line of progress."""
+        result = self.error or f"{self.gbps:.3f} GB/s ({self.seconds:.1f} s)"
+        return f"round {self.round + 1:<2} {self.method:<16} {result}"
+
 
 def touch(tensor: Any) -> int:
     """Read one byte in every page of the tensor's bytes, and its last byte; return their sum."""
@@ -356,7 +361,8 @@ def _prepare(ckpt: Checkpoint, cold: bool, also_evict: Sequence[Path], run: Run)
     return f"not fully cached: {missing}" if missing else None
 
 
-def _ratio(runs: list[Run], method: str, other: str) -> float | None:
+def ratio(runs: list[Run], method: str, other: str) -> float | None:
+    """Median over rounds of ``method``'s speed over ``other``'s in the same round."""
     by_round: dict[int, dict[str, float]] = {}
     for r in runs:
         if not r.error and r.gbps:
@@ -372,8 +378,8 @@ def _summarise(method: Method, runs: list[Run], reference: int | None) -> Summar
     if good:
         speeds = [r.gbps for r in good]
         s.gbps_median, s.gbps_min, s.gbps_max = statistics.median(speeds), min(speeds), max(speeds)
-        s.vs_baseline = _ratio(runs, method.name, "baseline")
-        s.vs_fio = _ratio(runs, method.name, "fio")
+        s.vs_baseline = ratio(runs, method.name, "baseline")
+        s.vs_fio = ratio(runs, method.name, "fio")
         peaks = [r.peak_rss for r in good if r.peak_rss]
         s.peak_rss = max(peaks) if peaks else None
         s.rss_before = min((r.rss_before for r in good if r.rss_before), default=None)
@@ -445,9 +451,8 @@ def check_targets(report: Report) -> dict[str, dict[str, Any]]:
     out = {}
     for other, target in TARGETS["cold" if report.cold else "hot"].items():
         if fx and any(r.method == other for r in report.runs):
-            ratio = _ratio(report.runs, "fxkit", other)
-            met = ratio is not None and ratio >= target
-            out[other] = {"target": target, "ratio": ratio, "met": met}
+            x = ratio(report.runs, "fxkit", other)
+            out[other] = {"target": target, "ratio": x, "met": x is not None and x >= target}
     return out
 
 

@@ -70,7 +70,7 @@ def evict(path: str | os.PathLike[str]) -> None:
         try:
             os.fsync(fd)
         except OSError as exc:  # some FUSE file systems lack fsync; clean pages need none
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EROFS):
                 raise
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:

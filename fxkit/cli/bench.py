@@ -79,12 +79,15 @@ def load(
 
     console = Console()
 
-    def progress(run) -> None:
-        result = run.error or f"{run.gbps:.2f} GB/s ({run.seconds:.1f} s)"
-        console.print(f"round {run.round + 1}/{runs} {run.method:<16} {result}", highlight=False)
-
     names = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",")]
-    report = run_bench(model, names, runs, cold, fxkit_options, on_run=progress)
+    report = run_bench(
+        model,
+        names,
+        runs,
+        cold,
+        fxkit_options,
+        on_run=lambda run: console.print(run.line(), highlight=False),
+    )
     render(report, console)
     if json_path:
         save_json(report, json_path)
