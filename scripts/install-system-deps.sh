@@ -2,6 +2,8 @@
 # Install the Debian packages the lab fleet and the benchmarks need, where they are missing.
 # openssh-server: the lab's hosts run real sshd; fio: the storage limit in `fxkit bench load`;
 # sshfs/fuse3 + iproute2: the emulated network filesystem of the remote-storage benchmark.
+# sudo + openssl: the lab hosts' non-root user that becomes root with a password (tests of become).
+# dpkg-dev: dpkg-scanpackages, for the local apt repository of the packages tests on lab hosts.
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -9,6 +11,10 @@ command -v fio >/dev/null || need+=(fio)
 command -v sshfs >/dev/null || need+=(sshfs fuse3)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
+command -v findmnt >/dev/null || need+=(util-linux)
+command -v sudo >/dev/null || need+=(sudo)
+command -v openssl >/dev/null || need+=(openssl)
+command -v dpkg-scanpackages >/dev/null || need+=(dpkg-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing Debian packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2

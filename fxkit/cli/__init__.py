@@ -6,6 +6,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from fxkit import __version__
 from fxkit.cli.bench import bench
@@ -48,7 +49,9 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except (FxkitError, LoaderError) as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )
         sys.exit(2)
     except SystemExit:
         raise

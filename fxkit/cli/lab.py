@@ -1,8 +1,84 @@
-"""``fxkit lab``: a fleet of real SSH hosts on this machine."""
+"""``fxkit lab``: a fleet of real SSH hosts on this machine (see :mod:`fxkit.lab`)."""
+
+from __future__ import annotations
+
+import time
 
 import click
+from rich.console import Console
+from rich.table import Table
+
+from fxkit.lab import DEFAULT_DIR, DIR_ENV, PORT_ENV, PREFIX_ENV, Fleet
+
+console = Console()
+
+dir_option = click.option(
+    "--dir", "state_dir", envvar=DIR_ENV, default=DEFAULT_DIR, show_default=True,
+    type=click.Path(file_okay=False), help=f"The fleet's state directory (or ${DIR_ENV}).",
+)  # fmt: skip
+prefix_option = click.option(
+    "--prefix", envvar=PREFIX_ENV, default=None,
+    help=f"Addresses PREFIX.1, PREFIX.2, ... in 127/8 (or ${PREFIX_ENV}); default 127.77.0.",
+)  # fmt: skip
+port_option = click.option(
+    "--port",
+    envvar=PORT_ENV,
+    default=None,
+    type=int,
+    help=f"sshd port (or ${PORT_ENV}); default 22.",
+)
 
 
 @click.group()
 def lab() -> None:
-    """Start, inspect and stop the lab fleet (being built: see issue "SSH transport")."""
+    """Real, isolated SSH hosts on this machine, to try playbooks without hardware (needs root)."""
+
+
+@lab.command()
+@click.argument("count", type=click.IntRange(1, 254))
+@dir_option
+@prefix_option
+@port_option
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for logins.")
+def up(count: int, state_dir: str, prefix: str | None, port: int | None, timeout: float) -> None:
+    """Start COUNT hosts lab01..labNN (idempotent: running hosts are kept)."""
+    fleet = Fleet(state_dir, prefix, port)
+    started = time.monotonic()
+    new = fleet.up(count, timeout=timeout)
+    seconds = time.monotonic() - started
+    running = sum(status.pid is not None for status in fleet.status())
+    console.print(
+        f"{len(new)} host(s) started, {running} running on {fleet.prefix}.x port {fleet.port} "
+        f"({seconds:.1f} s); every host accepts logins"
+    )
+    console.print(f"inventory:   {fleet.inventory}")
+    console.print(f"known_hosts: {fleet.known_hosts}")
+    console.print(f"client key:  {fleet.client_key}")
+    if fleet.become_password():
+        console.print(f"sudo user:   fxkit, password in {fleet.become_password_file}")
+    console.print(f"try:         fxkit play PLAYBOOK -i {fleet.inventory}")
+
+
+@lab.command()
+@dir_option
+def status(state_dir: str) -> None:
+    """Show the fleet's hosts: address, PID, up or down, memory."""
+    fleet = Fleet(state_dir)
+    table = Table("host", "address", "pid", "state", "memory")
+    for host in fleet.status():
+        state = "[green]up[/]" if host.up else "[red]down[/]"
+        memory = f"{host.memory_bytes / 2**20:.1f} MiB" if host.pid else "-"
+        table.add_row(host.name, f"{host.address}:{host.port}", str(host.pid or "-"), state, memory)
+    if not table.rows:
+        console.print(f"no lab fleet in {fleet.dir}")
+        return
+    console.print(table)
+
+
+@lab.command()
+@dir_option
+def down(state_dir: str) -> None:
+    """Stop the fleet's hosts (only the processes it started) and remove its state."""
+    fleet = Fleet(state_dir)
+    stopped = fleet.down()
+    console.print(f"{len(stopped)} host(s) stopped; {fleet.dir} cleaned up")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fxkit.connection.base import Connection, RunResult
@@ -24,7 +24,9 @@ class ConnectOptions:
     known_hosts: str | None = None
     #: Accept an unknown host key on first use and record it; a changed key is always refused.
     accept_new_host_keys: bool = False
-    become_password: str | None = None
+    #: sudo's password for ``become`` (host variables ansible_become_password win); never shown.
+    become_password: str | None = field(default=None, repr=False)
+    #: Further attempts to connect (with backoff: 0.5 s, 1 s, 2 s...); commands are never retried.
     connect_retries: int = 2
 
 

@@ -43,7 +43,7 @@ class Connection(ABC):
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> RunResult:
-        """Run ``command`` with ``sh -c`` (as root via sudo when ``become``); never raises on rc != 0.
+        """Run ``command`` with ``sh -c`` (via sudo when ``become``); never raises on rc != 0.
 
         Raises :class:`fxkit.errors.ConnectionFailed` when the connection is lost.
         """
@@ -54,7 +54,7 @@ class Connection(ABC):
 
     @abstractmethod
     def put(self, path: str, data: bytes, *, become: bool = False) -> None:
-        """Write ``data`` to ``path`` as it is (not atomically: callers write a temp file and rename)."""
+        """Write ``data`` to ``path`` (not atomic: callers write a temp file, then rename)."""
 
     @abstractmethod
     def close(self) -> None:

@@ -10,8 +10,18 @@ from __future__ import annotations
 from typing import Any, ClassVar, Generic, TypeVar
 
 from fxkit.connection.base import Connection, RunResult
+from fxkit.errors import FxkitError
 
 T = TypeVar("T")
+
+
+class FactError(FxkitError):
+    """A fact's command failed on a host, or printed something fxkit cannot read."""
+
+    @classmethod
+    def from_result(cls, fact: str, result: RunResult) -> FactError:
+        tail = (result.stderr or result.stdout).strip()[-300:]
+        return cls(f"{fact}: `{result.command}` exited {result.rc}: {tail}")
 
 
 class Fact(Generic[T]):

@@ -1,0 +1,460 @@
+"""The lab fleet: real, isolated SSH hosts on this machine, started and stopped by PID.
+
+Each host is ``unshare --mount --uts --pid`` running ``host-init.sh`` (overlays over the system
+directories, everything else read-only, a real sshd as PID 1) on its own loopback address. The
+fleet's state directory holds the client key, one folder per host (host key, log), the
+inventory, the known_hosts file and ``lab.json`` (addresses and the PIDs ``lab up`` started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
+from fxkit.connection import Connection, ConnectOptions
+from fxkit.errors import ConnectionFailed, FxkitError
+
+DIR_ENV, PREFIX_ENV, PORT_ENV = "FXKIT_LAB_DIR", "FXKIT_LAB_PREFIX", "FXKIT_LAB_PORT"
+DEFAULT_DIR, DEFAULT_PREFIX, DEFAULT_PORT = ".lab", "127.77.0", 22
+INIT_SCRIPT = Path(__file__).with_name("host-init.sh")
+#: The non-root user every lab host gets when sudo is installed (for trying ``become``).
+SUDO_USER = "fxkit"
+MAX_HOSTS = 254
+_YAMLDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class LabError(FxkitError):
+    """The lab fleet cannot be started, inspected or stopped."""
+
+
+class AddressInUse(LabError):
+    """Something already listens on a lab host's address and port."""
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One lab host as ``lab status`` shows it."""
+
+    name: str
+    address: str
+    port: int
+    pid: int | None
+    up: bool
+    memory_bytes: int
+
+
+def host_name(index: int) -> str:
+    return f"lab{index:02d}"
+
+
+class Fleet:
+    """A lab fleet kept in ``state_dir``; ``prefix`` (three octets of 127/8) and ``port`` pick
+    the addresses. Both default to what the state directory recorded, then to 127.77.0 and 22."""
+
+    def __init__(
+        self, state_dir: str | os.PathLike, prefix: str | None = None, port: int | None = None
+    ):
+        self.dir = Path(state_dir).resolve()
+        self.state_file = self.dir / "lab.json"
+        self.inventory = self.dir / "inventory.yml"
+        self.known_hosts = self.dir / "known_hosts"
+        self.client_key = self.dir / "id_ed25519"
+        self.become_password_file = self.dir / "become-password"
+        state = self._load_state()
+        self.prefix = _check_prefix(prefix or state.get("prefix") or DEFAULT_PREFIX)
+        self.port = int(port or state.get("port") or DEFAULT_PORT)
+        if state and (self.prefix, self.port) != (state["prefix"], state["port"]):
+            raise LabError(
+                f"this fleet runs on {state['prefix']}.x port {state['port']}, "
+                f"not {self.prefix}.x port {self.port}",
+                where=str(self.dir),
+                hint="run `fxkit lab down` first, or use another --dir for a second fleet",
+            )
+        self.hosts: dict[str, dict] = state.get("hosts", {})
+
+    # -- public API -------------------------------------------------------------------------
+
+    def up(self, count: int, timeout: float = 60.0) -> list[str]:
+        """Make sure hosts lab01..labNN run and accept logins; return the names it started."""
+        if not 1 <= count <= MAX_HOSTS:
+            raise LabError(f"a fleet has 1 to {MAX_HOSTS} hosts, not {count}")
+        check_requirements()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.client_key.exists():
+            _keygen(self.client_key, "fxkit-lab-client")
+        if (
+            shutil.which("sudo")
+            and shutil.which("openssl")
+            and not self.become_password_file.exists()
+        ):
+            _write_private(self.become_password_file, secrets.token_urlsafe(16) + "\n")
+        wanted = [host_name(i) for i in range(1, count + 1)]
+        names = sorted(set(wanted) | set(self.hosts))
+        to_start = [name for name in wanted if self._pid(name) is None]
+        for name in to_start:
+            self._check_address_free(name)
+        sudo_user = self._sudo_user_line()
+        for name in to_start:
+            self._prepare(name, sudo_user)
+            self._spawn(name)
+        self._save_state()
+        self._write_known_hosts(names)
+        self._write_inventory(names)
+        self._wait_for_logins(wanted, timeout)
+        return to_start
+
+    def status(self) -> list[HostStatus]:
+        """Every host the state directory knows, running or not."""
+        result = []
+        for name in sorted(self.hosts):
+            pid = self._pid(name)
+            up = pid is not None and _port_open(self.address(name), self.port)
+            memory = sum(_pss(p) for p in _descendants(pid)) if pid else 0
+            result.append(HostStatus(name, self.address(name), self.port, pid, up, memory))
+        return result
+
+    def down(self) -> list[str]:
+        """Stop the hosts this fleet started (by PID) and remove the state directory's files."""
+        with ThreadPoolExecutor(16) as pool:
+            was_running = list(pool.map(self.stop, sorted(self.hosts)))
+        stopped = [name for name, ran in zip(sorted(self.hosts), was_running, strict=True) if ran]
+        for path in (self.inventory, self.known_hosts, self.state_file, self.become_password_file):
+            path.unlink(missing_ok=True)
+        for path in (self.client_key, self.client_key.with_suffix(".pub")):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(self.dir / "hosts", ignore_errors=True)
+        if self.dir.exists() and not any(self.dir.iterdir()):
+            self.dir.rmdir()
+        self.hosts = {}
+        return stopped
+
+    def stop(self, name: str, grace: float = 3.0) -> bool:
+        """Stop one host (its sshd, then the unshare process); True when it was running."""
+        pid = self._pid(name)
+        if pid is None:
+            return False
+        for child in _children(pid):
+            _signal(child, signal.SIGTERM)  # sshd, PID 1 inside: the host goes with it
+        if not _wait_gone(pid, grace):
+            _signal(pid, signal.SIGKILL)  # --kill-child takes the host down with it
+            _wait_gone(pid, grace)
+        return True
+
+    def connect(
+        self, name: str, options: ConnectOptions | None = None, **hostvars: Any
+    ) -> Connection:
+        """An (unopened) SSH connection to a lab host; ``hostvars`` override the inventory's."""
+        from fxkit.connection.ssh import SSHConnection
+
+        options = options or ConnectOptions(known_hosts=str(self.known_hosts))
+        return SSHConnection(name, {**self.hostvars(name), **hostvars}, options)
+
+    def address(self, name: str) -> str:
+        return f"{self.prefix}.{int(name.removeprefix('lab'))}"
+
+    def host_dir(self, name: str) -> Path:
+        return self.dir / "hosts" / name
+
+    def become_password(self) -> str | None:
+        """The password of the lab's sudo user, when sudo is installed."""
+        if not self.become_password_file.exists():
+            return None
+        return self.become_password_file.read_text().strip()
+
+    # -- one host ---------------------------------------------------------------------------
+
+    def _sudo_user_line(self) -> str | None:
+        """``user:password-hash`` of the hosts' sudo user, when sudo is installed."""
+        password = self.become_password()
+        if not password:
+            return None
+        hashed = subprocess.run(
+            ["openssl", "passwd", "-6", "-stdin"],
+            input=password,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return f"{SUDO_USER}:{hashed}\n"
+
+    def _prepare(self, name: str, sudo_user: str | None) -> None:
+        hdir = self.host_dir(name)
+        (hdir / "rt").mkdir(parents=True, exist_ok=True)
+        key = hdir / "ssh_host_ed25519_key"
+        if not key.exists():
+            _keygen(key, name)
+        shutil.copyfile(self.client_key.with_suffix(".pub"), hdir / "authorized_keys")
+        if sudo_user:
+            _write_private(hdir / "sudo-user", sudo_user)
+
+    def _spawn(self, name: str) -> None:
+        hdir = self.host_dir(name)
+        argv = [
+            "unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
+            str(INIT_SCRIPT), name, self.address(name), str(self.port), str(hdir),
+        ]  # fmt: skip
+        log = os.open(hdir / "log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            pid = os.posix_spawnp(
+                "unshare",
+                argv,
+                os.environ,
+                file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, log, 1),
+                              (os.POSIX_SPAWN_DUP2, log, 2)],
+                setsid=True,
+            )  # fmt: skip
+        finally:
+            os.close(log)
+            os.close(devnull)
+        self.hosts[name] = {"pid": pid, "start": _start_time(pid)}
+
+    def _pid(self, name: str) -> int | None:
+        """The PID of the host's unshare process when it is still the one this fleet started."""
+        info = self.hosts.get(name)
+        if not info:
+            return None
+        pid = info["pid"]
+        _reap(pid)
+        if _start_time(pid) != info["start"]:
+            return None
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if _exists(pid) else []
+        if (
+            str(INIT_SCRIPT).encode() not in cmdline
+            or str(self.host_dir(name)).encode() not in cmdline
+        ):
+            return None
+        return pid
+
+    def _check_address_free(self, name: str) -> None:
+        if _port_open(self.address(name), self.port):
+            raise AddressInUse(
+                f"{self.address(name)} port {self.port} is already in use (another fleet?)",
+                where=f"host {name}",
+                hint=f"pick other addresses with --prefix or ${PREFIX_ENV} (e.g. 127.78.0)",
+            )
+
+    def _wait_for_logins(self, names: Iterable[str], timeout: float) -> None:
+        options = ConnectOptions(
+            connect_timeout=2.0, known_hosts=str(self.known_hosts), connect_retries=0
+        )
+        deadline = time.monotonic() + timeout
+
+        def login(name: str) -> None:
+            while True:
+                if self._pid(name) is None:
+                    raise LabError(
+                        f"lab host {name} exited while starting: {self._log_tail(name)}",
+                        where=str(self.host_dir(name) / "log"),
+                    )
+                try:
+                    with self.connect(name, options) as conn:
+                        conn.run("true")
+                    return
+                except ConnectionFailed as exc:
+                    if time.monotonic() > deadline:
+                        raise LabError(
+                            f"lab host {name} does not accept logins after {timeout:.0f} s: {exc}; "
+                            f"log: {self._log_tail(name)}",
+                            where=str(self.host_dir(name) / "log"),
+                        ) from None
+                    time.sleep(0.05)
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(login, names))
+
+    def _log_tail(self, name: str) -> str:
+        log = self.host_dir(name) / "log"
+        lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+        return " | ".join(lines[-3:]) or "(empty log)"
+
+    # -- files ------------------------------------------------------------------------------
+
+    def hostvars(self, name: str) -> dict[str, object]:
+        """The inventory variables of one host (what the inventory file says)."""
+        return {
+            "ansible_host": self.address(name),
+            "ansible_port": self.port,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.client_key),
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts}",
+        }
+
+    def _write_inventory(self, names: list[str]) -> None:
+        common = self.hostvars(names[0])
+        hosts = {n: {"ansible_host": self.address(n), "ansible_port": self.port} for n in names}
+        group_vars = {k: v for k, v in common.items() if k not in ("ansible_host", "ansible_port")}
+        inventory = {"all": {"vars": group_vars, "children": {"lab": {"hosts": hosts}}}}
+        header = f"# The lab fleet in {self.dir}, written by `fxkit lab up`.\n"
+        _write_if_changed(
+            self.inventory, header + yaml.dump(inventory, Dumper=_YAMLDumper, sort_keys=False)
+        )
+
+    def _write_known_hosts(self, names: list[str]) -> None:
+        lines = []
+        for name in names:
+            pub = (self.host_dir(name) / "ssh_host_ed25519_key.pub").read_text().split()
+            target = (
+                self.address(name) if self.port == 22 else f"[{self.address(name)}]:{self.port}"
+            )
+            lines.append(f"{target} {pub[0]} {pub[1]}\n")
+        _write_if_changed(self.known_hosts, "".join(lines))
+
+    def _load_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return {}
+        except (ValueError, OSError) as exc:
+            raise LabError(
+                f"cannot read the fleet's state: {exc}", where=str(self.state_file)
+            ) from None
+
+    def _save_state(self) -> None:
+        state = {"prefix": self.prefix, "port": self.port, "hosts": self.hosts}
+        _write_if_changed(self.state_file, json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def check_requirements() -> None:
+    """Raise :class:`LabError` saying what is missing (root, unshare, setpriv, sshd)."""
+    if os.geteuid() != 0:
+        raise LabError(
+            "the lab fleet needs root (mount namespaces, overlayfs, sshd)",
+            hint="run it as root, e.g. `sudo fxkit lab up 4`",
+        )
+    missing = [tool for tool in ("unshare", "setpriv", "findmnt") if not shutil.which(tool)]
+    if missing:
+        raise LabError(f"missing {', '.join(missing)}", hint="apt-get install util-linux")
+    if not Path("/usr/sbin/sshd").exists():
+        raise LabError(
+            "the lab's hosts run OpenSSH's sshd, which is not installed",
+            hint="apt-get install openssh-server (or run scripts/install-system-deps.sh)",
+        )
+
+
+def _check_prefix(prefix: str) -> str:
+    if not re.fullmatch(r"127\.(\d{1,3})\.(\d{1,3})", prefix) or any(
+        int(octet) > 255 for octet in prefix.split(".")
+    ):
+        raise LabError(
+            f"address prefix {prefix!r} is not three octets of 127.0.0.0/8",
+            hint="use for example 127.77.0 (hosts get 127.77.0.1, .2, ...)",
+        )
+    return prefix
+
+
+def _keygen(path: Path, comment: str) -> None:
+    """Write an Ed25519 key pair as ssh-keygen would (``path`` and ``path.pub``), in-process."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption())
+    public = key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH)
+    _write_private(path, private.decode())
+    Path(f"{path}.pub").write_text(f"{public.decode()} {comment}\n")
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Write atomically (temp file + rename), and not at all when the content is the same."""
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _exists(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (tells a reused PID apart); None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the process is our child (lab up and down in one process)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(_children(current))
+    return found
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size of a process in bytes (0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        _reap(pid)
+        if _start_time(pid) is None:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)

@@ -1,0 +1,36 @@
+"""Idempotent operations, by name: what a role's Host API exposes (``host.file(...)``)."""
+
+from __future__ import annotations
+
+from fxkit.ops.base import OpContext, Operation, OpError, Result, Status
+from fxkit.ops.commands import command
+from fxkit.ops.files import directory, file
+from fxkit.ops.kernel import kernel_cmdline, module, sysctl
+from fxkit.ops.lines import block, line
+from fxkit.ops.packages import packages
+from fxkit.ops.python import git, virtualenv
+from fxkit.ops.systemd import service, unit
+from fxkit.ops.users import group_member
+
+#: Every operation by the name a role calls it with.
+OPERATIONS: dict[str, Operation] = {
+    op.__name__: op
+    for op in (
+        directory,
+        file,
+        line,
+        block,
+        command,
+        packages,
+        unit,
+        service,
+        sysctl,
+        module,
+        kernel_cmdline,
+        group_member,
+        virtualenv,
+        git,
+    )
+}
+
+__all__ = ["OPERATIONS", "OpContext", "OpError", "Operation", "Result", "Status"]

@@ -1,0 +1,302 @@
+"""Directories and files: attributes (mode, owner, group) and content, written atomically.
+
+Content is compared by sha256 on the host (one command reads the whole state), and a changed file
+is written in one more command: a temp file in the same directory gets the data, the attributes
+and is renamed over the old file, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import posixpath
+from collections.abc import Callable
+from shlex import quote
+
+from fxkit.facts.files import FileInfo, FileStat
+from fxkit.ops.base import (
+    OpContext,
+    OpError,
+    Result,
+    changed,
+    check_state,
+    combine,
+    failed,
+    failed_run,
+    ok,
+)
+
+#: Mode of files fxkit creates when the caller gives none.
+DEFAULT_FILE_MODE = 0o644
+
+Mode = int | str | None
+Owner = int | str | None
+
+
+def check_path(path: str, *, removing: bool = False) -> None:
+    if not path or "\0" in path:
+        raise OpError(f"bad path {path!r}")
+    if removing and path.rstrip("/") == "":
+        raise OpError("refusing to remove /")
+
+
+def parse_mode(mode: Mode) -> int | None:
+    """``0o644``, ``"0644"`` or ``"644"`` -> 0o644; None stays None."""
+    if mode is None or isinstance(mode, int):
+        return mode
+    try:
+        return int(mode, 8)
+    except ValueError:
+        raise OpError(f"bad file mode {mode!r}", hint="give octal digits, e.g. '0644'") from None
+
+
+def attribute_changes(
+    info: FileInfo, mode: int | None, owner: Owner, group: Owner
+) -> list[tuple[str, str, str]]:
+    """``(attribute, before, after)`` for every attribute of an existing path that differs."""
+    changes = []
+    if mode is not None and info.mode != mode:
+        changes.append(("mode", f"{info.mode:04o}", f"{mode:04o}"))
+    if owner is not None and not info.owned_by(owner):
+        changes.append(("owner", info.owner, str(owner)))
+    if group is not None and not info.grouped(group):
+        changes.append(("group", info.group, str(group)))
+    return changes
+
+
+def attribute_command(target: str, mode: int | None, owner: Owner, group: Owner) -> str:
+    """chmod/chown commands for a shell word ``target`` (already quoted), joined with ``&&``."""
+    steps = []
+    if mode is not None:
+        steps.append(f"chmod {mode:o} -- {target}")
+    if owner is not None or group is not None:
+        spec = f"{owner if owner is not None else ''}:{group if group is not None else ''}"
+        steps.append(f"chown {quote(spec.rstrip(':'))} -- {target}")
+    return " && ".join(steps)
+
+
+def describe(changes: list[tuple[str, str, str]]) -> str:
+    return ", ".join(f"{name} {before} -> {after}" for name, before, after in changes)
+
+
+def attribute_diff(changes: list[tuple[str, str, str]]) -> str:
+    return "".join(f"{name}: {before} -> {after}\n" for name, before, after in changes)
+
+
+def content_diff(path: str, old: bytes | None, new: bytes) -> str:
+    """A unified diff of two versions of ``path`` (``/dev/null`` when it did not exist)."""
+    try:
+        before = (old or b"").decode().splitlines(keepends=True)
+        after = new.decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return f"binary content of {path} differs ({len(old or b'')} -> {len(new)} bytes)\n"
+    lines = difflib.unified_diff(before, after, "/dev/null" if old is None else path, path)
+    return "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+    )
+
+
+def write_content(
+    ctx: OpContext,
+    path: str,
+    data: bytes,
+    *,
+    mode: int | None = None,
+    owner: Owner = None,
+    group: Owner = None,
+    backup: bool = False,
+) -> tuple[bool, str]:
+    """Atomically replace ``path`` with ``data`` in one command; returns (ok, backup or error).
+
+    The temp file takes the old file's mode and owner (or :data:`DEFAULT_FILE_MODE`) unless
+    ``mode``/``owner``/``group`` say otherwise; ``backup`` keeps a copy ``path.<time>~``.
+    """
+    steps = [
+        f"p={quote(path)}",
+        'd=$(dirname -- "$p")',
+        't=$(mktemp -- "$d/.${p##*/}.fxkit.XXXXXX") || exit 1',
+        "trap 'rm -f -- \"$t\"' EXIT",
+        'cat > "$t" && '
+        'if [ -e "$p" ]; then chmod --reference="$p" -- "$t" && chown --reference="$p" -- "$t"; '
+        f'else chmod {DEFAULT_FILE_MODE:o} -- "$t"; fi',
+    ]
+    attributes = attribute_command('"$t"', mode, owner, group)
+    if attributes:
+        steps[-1] += f" && {attributes}"
+    if backup:
+        steps[-1] += (
+            ' && { [ ! -e "$p" ] || { b="$p.$(date +%Y-%m-%d@%H:%M:%S)~" && '
+            'cp -p -- "$p" "$b" && echo "$b"; }; }'
+        )
+    steps[-1] += ' && mv -f -- "$t" "$p"'
+    result = ctx.run("; ".join(steps), stdin=data)
+    if not result.ok:
+        return False, result.stderr.strip()[-500:] or f"rc={result.rc}"
+    return True, result.stdout.strip()
+
+
+def update_content(
+    ctx: OpContext,
+    path: str,
+    old: bytes | None,
+    new: bytes,
+    *,
+    backup: bool = False,
+    secret: bool = False,
+) -> Result:
+    """Report or apply a content change computed by a text operation (line, block, sysctl...)."""
+    if old == new:
+        return ok("content as wanted")
+    diff = _hidden(path) if secret else content_diff(path, old, new)
+    return _put(
+        ctx, path, new, exists=old is not None, diff=diff if ctx.diff else None, backup=backup
+    )
+
+
+def _hidden(path: str) -> str:
+    return f"content of {path} changed (hidden: secret)\n"
+
+
+def _put(
+    ctx: OpContext,
+    path: str,
+    data: bytes,
+    *,
+    exists: bool,
+    diff: str | None,
+    mode: int | None = None,
+    owner: Owner = None,
+    group: Owner = None,
+    backup: bool = False,
+) -> Result:
+    """Write new content (or, in check mode, say it would)."""
+    verb = "update" if exists else "create"
+    if ctx.check:
+        return changed(f"would {verb} {path}", diff)
+    written, detail = write_content(
+        ctx, path, data, mode=mode, owner=owner, group=group, backup=backup
+    )
+    if not written:
+        return failed(f"writing {path} failed: {detail}")
+    return changed(f"{verb}d {path}", diff, **({"backup": detail} if detail else {}))
+
+
+def directory(
+    ctx: OpContext,
+    path: str,
+    mode: Mode = None,
+    owner: Owner = None,
+    group: Owner = None,
+    state: str = "present",
+) -> Result:
+    """Ensure a directory exists with the given attributes (parents are created too), or is
+    removed with everything in it (``state="absent"``)."""
+    check_state(state, ("present", "absent"))
+    check_path(path, removing=state == "absent")
+    want_mode = parse_mode(mode)
+    info = ctx.probe(FileStat, path)
+    q = quote(path)
+    if info.exists and info.type != "directory":
+        return failed(f"{path} exists and is a {info.type}, not a directory")
+    if state == "absent":
+        if not info.exists:
+            return ok("absent")
+        return _act(ctx, f"rm -rf -- {q}", "remove", path, "state: directory -> absent\n")
+    if not info.exists:
+        command = " && ".join(
+            filter(None, [f"mkdir -p -- {q}", attribute_command(q, want_mode, owner, group)])
+        )
+        return _act(ctx, command, "create", path, "state: absent -> directory\n")
+    return _set_attributes(ctx, path, info, want_mode, owner, group)
+
+
+def file(
+    ctx: OpContext,
+    path: str,
+    content: str | bytes | None = None,
+    mode: Mode = None,
+    owner: Owner = None,
+    group: Owner = None,
+    backup: bool = False,
+    state: str = "present",
+    secret: bool = False,
+) -> Result:
+    """Ensure a regular file has ``content`` (when given) and the given attributes, or is absent.
+
+    With ``content=None`` only the attributes of an existing file are managed. ``backup`` keeps
+    the old version as ``path.<time>~``; ``secret`` keeps the content out of diffs. A symbolic
+    link at ``path`` is replaced by a regular file when content is given.
+    """
+    check_state(state, ("present", "absent"))
+    check_path(path)
+    want_mode = parse_mode(mode)
+    info = ctx.probe(FileStat, path)
+    q = quote(path)
+    if info.exists and info.type not in ("file", "link"):
+        return failed(f"{path} exists and is a {info.type}, not a file")
+    if state == "absent":
+        if not info.exists:
+            return ok("absent")
+        return _act(ctx, f"rm -f -- {q}", "remove", path, "state: file -> absent\n")
+    if content is None:
+        if not info.exists:
+            return failed(f"{path} does not exist: pass content to create it")
+        return _set_attributes(ctx, path, info, want_mode, owner, group)
+
+    data = content.encode() if isinstance(content, str) else content
+    if info.type == "file" and info.sha256 == hashlib.sha256(data).hexdigest():
+        return _set_attributes(ctx, path, info, want_mode, owner, group)
+    diff = None
+    if ctx.diff:  # the old content costs one more round trip, only for the diff
+        old = ctx.conn.get(path, become=ctx.become) if info.type == "file" else None
+        changes = attribute_changes(info, want_mode, owner, group) if info.exists else []
+        diff = attribute_diff(changes) + (
+            _hidden(path) if secret else content_diff(path, old, data)
+        )
+    return _put(
+        ctx,
+        path,
+        data,
+        exists=info.exists,
+        diff=diff,
+        mode=want_mode,
+        owner=owner,
+        group=group,
+        backup=backup,
+    )
+
+
+def in_directory(ctx: OpContext, path: str, write: Callable[[], Result]) -> Result:
+    """``write()`` a file of a configuration directory (``*.d``, a unit directory), creating the
+    directory first where the host lacks it (a system without kmod has no /etc/modprobe.d)."""
+    parent = directory(ctx, posixpath.dirname(path))
+    if parent.failed:
+        return parent
+    result = write()
+    return combine(parent, result) if parent.changed else result
+
+
+def _set_attributes(
+    ctx: OpContext, path: str, info: FileInfo, mode: int | None, owner: Owner, group: Owner
+) -> Result:
+    changes = attribute_changes(info, mode, owner, group)
+    if not changes:
+        return ok(f"{info.type} as wanted")
+    command = attribute_command(quote(path), mode, owner, group)
+    return _act(ctx, command, f"change {describe(changes)} of", path, attribute_diff(changes))
+
+
+def _act(ctx: OpContext, command: str, verb: str, path: str, diff: str) -> Result:
+    """Run one changing command, or in check mode only say that it would run.
+
+    ``verb`` is "create", "remove" or "change <what> of"; the message says "would <verb> <path>"
+    in check mode and "<verb in past tense> <path>" after the change.
+    """
+    shown = diff if ctx.diff else None
+    if ctx.check:
+        return changed(f"would {verb} {path}", shown)
+    result = ctx.run(command)
+    if not result.ok:
+        return failed_run(f"{verb} {path}", result)
+    first, _, rest = verb.partition(" ")
+    return changed(" ".join(filter(None, [first + "d", rest, path])), shown)

@@ -1,0 +1,159 @@
+"""Kernel settings: sysctl keys, kernel modules and kernel command-line arguments.
+
+Each is persisted in a file (so it survives a reboot) and applied to the running kernel where this
+host allows it; where it does not (read-only /proc/sys in a container, no modprobe), the persisted
+part still happens and the live part is reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from shlex import quote
+
+from fxkit.facts.kernel import ModuleState, SysctlState, normalize_sysctl, sysctl_path
+from fxkit.ops import files
+from fxkit.ops.base import (
+    OpContext,
+    OpError,
+    Result,
+    changed,
+    combine,
+    failed,
+    failed_run,
+    ok,
+    skipped,
+)
+from fxkit.ops.lines import join_lines, line, read_lines
+
+_SYSCTL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_UNSAFE_IN_GRUB = set('"$`\\\n')
+
+
+def sysctl(
+    ctx: OpContext,
+    name: str,
+    value: str | int,
+    file: str = "/etc/sysctl.d/90-fxkit.conf",
+    proc_sys: str = "/proc/sys",
+) -> Result:
+    """Persist ``name = value`` in ``file`` and set it in the running kernel (``proc_sys``)."""
+    if not _SYSCTL_NAME.fullmatch(name):
+        raise OpError(f"bad sysctl name {name!r}", hint="e.g. 'net.core.rmem_max'")
+    want = normalize_sysctl(str(value))
+    if not want or "\n" in str(value):
+        raise OpError(f"bad value {value!r} for sysctl {name}")
+    persisted = files.in_directory(
+        ctx, file, lambda: line(ctx, file, f"{name} = {want}", regexp=rf"^\s*{re.escape(name)}\s*=")
+    )
+    if persisted.failed:
+        return persisted
+    live = ctx.probe(SysctlState, name, proc_sys)
+    if live.value == want:
+        return combine(persisted, ok(f"{name} is {want}"))
+    if not live.writable:
+        return combine(persisted, skipped(f"persisted; applies at boot: {live.reason}"))
+    diff = f"{name}: {live.value} -> {want}\n" if ctx.diff else None
+    if ctx.check:
+        return combine(persisted, changed(f"would set {name} = {want}", diff))
+    path = quote(sysctl_path(name, proc_sys))
+    result = ctx.run(f"printf '%s\\n' {quote(want)} > {path}")
+    if not result.ok:
+        return combine(persisted, failed_run(f"setting {name}", result))
+    return combine(persisted, changed(f"set {name} = {want}", diff))
+
+
+def module(
+    ctx: OpContext,
+    name: str,
+    params: dict[str, str | int] | None = None,
+    modules_load_dir: str = "/etc/modules-load.d",
+    modprobe_dir: str = "/etc/modprobe.d",
+) -> Result:
+    """Load kernel module ``name`` (with ``params``) and persist it: ``modules_load_dir/name.conf``
+    loads it at boot, ``modprobe_dir/name.conf`` holds its options."""
+    if not _MODULE_NAME.fullmatch(name):
+        raise OpError(f"bad kernel module name {name!r}")
+    params = params or {}
+    options = [f"{k}={v}" for k, v in params.items()]
+    if any(not _MODULE_NAME.fullmatch(k) or re.search(r"\s", str(v)) for k, v in params.items()):
+        raise OpError(f"bad parameters {params!r} for module {name}", hint="key=value, no spaces")
+    steps = [_config_file(ctx, f"{modules_load_dir}/{name}.conf", f"{name}\n")]
+    if options:
+        content = f"options {name} {' '.join(options)}\n"
+        steps.append(_config_file(ctx, f"{modprobe_dir}/{name}.conf", content))
+    if any(step.failed for step in steps):
+        return combine(*steps)
+    state = ctx.probe(ModuleState, name)
+    if state.loaded:
+        note = "; new options apply when it is next loaded" if steps[-1].changed and options else ""
+        return combine(*steps, ok(f"{name} is loaded{note}"))
+    if state.cannot_load:
+        return combine(*steps, skipped(f"persisted; loads at boot: {state.cannot_load}"))
+    if ctx.check:
+        return combine(*steps, changed(f"would load {name}"))
+    result = ctx.run(f"modprobe -- {quote(name)} {' '.join(quote(o) for o in options)}")
+    if not result.ok:
+        return combine(*steps, failed_run(f"modprobe {name}", result))
+    return combine(*steps, changed(f"loaded {name}"))
+
+
+def _config_file(ctx: OpContext, path: str, content: str) -> Result:
+    return files.in_directory(ctx, path, lambda: files.file(ctx, path, content, mode="0644"))
+
+
+def kernel_cmdline(
+    ctx: OpContext,
+    args: list[str],
+    grub_file: str = "/etc/default/grub",
+    update_grub: bool = True,
+) -> Result:
+    """Ensure ``args`` (``flag`` or ``key=value``; a key's old value is replaced) are in
+    GRUB_CMDLINE_LINUX_DEFAULT, keeping the other arguments. A change needs a reboot
+    (``data["reboot_required"]``); ``update_grub`` regenerates the boot config when the host has
+    update-grub or grub2-mkconfig."""
+    bad = [a for a in args if not a or _UNSAFE_IN_GRUB & set(a) or " " in a]
+    if bad:
+        raise OpError(f"bad kernel arguments {bad!r}", hint="no spaces, quotes, $, ` or \\")
+    old, lines = read_lines(ctx, grub_file)
+    if old is None:
+        return failed(f"{grub_file} does not exist on this host")
+    key = "GRUB_CMDLINE_LINUX_DEFAULT="
+    found = [i for i, text in enumerate(lines) if text.startswith(key)]
+    current = shlex.split(lines[found[-1]][len(key) :], comments=True) if found else []
+    words = (current[0] if current else "").split()
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        same = [i for i, w in enumerate(words) if w == name or w.startswith(f"{name}=")]
+        if same:
+            words[same[0]] = arg
+        else:
+            words.append(arg)
+    new_line = f'{key}"{" ".join(words)}"'
+    new = list(lines)
+    if found:
+        new[found[-1]] = new_line
+    else:
+        new.append(new_line)
+    if new == lines:
+        return ok("kernel arguments present")
+    result = files.update_content(ctx, grub_file, old, join_lines(new))
+    if result.failed:
+        return result
+    result.data["reboot_required"] = True
+    if ctx.check or not update_grub:
+        result.msg += "; reboot required" + ("" if ctx.check else " (boot config not regenerated)")
+        return result
+    regen = ctx.run(
+        "if command -v update-grub >/dev/null; then update-grub; "
+        "elif command -v grub2-mkconfig >/dev/null; then grub2-mkconfig -o /boot/grub2/grub.cfg; "
+        "else exit 127; fi"
+    )
+    if regen.rc == 127:
+        result.msg += "; update-grub not found: regenerate the boot config, then reboot"
+    elif not regen.ok:
+        return combine(result, failed_run("update-grub", regen))
+    else:
+        result.msg += "; boot config regenerated; reboot required"
+    return result

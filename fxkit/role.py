@@ -1,0 +1,342 @@
+"""Roles: finding them on the roles path, loading them, and the Host API their ``apply`` calls.
+
+A role is a folder ``roles/<name>/``::
+
+    role.py        def apply(host, v): the desired state, as calls to host.<operation>(...)
+    defaults.yml   the role's variables and their defaults (the lowest precedence)
+    templates/     Jinja2 templates for host.template()
+    README.md      what the role does and a table of its variables
+
+``role.py`` reads like a checklist::
+
+    def restart_nvmet(host, v):
+        host.service("nvmet", state="restarted")
+
+    def apply(host, v):
+        host.package(["nvmetcli"])
+        if host.template("config.json.j2", "/etc/nvmet/config.json", mode="0600"):
+            host.notify(restart_nvmet)     # runs once, after the role, only if notified
+
+``host`` has one method per registered operation (``host.file``, ``host.sysctl``, ...; see
+:mod:`fxkit.ops`), each taking the operation's arguments plus ``ignore_errors=`` and ``tags=``,
+and returning its :class:`~fxkit.ops.base.Result` (truthy when it changed something).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import inspect
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fxkit import paths
+from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
+from fxkit.ops.base import OpContext, Operation, Result, Status
+from fxkit.variables import HostVars, load_vars_file
+
+if TYPE_CHECKING:
+    from fxkit.facts.base import Fact
+    from fxkit.report import Reporter
+
+T = TypeVar("T")
+Handler = Callable[["Host", HostVars], None]
+
+
+class HostFailed(Exception):
+    """An operation failed on a host (or the role called host.fail): that host stops here."""
+
+    def __init__(self, result: Result):
+        super().__init__(result.msg)
+        self.result = result
+
+
+class Interrupted(Exception):
+    """The run was interrupted (Ctrl-C): hosts stop before their next operation."""
+
+
+class UnknownOperation(AttributeError):
+    """A role called ``host.<name>`` for an operation that does not exist."""
+
+
+@dataclass(frozen=True)
+class TagFilter:
+    """``--tags`` and ``--skip-tags``: ``always`` runs unless skipped by name, ``never`` only
+    when asked for by one of its other tags."""
+
+    only: frozenset[str] = frozenset()
+    skip: frozenset[str] = frozenset()
+
+    def selects(self, tags: Iterable[str]) -> bool:
+        tags = frozenset(tags)
+        if tags & self.skip:
+            return False
+        if "never" in tags and not (tags - {"never"}) & self.only:
+            return False
+        return not self.only or "all" in self.only or "always" in tags or bool(tags & self.only)
+
+
+@dataclass
+class Role:
+    """A loaded role: its folder, its defaults and its ``apply`` function."""
+
+    name: str
+    path: Path
+    defaults: dict[str, Any]
+    apply: Handler
+
+    @property
+    def templates(self) -> Path:
+        return self.path / "templates"
+
+
+def roles_path(playbook_folder: Path | None, extra: Sequence[str | Path] = ()) -> list[Path]:
+    """Where roles are searched, first match wins: the playbook's ``roles/``, then ``extra``
+    (``--roles-path`` / ``FXKIT_ROLES_PATH``), then the built-in roles."""
+    folders = [playbook_folder / "roles"] if playbook_folder else []
+    return [*folders, *(Path(p) for p in extra), paths.builtin("roles")]
+
+
+@dataclass
+class RoleLoader:
+    """Finds and loads roles once per run."""
+
+    search: list[Path]
+    _loaded: dict[str, Role] = field(default_factory=dict)
+
+    def load(self, name: str, where: str = "") -> Role:
+        if name not in self._loaded:
+            self._loaded[name] = self._load(name, where)
+        return self._loaded[name]
+
+    def _load(self, name: str, where: str) -> Role:
+        for folder in self.search:
+            path = folder / name
+            if (path / "role.py").is_file():
+                return Role(name, path, _defaults(path), _apply(path / "role.py"))
+        known = sorted({p.parent.name for folder in self.search for p in folder.glob("*/role.py")})
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise PlaybookError(
+            f"role {name!r} not found in {', '.join(map(str, self.search))}",
+            where=where or None,
+            hint=f"{hint}known roles: {', '.join(known) or 'none'}; a role is a folder "
+            "<name>/ with role.py (add folders with --roles-path)",
+        )
+
+
+def _defaults(path: Path) -> dict[str, Any]:
+    file = path / "defaults.yml"
+    if not file.exists():
+        return {}
+    try:
+        return load_vars_file(file)
+    except FxkitError as exc:
+        raise PlaybookError(exc.message, where=exc.where, hint=exc.hint) from None
+
+
+def _apply(file: Path) -> Handler:
+    """Run ``role.py`` and return its ``apply(host, v)``; mistakes point at file:line.
+
+    Compiled here rather than imported, so no ``__pycache__`` lands in the roles folders.
+    """
+    digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
+    module = ModuleType(f"fxkit_role_{file.parent.name}_{digest}")
+    module.__file__ = str(file)
+    sys.modules[module.__name__] = module  # dataclasses and pickling look modules up by name
+    try:
+        exec(compile(file.read_bytes(), str(file), "exec"), module.__dict__)
+    except SyntaxError as exc:
+        raise PlaybookError(
+            f"syntax error in role: {exc.msg}",
+            where=f"{exc.filename}:{exc.lineno}",
+            hint="fix the Python syntax",
+        ) from None
+    except Exception as exc:
+        raise PlaybookError(
+            f"role failed to load: {type(exc).__name__}: {exc}",
+            where=_location_in(exc, file),
+            hint="role.py should only define functions at import time",
+        ) from None
+    return _apply_function(module, file)
+
+
+def _apply_function(module: ModuleType, file: Path) -> Handler:
+    apply = getattr(module, "apply", None)
+    if not callable(apply):
+        raise PlaybookError(
+            "role.py has no apply function",
+            where=f"{file}:1",
+            hint="define def apply(host, v): ... (host: the Host API, v: the variables)",
+        )
+    try:
+        inspect.signature(apply).bind(None, None)
+    except TypeError:
+        line = apply.__code__.co_firstlineno if hasattr(apply, "__code__") else 1
+        raise PlaybookError(
+            "apply must take two arguments",
+            where=f"{file}:{line}",
+            hint="define def apply(host, v): ...",
+        ) from None
+    return apply
+
+
+def _location_in(exc: BaseException, file: Path) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(file)]
+    return f"{file}:{frames[-1].lineno}" if frames else str(file)
+
+
+def _caller() -> str:
+    """file:line of the role code that called the Host API."""
+    frame = sys._getframe(1)
+    while frame and frame.f_code.co_filename in (__file__, functools.__file__):
+        frame = frame.f_back  # type: ignore[assignment]
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "role"
+
+
+def _check_arguments(
+    name: str, op: Operation, ctx: OpContext, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """A wrong argument in a role is the role's mistake: say which, at the role's line."""
+    signature = inspect.signature(op)
+    params = list(signature.parameters)[1:]  # after ctx
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    unknown = [k for k in kwargs if k not in params and not takes_any]
+    try:
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], params, n=1)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"unexpected argument {unknown[0]!r}{guess}")
+        signature.bind(ctx, *args, **kwargs)
+    except TypeError as exc:
+        raise PlaybookError(
+            f"host.{name}(): {exc}",
+            where=_caller(),
+            hint=f"host.{name} takes {', '.join(params)} (and ignore_errors, tags)",
+        ) from None
+
+
+class Host:
+    """What a role's ``apply(host, v)`` works with: operations, templates, facts, handlers."""
+
+    def __init__(
+        self,
+        ctx: OpContext,
+        v: HostVars,
+        *,
+        role: Role,
+        play: str,
+        reporter: Reporter,
+        ops: Mapping[str, Operation],
+        tags: TagFilter = TagFilter(),
+        role_tags: Iterable[str] = (),
+        stop: threading.Event | None = None,
+    ):
+        self.ctx = ctx
+        self.vars = v
+        self.role = role
+        self.play = play
+        self._reporter = reporter
+        self._ops = ops
+        self._tags = tags
+        self._role_tags = frozenset(role_tags)
+        self._handlers: list[Handler] = []
+        self._stop = stop or threading.Event()
+
+    @property
+    def name(self) -> str:
+        return self.vars.host
+
+    @property
+    def check(self) -> bool:
+        """True in check mode: operations report what they would change and change nothing."""
+        return self.ctx.check
+
+    @property
+    def diff(self) -> bool:
+        return self.ctx.diff
+
+    def __getattr__(self, name: str) -> Callable[..., Result]:
+        if name.startswith("_") or name not in self._ops:
+            close = difflib.get_close_matches(name, list(self._ops), n=1)
+            hint = f" (did you mean host.{close[0]}?)" if close else ""
+            raise UnknownOperation(
+                f"no operation {name!r}{hint}; operations: {', '.join(self._ops)}"
+            )
+        op = self._ops[name]
+
+        @functools.wraps(op)
+        def call(*args: Any, **kwargs: Any) -> Result:
+            return self.run(name, *args, **kwargs)
+
+        return call
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self._ops})
+
+    def run(
+        self,
+        operation: str,
+        *args: Any,
+        ignore_errors: bool = False,
+        tags: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> Result:
+        """Run a registered operation by name; record its result; stop the host if it failed."""
+        if self._stop.is_set():
+            raise Interrupted
+        op = self._ops[operation]
+        label = f"{operation} {args[0]}" if args and isinstance(args[0], str | Path) else operation
+        if not self._tags.selects(self._role_tags | set(tags)):
+            return Result(Status.SKIPPED, "not selected by --tags/--skip-tags", name=label)
+        _check_arguments(operation, op, self.ctx, args, kwargs)
+        self._reporter.op_started(self.name, self.role.name, label)
+        start = time.perf_counter()
+        try:
+            result = op(self.ctx, *args, **kwargs)
+        except ConnectionFailed:
+            raise
+        except FxkitError as exc:  # arguments the operation cannot work with
+            result = Result(Status.FAILED, str(exc))
+        result.name = result.name or label
+        self._reporter.op_done(
+            self.name, self.play, self.role.name, result, time.perf_counter() - start
+        )
+        if result.failed and not ignore_errors:
+            raise HostFailed(result)
+        return result
+
+    def template(self, src: str, dest: str, **file_kwargs: Any) -> Result:
+        """Render ``templates/src`` with this host's variables and write it to ``dest``."""
+        content = self.vars.render_template(self.role.templates, src)
+        return self.run("file", dest, content=content, **file_kwargs)
+
+    def fact(self, fact: type[Fact[T]], *args: Any) -> T:
+        """A fact about this host, gathered once per run (see :mod:`fxkit.facts`)."""
+        return self.ctx.facts.get(fact, *args)
+
+    def notify(self, handler: Handler, when: object = True) -> None:
+        """Run ``handler(host, v)`` once after this role, if ``when`` (e.g. a Result) is true."""
+        if when and handler not in self._handlers:
+            self._handlers.append(handler)
+
+    def fail(self, msg: str) -> None:
+        """Stop this host with a failure (e.g. a precondition the role cannot fix)."""
+        result = Result(Status.FAILED, msg, name="fail")
+        self._reporter.op_done(self.name, self.play, self.role.name, result, 0.0)
+        raise HostFailed(result)
+
+    def run_handlers(self) -> None:
+        """Run the notified handlers once each, in the order they were first notified."""
+        for handler in self._handlers:
+            self._reporter.op_started(self.name, self.role.name, f"handler {handler.__name__}")
+            handler(self, self.vars)
+        self._handlers.clear()

@@ -1,0 +1,294 @@
+"""The runner: plays x hosts, in batches, with forks, a failure policy, handlers and check mode.
+
+For each play, its hosts (the play's pattern, narrowed by ``--limit``) are split into ``serial``
+batches. In a batch, hosts run at once in threads (at most ``forks``); each host runs the play's
+roles in order without waiting for the others. A failed operation stops that host only: it takes
+no further part in the run. When more than ``max_fail_percentage`` of a batch failed, or every
+host of a batch failed, the run stops before the next batch. A host whose connection cannot be
+opened, or breaks, is unreachable. Each host's connection is opened once per run and closed at
+the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fxkit import paths
+from fxkit.connection import Connection, ConnectOptions, connect
+from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
+from fxkit.facts.base import FactCache
+from fxkit.inventory import Inventory, InventoryHost
+from fxkit.ops.base import OpContext, Operation
+from fxkit.playbook import Play, Playbook, RoleRef
+from fxkit.report import Reporter
+from fxkit.role import (
+    Host,
+    HostFailed,
+    Interrupted,
+    Role,
+    RoleLoader,
+    TagFilter,
+    UnknownOperation,
+    roles_path,
+)
+from fxkit.variables import HostVars, Layer
+
+Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
+
+
+@dataclass
+class RunOptions:
+    check: bool = False
+    diff: bool = False
+    tags: TagFilter = field(default_factory=TagFilter)
+    limit: str | None = None
+    extra_vars: dict[str, Any] = field(default_factory=dict)
+    forks: int = 50
+    roles_path: list[str] = field(default_factory=list)
+    connect: ConnectOptions = field(default_factory=ConnectOptions)
+
+
+def run_playbook(
+    playbook: str | Path, inventory: str | Path, options: RunOptions, reporter: Reporter
+) -> int:
+    """What ``fxkit play`` does: load both (paths or built-in names), run, print the recap.
+
+    Returns the exit code: 0, 1 when a host failed or was unreachable, 130 when interrupted.
+    """
+    book = Playbook.load(paths.resolve(playbook, "playbooks"))
+    hosts = Inventory.load(paths.resolve(inventory, "inventories"))
+    try:
+        with reporter:
+            code = Runner(book, hosts, options, reporter).run()
+    except KeyboardInterrupt:
+        reporter.note("interrupted: hosts stopped before their next operation", style="bold red")
+        code = 130
+    reporter.recap()
+    if options.check:
+        reporter.note("check mode: nothing was changed", style="dim")
+    return code
+
+
+def default_operations() -> Mapping[str, Operation]:
+    from fxkit.ops import OPERATIONS
+
+    return OPERATIONS
+
+
+class Runner:
+    """Runs one playbook against one inventory; :meth:`run` returns the exit code."""
+
+    def __init__(
+        self,
+        playbook: Playbook,
+        inventory: Inventory,
+        options: RunOptions,
+        reporter: Reporter,
+        *,
+        connector: Connector = connect,
+        operations: Mapping[str, Operation] | None = None,
+    ):
+        self.playbook = playbook
+        self.inventory = inventory
+        self.options = options
+        self.reporter = reporter
+        self.connector = connector
+        self.operations = operations if operations is not None else default_operations()
+        self.roles = RoleLoader(roles_path(playbook.folder, options.roles_path))
+        self._connections: dict[str, Connection] = {}
+        self._facts: dict[str, FactCache] = {}
+        #: Hosts that failed or were unreachable: they sit out the rest of the run.
+        self._down: set[str] = set()
+        self._stop = threading.Event()
+
+    def run(self) -> int:
+        """0 when no host failed or was unreachable, else 1."""
+        for play in self.playbook.plays:  # mistakes show before any host is touched
+            self._hosts(play)
+            for ref in play.roles:
+                self.roles.load(ref.role, ref.where)
+        if self.options.connect.become_password:
+            self.reporter.add_secrets([self.options.connect.become_password])
+        try:
+            for play in self.playbook.plays:
+                if not self._play(play):
+                    break
+        finally:
+            for conn in self._connections.values():
+                with contextlib.suppress(Exception):  # closing a broken link must not hide results
+                    conn.close()
+        return 1 if self._down else 0
+
+    def _hosts(self, play: Play) -> list[InventoryHost]:
+        hosts = self._select(play.hosts, f"{play.where} (hosts of play {play.name!r})")
+        if self.options.limit:
+            allowed = {h.name for h in self._select(self.options.limit, "--limit")}
+            hosts = [h for h in hosts if h.name in allowed]
+        return [h for h in hosts if h.name not in self._down]
+
+    def _select(self, pattern: str, where: str) -> list[InventoryHost]:
+        try:
+            return list(self.inventory.select(pattern))
+        except FxkitError as exc:
+            raise PlaybookError(exc.message, where=where, hint=exc.hint) from None
+
+    def _play(self, play: Play) -> bool:
+        """Run one play batch by batch; False when the failure policy stops the run."""
+        hosts = self._hosts(play)
+        self.reporter.play_started(play.name, [h.name for h in hosts])
+        if not hosts:
+            limit = f" within --limit {self.options.limit!r}" if self.options.limit else ""
+            self.reporter.note(f"  no hosts match {play.hosts!r}{limit}", style="dim")
+            return True
+        batches = play.batches(hosts)
+        for number, batch in enumerate(batches, 1):
+            workers = min(self.options.forks, len(batch))
+            pool = ThreadPoolExecutor(workers, thread_name_prefix="fxkit-host")
+            try:
+                futures = [pool.submit(self._host, play, h) for h in batch]
+                while wait(futures, timeout=0.2).not_done:
+                    pass  # waking up lets Python run a Ctrl-C that a host thread received
+                outcomes = [f.result() for f in futures]
+            except KeyboardInterrupt:  # hosts stop before their next operation
+                self._stop.set()
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+            failed = outcomes.count(False)
+            percent = 100.0 * failed / len(batch)
+            limit = play.max_fail_percentage
+            label = f"batch {number}/{len(batches)}" if len(batches) > 1 else "the play"
+            if limit is not None and percent > limit:
+                self.reporter.note(
+                    f"STOPPED: {failed} of {len(batch)} hosts failed in {label} "
+                    f"({percent:.0f}% > max_fail_percentage {limit:g}%)",
+                    style="bold red",
+                )
+                return False
+            if failed == len(batch) and number < len(batches):
+                self.reporter.note(f"STOPPED: every host failed in {label}", style="bold red")
+                return False
+        return True
+
+    def _host(self, play: Play, inv: InventoryHost) -> bool:
+        """Run the play's roles on one host; False when it failed or was unreachable."""
+        name = inv.name
+        role: Role | None = None
+        try:
+            ctx = self._context(play, inv)
+            for ref in play.roles:
+                role_tags = {*play.tags, *ref.tags}
+                tags = self.options.tags
+                if role_tags & tags.skip or not (tags.selects(role_tags) or tags.only):
+                    continue
+                role = self.roles.load(ref.role)
+                self._apply(play, ref, role, inv, ctx, role_tags)
+            return True
+        except HostFailed:
+            pass  # the failed operation is already reported
+        except Interrupted:
+            self.reporter.host_error(name, play.name, role and role.name, "interrupted")
+        except ConnectionFailed as exc:
+            self.reporter.host_unreachable(name, play.name, str(exc))
+        except FxkitError as exc:
+            self.reporter.host_error(name, play.name, role and role.name, str(exc))
+        except Exception as exc:
+            self._crashed(play, name, role, exc)
+        finally:
+            self.reporter.host_done(name)
+        self._down.add(name)
+        return False
+
+    def _crashed(self, play: Play, host: str, role: Role | None, exc: Exception) -> None:
+        """An exception escaped a role: the role's own bug (file:line), or fxkit's (traceback)."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        in_role = [f for f in frames if role and Path(f.filename).is_relative_to(role.path)]
+        where = f"{in_role[-1].filename}:{in_role[-1].lineno}: " if in_role else ""
+        message = f"{where}{type(exc).__name__}: {exc}"
+        self.reporter.host_error(host, play.name, role and role.name, message)
+        if not (in_role and in_role[-1] == frames[-1]) and not isinstance(exc, UnknownOperation):
+            self.reporter.traceback(exc)
+
+    def _context(self, play: Play, inv: InventoryHost) -> OpContext:
+        """The host's operation context; opens its connection on first use in the run."""
+        hostvars = self._vars(play, inv)
+        if inv.name not in self._connections:
+            self.reporter.op_started(inv.name, None, "connecting")
+            self.reporter.add_secrets(hostvars.secret_values())
+            conn = self.connector(inv.name, hostvars, self.options.connect)
+            self._connections[inv.name] = conn
+            conn.open()
+            self._facts[inv.name] = FactCache(conn)
+        become = play.become if play.become is not None else _truthy(hostvars.get("ansible_become"))
+        return OpContext(
+            conn=self._connections[inv.name],
+            facts=self._facts[inv.name],
+            check=self.options.check,
+            diff=self.options.diff,
+            become=become,
+        )
+
+    def _apply(
+        self,
+        play: Play,
+        ref: RoleRef,
+        role: Role,
+        inv: InventoryHost,
+        ctx: OpContext,
+        role_tags: set[str],
+    ) -> None:
+        v = self._vars(play, inv, role, ref)
+        self.reporter.add_secrets(v.secret_values())
+        host = Host(
+            ctx,
+            v,
+            role=role,
+            play=play.name,
+            reporter=self.reporter,
+            ops=self.operations,
+            tags=self.options.tags,
+            role_tags=role_tags,
+            stop=self._stop,
+        )
+        self.reporter.op_started(inv.name, role.name, "starting")
+        role.apply(host, v)
+        host.run_handlers()
+
+    def _vars(
+        self, play: Play, inv: InventoryHost, role: Role | None = None, ref: RoleRef | None = None
+    ) -> HostVars:
+        """The host's variables, by precedence (see :mod:`fxkit.variables`)."""
+        layers = [
+            Layer(f"role {role.name} defaults", role.defaults) if role else None,
+            Layer("inventory", inv.vars),
+            Layer("play vars", play.vars),
+            Layer("play vars_files", play.file_vars),
+            Layer(f"role {ref.role} parameters", ref.params) if ref else None,
+            Layer("extra vars", self.options.extra_vars),
+            Layer("fxkit", _magic(inv, role)),
+        ]
+        return HostVars(inv.name, [lay for lay in layers if lay], play.secret_vars)
+
+
+def _magic(inv: InventoryHost, role: Role | None) -> dict[str, Any]:
+    magic: dict[str, Any] = {
+        "inventory_hostname": inv.name,
+        "group_names": sorted(g for g in inv.groups if g not in ("all", "ungrouped")),
+    }
+    if role:
+        magic["role_name"] = role.name
+    return magic
+
+
+def _truthy(value: Any) -> bool:
+    """Inventory booleans: YAML gives bool, INI gives strings like 'yes' or 'True'."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)

@@ -1,0 +1,172 @@
+"""Reading files: positional reads (the GIL is released in them) into caller-given memory.
+
+O_DIRECT is tried when asked and dropped, for that file, where the filesystem refuses it (tmpfs
+refuses the open, some FUSE filesystems refuse the read): the read is then repeated buffered.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+from pathlib import Path
+
+import numpy
+from fxkit.loader.errors import LoaderError
+
+HUGE_PAGE = 2 * 2**20
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+
+
+def host_buffer(size: int):  # -> torch.Tensor
+    """A page-aligned host uint8 tensor of ``size`` bytes, backed by an anonymous mapping.
+
+    Page alignment lets O_DIRECT read straight into it; transparent huge pages (where the kernel
+    offers them) make the first write to fresh memory several times faster than 4 KiB faults.
+    """
+    import torch
+
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
+    # Huge pages need a 2 MiB-aligned address: map 2 MiB more and start at the boundary.
+    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)
+    shift = -whole.data_ptr() % HUGE_PAGE
+    mapping.madvise(mmap.MADV_HUGEPAGE, shift, size - size % HUGE_PAGE)
+    return whole[shift : shift + size]
+
+
+def writable_view(tensor) -> memoryview:
+    """A writable memoryview of a contiguous CPU uint8 tensor (no copy)."""
+    return memoryview(tensor.numpy()).cast("B")
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return libc
+
+
+def resident_fraction(path: Path | str) -> float:
+    """The fraction of a file's pages that are in the page cache (mincore); 0.0 if unknown."""
+    libc = _libc()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 1.0
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return 0.0
+        try:
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vector = (ctypes.c_ubyte * pages)()
+            if libc.mincore(address, size, vector) != 0:
+                return 0.0
+            return int((numpy.frombuffer(vector, dtype=numpy.uint8) & 1).sum()) / pages
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+class FileReader:
+    """One open file, read with ``pread`` from many threads, O_DIRECT where asked and allowed."""
+
+    def __init__(self, path: Path, direct: bool) -> None:
+        self.path = path
+        self.direct = False
+        self._fd_direct: int | None = None
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+            if direct and hasattr(os, "O_DIRECT"):
+                try:
+                    self._fd_direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
+                    self.direct = True
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+        except OSError as exc:
+            raise LoaderError(f"{path}: cannot open: {exc.strerror or exc}") from None
+
+    def read(self, view: memoryview, offset: int, need: int) -> None:
+        """Fill ``view`` from ``offset``; ``need`` bytes must arrive (the rest is past EOF)."""
+        got = 0
+        while got < need:
+            direct = self.direct
+            try:
+                n = os.preadv(self._fd_direct if direct else self._fd, [view[got:]], offset + got)
+            except OSError as exc:
+                if direct and exc.errno == errno.EINVAL:
+                    self.direct = False  # refused: read this file buffered from now on
+                    continue
+                raise LoaderError(f"{self.path}: read failed at {offset + got}: {exc}") from None
+            if n == 0:
+                raise LoaderError(
+                    f"{self.path}: file ended at {offset + got}, expected data up to "
+                    f"{offset + need} (was it truncated while loading?)"
+                )
+            got += n
+
+    def close(self, drop_cache: bool = False) -> None:
+        """Close the file; with ``drop_cache``, evict its pages from the page cache first."""
+        if drop_cache:
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(self._fd)
+        if self._fd_direct is not None:
+            os.close(self._fd_direct)
+
+
+class MappedFile:
+    """A file already in the page cache, mapped privately: its tensors are the cached pages.
+
+    "Reading" a range maps its pages (MADV_POPULATE_READ, or a touch per page where the kernel
+    lacks it) without copying a byte; a write to a tensor copies only that page (copy on write).
+    Like any mapping, it shows later changes to the file, and truncating the file under it makes
+    access fail (SIGBUS): use ``direct_io="off"`` for files that may change while in use.
+    """
+
+    direct = False
+
+    def __init__(self, path: Path, size: int) -> None:
+        import torch
+
+        self.path = path
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if os.fstat(fd).st_size < size:
+                    raise LoaderError(
+                        f"{path}: file is {os.fstat(fd).st_size} bytes, expected {size} "
+                        "(was it truncated while loading?)"
+                    )
+                self.mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise LoaderError(f"{path}: cannot map: {exc.strerror or exc}") from None
+        self.buffer = torch.frombuffer(self.mapping, dtype=torch.uint8)
+
+    def read(self, view: memoryview, offset: int, need: int) -> None:
+        """Map the pages of ``need`` bytes from ``offset`` (``view`` is the mapping itself)."""
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self.mapping.madvise(MADV_POPULATE_READ, start, offset + need - start)
+        except OSError:
+            numpy.frombuffer(view, dtype=numpy.uint8)[: need : mmap.PAGESIZE].max()
+
+    def close(self, drop_cache: bool = False) -> None:
+        """Nothing to close: the mapping lives as long as its tensors."""

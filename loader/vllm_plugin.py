@@ -1,0 +1,93 @@
+"""vLLM plugin: ``vllm serve MODEL --load-format fxkit`` reads weights with fxkit's loader.
+
+vLLM calls ``register()`` in every process through the ``vllm.general_plugins`` entry point. It
+registers vLLM's own ``DefaultModelLoader`` (file discovery, download, prefixes, weight loading)
+with one part replaced: the weights iterator, which becomes ``iter_tensors``. Options come from
+``--model-loader-extra-config '{"threads": 16, "chunk_size": 33554432}'``; the other keys there
+go to vLLM's loader as usual. Nothing from vLLM is imported until ``register()`` runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+LOAD_FORMAT = "fxkit"
+#: ``--model-loader-extra-config`` keys that fxkit takes, with the types they must have.
+OPTIONS: dict[str, type | tuple[type, ...]] = {
+    "threads": int,
+    "chunk_size": int,
+    "direct_io": (str, bool),
+    "drop_cache": bool,
+}
+
+logger = logging.getLogger(__name__)
+_registered = False
+
+
+def split_extra_config(extra: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(fxkit's options, the rest)`` of a loader extra config; wrong types raise ValueError."""
+    extra = dict(extra or {})
+    options = {key: extra.pop(key) for key in list(extra) if key in OPTIONS}
+    for key, value in options.items():
+        if not isinstance(value, OPTIONS[key]) or (key in ("threads", "chunk_size") and value < 1):
+            raise ValueError(f"model_loader_extra_config[{key!r}] is invalid: {value!r}")
+    return options, extra
+
+
+def weights_iterator(files: list[str], options: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """What vLLM's weight iterators yield: ``(name, CPU tensor)`` in file order."""
+    from fxkit.loader.api import iter_tensors
+
+    yield from iter_tensors(list(files), device="cpu", **options)
+
+
+def _loader_class(default_loader: type) -> type:
+    class FxkitModelLoader(default_loader):
+        """vLLM's default loader, reading safetensors with fxkit's parallel loader."""
+
+        def __init__(self, load_config: Any) -> None:
+            options, rest = split_extra_config(load_config.model_loader_extra_config)
+            # vLLM's loader refuses keys it does not know and formats it does not know: it gets
+            # a copy of the config without fxkit's keys, asking for safetensors files.
+            config = copy.copy(load_config)
+            config.model_loader_extra_config = rest
+            config.load_format = "safetensors"
+            super().__init__(config)
+            self.fxkit_options = options
+
+        def _get_weights_iterator(self, source: Any) -> Iterator[tuple[str, Any]]:
+            prepared = self._prepare_weights(
+                model_name_or_path=source.model_or_path,
+                subfolder=source.subfolder,
+                revision=source.revision,
+                fall_back_to_pt=False,
+                allow_patterns_overrides=source.allow_patterns_overrides,
+            )
+            files, use_safetensors = prepared[1], prepared[2]
+            if not use_safetensors:
+                raise ValueError(
+                    f"load format {LOAD_FORMAT!r} reads safetensors; "
+                    f"{source.model_or_path} has none"
+                )
+            weights = weights_iterator(files, self.fxkit_options)
+            return ((source.prefix + name, tensor) for name, tensor in weights)
+
+    return FxkitModelLoader
+
+
+def register() -> None:
+    """Register load format ``fxkit`` with vLLM (once per process; a no-op without vLLM)."""
+    global _registered
+    if _registered:
+        return
+    try:
+        from vllm.model_executor.model_loader import DefaultModelLoader, register_model_loader
+    except ImportError as exc:
+        logger.warning("fxkit: vLLM is not importable (%s); load format not registered", exc)
+        return
+    register_model_loader(LOAD_FORMAT)(_loader_class(DefaultModelLoader))
+    _registered = True
+    logger.info("fxkit: registered vLLM load format %r", LOAD_FORMAT)

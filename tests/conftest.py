@@ -1,0 +1,59 @@
+"""Shared fixtures. ``lab_fleet(n)`` starts real SSH hosts on this machine (see fxkit.lab).
+
+Usage::
+
+    def test_something(lab_fleet):
+        fleet = lab_fleet(4)                 # the session's shared fleet, grown to 4 hosts
+        with fleet.connect("lab01") as conn:
+            conn.run("hostname")
+
+    def test_breaks_hosts(lab_fleet):
+        fleet = lab_fleet(2, name="mine")    # a fleet of its own (stop hosts, change keys...)
+
+Each fleet lives in a temporary state directory on its own random 127.x.y addresses, so several
+test sessions (and developers' fleets) run side by side; every fleet is stopped by PID when the
+session ends. Tests are skipped, with the reason, where the lab cannot run (not root, no sshd).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from fxkit.lab import AddressInUse, Fleet, LabError, check_requirements
+
+
+@pytest.fixture(scope="session")
+def lab_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
+    """A factory: ``lab_fleet(n, name="shared")`` -> fleet ``name`` with lab01..labNN up."""
+    fleets: dict[str, Fleet] = {}
+    rng = random.Random()
+
+    def make(count: int, name: str = "shared") -> Fleet:
+        try:
+            check_requirements()
+        except LabError as exc:
+            pytest.skip(f"the lab fleet cannot run here: {exc}")
+        if name not in fleets:
+            fleets[name] = _new_fleet(tmp_path_factory.mktemp(f"lab-{name}"), count, rng)
+        fleet = fleets[name]
+        fleet.up(count)
+        return fleet
+
+    yield make
+    for fleet in fleets.values():
+        fleet.down()
+
+
+def _new_fleet(state_dir, count: int, rng: random.Random) -> Fleet:
+    """Start a fleet on random addresses, trying others when another fleet holds them."""
+    for _ in range(5):
+        fleet = Fleet(state_dir, prefix=f"127.{rng.randint(100, 250)}.{rng.randint(0, 255)}")
+        try:
+            fleet.up(count)
+            return fleet
+        except AddressInUse:
+            fleet.down()
+    raise LabError("no free 127.x.y addresses for a lab fleet after 5 tries")

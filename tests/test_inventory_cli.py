@@ -1,0 +1,110 @@
+"""``fxkit inventory --list/--graph/--host``, compared with real ansible-inventory output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from inventory_helpers import ANSIBLE, FLEET, REPO, write
+
+from fxkit.cli import cli
+
+FLEET_YML = str(FLEET / "fleet.yml")
+
+
+def fxkit(*args: str) -> str:
+    result = CliRunner().invoke(cli, ["inventory", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_list_has_ansible_inventory_shape() -> None:
+    # Source: ansible-inventory -i fleet.yml --list (ansible-core 2.19.14)
+    expected = json.loads((ANSIBLE / "list.json").read_text())
+    expected["_meta"].pop("profile")
+    listed = json.loads(fxkit("-i", FLEET_YML, "--list"))
+    assert listed == expected
+    assert listed["all"] == {"children": ["ungrouped", "gpu", "storage", "zeta", "alpha"]}
+    assert listed["gpu"] == {"children": ["rack1", "rack2"]}
+    assert listed["ungrouped"] == {"hosts": ["bastion"]}
+
+
+@pytest.mark.parametrize("source", ["fleet.yml", "fleet.ini"])
+def test_graph_is_ansible_inventory_graph(source: str) -> None:
+    # Source: ansible-inventory -i fleet.yml --graph (ansible-core 2.19.14)
+    graph = fxkit("-i", str(FLEET / source), "--graph")
+    assert graph == (ANSIBLE / "graph.txt").read_text()
+    assert graph.splitlines()[:4] == ["@all:", "  |--@ungrouped:", "  |  |--bastion", "  |--@gpu:"]
+
+
+def test_graph_of_one_group() -> None:
+    assert fxkit("-i", FLEET_YML, "--graph", "gpu") == (ANSIBLE / "graph-gpu.txt").read_text()
+
+
+def test_host_prints_merged_vars() -> None:
+    expected = json.loads((ANSIBLE / "host-gpu03.json").read_text())
+    assert json.loads(fxkit("-i", FLEET_YML, "--host", "gpu03")) == expected
+
+
+def test_list_with_limit_keeps_only_matching_hosts() -> None:
+    listed = json.loads(fxkit("-i", FLEET_YML, "--list", "--limit", "gpu:!rack2"))
+    assert set(listed["_meta"]["hostvars"]) == {"gpu01", "gpu02"}
+    assert listed["storage"] == {"hosts": ["gpu02"]}
+    assert "rack2" not in listed and "ungrouped" not in listed
+
+
+def test_example_inventory_graph() -> None:
+    graph = fxkit("-i", str(REPO / "inventory" / "mi308x.yml"), "--graph").splitlines()
+    assert graph[:5] == [
+        "@all:",
+        "  |--@ungrouped:",
+        "  |--@gpu_nodes:",
+        "  |  |--@gpu_rack1:",
+        "  |  |  |--gpu01",
+    ]
+    assert "  |--@storage_targets:" in graph
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--list", "--graph"], "exactly one of"),
+        ([], "exactly one of"),
+        (["--list", "gpu"], "with --graph only"),
+    ],
+)
+def test_usage_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["inventory", "-i", FLEET_YML, *args])
+    assert result.exit_code == 2 and message in result.output
+
+
+def run_fxkit(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "fxkit", "inventory", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--host", "gpu99"], "no host named 'gpu99'"),
+        (["--graph", "gpu99"], "no group named 'gpu99'"),
+        (["--list", "--limit", "nosuch"], "no hosts matched 'nosuch'"),
+        (["--list", "--limit", "gpu:!"], "operator without a name"),
+    ],
+)
+def test_lookup_errors_print_one_line_without_traceback(args: list[str], message: str) -> None:
+    result = run_fxkit("-i", FLEET_YML, *args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_inventory_error_shows_file_line_and_hint(tmp_path: Path) -> None:
+    bad = write(tmp_path, "hosts.ini", "[gpu]\ngpu01 ansible_user ops\n")
+    result = run_fxkit("-i", str(bad), "--list")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: {bad}:2: expected key=value" in result.stderr
+    assert "hint: one host per line" in result.stderr

@@ -1,0 +1,146 @@
+"""The lab fleet: real hosts (unshare + overlayfs + sshd) started and stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from fxkit.cli.lab import lab
+from fxkit.lab import Fleet, LabError
+
+pytestmark = pytest.mark.lab
+
+CAP_SYS_MODULE, CAP_SYS_BOOT, CAP_SYS_TIME, CAP_SYS_ADMIN = 16, 22, 25, 21
+
+
+def _files(fleet: Fleet) -> dict[str, tuple[int, bytes]]:
+    """Every file of the state directory but the host logs, with mtime and content."""
+    return {
+        str(p.relative_to(fleet.dir)): (p.stat().st_mtime_ns, p.read_bytes())
+        for p in sorted(fleet.dir.rglob("*"))
+        if p.is_file() and p.name != "log"
+    }
+
+
+def test_up_is_idempotent_grows_and_down_stops_only_its_processes(lab_fleet):
+    fleet = lab_fleet(2, name="lifecycle")
+    pids = {s.name: s.pid for s in fleet.status()}
+    before = _files(fleet)
+
+    assert Fleet(fleet.dir).up(2) == []  # a second `lab up 2` (a new process) changes nothing
+    assert _files(fleet) == before
+    assert {s.name: s.pid for s in Fleet(fleet.dir).status()} == pids
+
+    assert fleet.up(3) == ["lab03"]
+    status = fleet.status()
+    assert [(s.name, s.up) for s in status] == [("lab01", True), ("lab02", True), ("lab03", True)]
+    assert all(0 < s.memory_bytes < 64 * 2**20 for s in status)
+
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    hosts = inventory["all"]["children"]["lab"]["hosts"]
+    assert list(hosts) == ["lab01", "lab02", "lab03"]
+    assert hosts["lab03"]["ansible_host"] == fleet.address("lab03")
+    assert len(fleet.known_hosts.read_text().splitlines()) == 3
+
+    all_pids = [s.pid for s in status]
+    assert sorted(fleet.down()) == ["lab01", "lab02", "lab03"]
+    assert not any(Path(f"/proc/{pid}").exists() for pid in all_pids)
+    assert not fleet.dir.exists()
+    assert Fleet(fleet.dir).status() == []
+
+
+def test_a_file_written_on_one_host_is_seen_nowhere_else(lab_fleet):
+    fleet = lab_fleet(2)
+    probe = f"/etc/fxkit-probe-{secrets.token_hex(4)}"
+    with fleet.connect("lab01") as one, fleet.connect("lab02") as two:
+        one.put(probe, b"written on lab01\n")
+        assert one.get(probe) == b"written on lab01\n"
+        assert two.get(probe) is None
+        assert one.run("hostname").stdout.strip() == "lab01"
+        assert two.run("hostname").stdout.strip() == "lab02"
+    assert not Path(probe).exists()
+
+
+def test_a_host_cannot_write_the_real_machine(lab_fleet):
+    fleet = lab_fleet(1)
+    repo_probe = Path(__file__).resolve().parent / f".lab-probe-{secrets.token_hex(4)}"
+    with fleet.connect("lab01") as conn:
+        touched = conn.run(f"touch {repo_probe}")
+        assert touched.rc != 0 and "Read-only file system" in touched.stderr
+        # Write the kernel setting's own value back: even if this worked it would change nothing.
+        swappiness = conn.run(
+            "v=$(cat /proc/sys/vm/swappiness) && echo $v > /proc/sys/vm/swappiness"
+        )
+        assert swappiness.rc != 0 and "Read-only file system" in swappiness.stderr
+        bounding = int(conn.run("sed -n 's/^CapBnd:\\t//p' /proc/self/status").stdout, 16)
+        for cap in (CAP_SYS_MODULE, CAP_SYS_BOOT, CAP_SYS_TIME, CAP_SYS_ADMIN):
+            assert not bounding & (1 << cap), f"capability {cap} is still in the bounding set"
+        # The real machine's private host keys are not visible inside.
+        assert conn.run("cat /etc/ssh/ssh_host_rsa_key").rc != 0
+        # Nor the real root's home: /root starts with only the lab's authorized_keys.
+        inside = set(conn.run("ls -A /root").stdout.split())
+        assert ".ssh" in inside and not inside & (set(os.listdir("/root")) - {".ssh"})
+    assert not repo_probe.exists()
+
+
+def test_cli_up_status_down(lab_fleet, tmp_path):
+    lab_fleet(1)  # skips where the lab cannot run
+    state = tmp_path / "cli-lab"
+    fleet = Fleet(state, prefix=f"127.99.{secrets.randbelow(256)}")
+    env = {"FXKIT_LAB_DIR": str(state), "FXKIT_LAB_PREFIX": fleet.prefix}
+    runner = CliRunner()
+    try:
+        result = runner.invoke(lab, ["up", "2"], env=env, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert str(fleet.inventory) in result.output
+        result = runner.invoke(lab, ["status"], env=env, catch_exceptions=False)
+        assert "lab02" in result.output and "up" in result.output
+        assert fleet.address("lab02") in result.output
+    finally:
+        result = runner.invoke(lab, ["down"], env=env, catch_exceptions=False)
+    assert "2 host(s) stopped" in result.output
+    assert not state.exists()
+
+
+def test_a_second_fleet_on_the_same_addresses_is_refused(lab_fleet, tmp_path):
+    fleet = lab_fleet(1)
+    other = Fleet(tmp_path / "other", prefix=fleet.prefix)
+    with pytest.raises(LabError, match="already in use") as info:
+        other.up(1)
+    assert "--prefix" in info.value.hint
+    other.down()
+
+
+def test_changing_the_prefix_of_a_running_fleet_is_refused(lab_fleet):
+    fleet = lab_fleet(1)
+    with pytest.raises(LabError, match="run `fxkit lab down` first"):
+        Fleet(fleet.dir, prefix="127.1.1")
+
+
+def test_bad_prefix_is_refused(tmp_path):
+    with pytest.raises(LabError, match="not three octets"):
+        Fleet(tmp_path, prefix="10.0.0")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to drop it"
+)
+def test_without_root_it_says_so():
+    with tempfile.TemporaryDirectory(prefix="fxkit-nobody-") as home:
+        os.chmod(home, 0o777)
+        result = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             sys.executable, "-m", "fxkit", "lab", "up", "1", "--dir", f"{home}/lab"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": home},
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert "needs root" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,154 @@
+"""Variables: precedence layers, lazy rendering, StrictUndefined errors, extra vars, secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fxkit.errors import FxkitError, TemplateError
+from fxkit.variables import HostVars, Layer, UndefinedVariable, is_secret_name, parse_extra_vars
+
+LEVELS = ["role defaults", "inventory", "play vars", "play vars_files", "role parameters", "extra"]
+
+
+@pytest.mark.parametrize("top", range(len(LEVELS)))
+def test_each_level_overrides_the_ones_below(top: int) -> None:
+    layers = [Layer(name, {"level": name, f"only_{i}": i}) for i, name in enumerate(LEVELS)]
+    v = HostVars("h1", layers[: top + 1])
+    assert v["level"] == LEVELS[top]
+    assert v.source("level") == LEVELS[top]
+    assert [v[f"only_{i}"] for i in range(top + 1)] == list(range(top + 1))
+
+
+def test_a_higher_level_replaces_a_whole_mapping() -> None:
+    v = HostVars("h1", [Layer("low", {"m": {"a": 1, "b": 2}}), Layer("high", {"m": {"a": 9}})])
+    assert v.m == {"a": 9}
+
+
+def test_values_render_lazily_with_the_winning_values() -> None:
+    v = HostVars(
+        "h1",
+        [
+            Layer("defaults", {"root": "/opt", "app": "{{ root }}/fxkit", "ports": [1, 2]}),
+            Layer("play vars", {"root": "/srv", "all_ports": "{{ ports }}", "n": "{{ 2 * 21 }}"}),
+            Layer("extra", {"nested": {"path": "{{ app }}/etc", "list": ["{{ root }}"]}}),
+        ],
+    )
+    assert v.app == "/srv/fxkit"
+    assert v.nested == {"path": "/srv/fxkit/etc", "list": ["/srv"]}
+    assert v.all_ports == [1, 2]  # native types survive rendering
+    assert v.n == 42
+    assert v.get("missing", "dflt") == "dflt"
+    assert "root" in v and "missing" not in v
+
+
+def test_an_unused_broken_variable_does_not_matter() -> None:
+    v = HostVars("h1", [Layer("defaults", {"ok": "fine", "broken": "{{ nowhere }}"})])
+    assert v.ok == "fine"
+
+
+def test_undefined_in_a_variable_names_variable_source_line_and_host() -> None:
+    v = HostVars("node7", [Layer("play vars", {"path": "first\n{{ base_dir }}/x"})])
+    with pytest.raises(TemplateError) as err:
+        v["path"]
+    text = str(err.value)
+    assert "variable 'path' (play vars), line 2" in text
+    assert "'base_dir'" in text and "node7" in text
+
+
+def test_undefined_attribute_is_named_too() -> None:
+    v = HostVars("h1", [Layer("defaults", {"d": {}, "x": "{{ d.missing_key }}"})])
+    with pytest.raises(TemplateError, match="missing_key"):
+        v["x"]
+
+
+def test_reading_an_undefined_variable_in_role_code() -> None:
+    v = HostVars("h1", [])
+    with pytest.raises(UndefinedVariable, match="'nope' is not defined") as err:
+        _ = v.nope
+    assert err.value.where == "host h1"
+    assert isinstance(err.value, KeyError)  # so Mapping.get and `in` work
+
+
+def test_a_reference_loop_is_an_error_naming_the_loop() -> None:
+    v = HostVars("h1", [Layer("defaults", {"a": "{{ b }}", "b": "{{ c }}", "c": "{{ a }}"})])
+    with pytest.raises(TemplateError, match="a -> b -> c -> a"):
+        v["a"]
+
+
+def test_template_file_errors_name_file_line_variable_and_host(tmp_path: Path) -> None:
+    (tmp_path / "node.yaml.j2").write_text("name: {{ inventory_hostname }}\nrack: {{ rack }}\n")
+    v = HostVars("gpu3", [Layer("fxkit", {"inventory_hostname": "gpu3"})])
+    with pytest.raises(TemplateError) as err:
+        v.render_template(tmp_path, "node.yaml.j2")
+    assert err.value.where == f"{tmp_path / 'node.yaml.j2'}:2"
+    assert "'rack'" in str(err.value) and "gpu3" in str(err.value)
+
+
+def test_template_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "t.j2").write_text("ok\n\n{% if %}\n")
+    with pytest.raises(TemplateError) as err:
+        HostVars("h1", []).render_template(tmp_path, "t.j2")
+    assert err.value.where == f"{tmp_path / 't.j2'}:3"
+
+
+def test_template_renders_text_one_line_per_item(tmp_path: Path) -> None:
+    (tmp_path / "t.j2").write_text("port={{ port }}\n{% for d in dirs %}\n{{ d }}\n{% endfor %}\n")
+    v = HostVars("h1", [Layer("defaults", {"port": 22, "dirs": ["/a", "/b"]})])
+    assert v.render_template(tmp_path, "t.j2") == "port=22\n/a\n/b\n"
+
+
+def test_missing_template_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TemplateError, match=r"'nope\.j2' not found"):
+        HostVars("h1", []).render_template(tmp_path, "nope.j2")
+
+
+def test_extra_vars_forms_and_order(tmp_path: Path) -> None:
+    (tmp_path / "more.yml").write_text("from_file: 1\nb: file\n")
+    merged = parse_extra_vars(
+        ["a=1 b='two words'", '{"j": [1, 2], "a": "json"}', f"@{tmp_path / 'more.yml'}"]
+    )
+    assert merged == {"a": "json", "b": "file", "j": [1, 2], "from_file": 1}
+
+
+@pytest.mark.parametrize("bad", ["novalue", "{not: [valid", "@/nonexistent/vars.yml", "1x=2"])
+def test_bad_extra_vars_are_clear_errors(bad: str) -> None:
+    with pytest.raises(FxkitError) as err:
+        parse_extra_vars([bad])
+    assert err.value.hint
+
+
+def test_extra_vars_file_must_hold_a_mapping(tmp_path: Path) -> None:
+    (tmp_path / "list.yml").write_text("- a\n- b\n")
+    with pytest.raises(FxkitError, match="must be a mapping"):
+        parse_extra_vars([f"@{tmp_path / 'list.yml'}"])
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("ansible_become_password", True),
+        ("ansible_ssh_pass", True),
+        ("registry_token", True),
+        ("lmcache_secret", True),
+        ("hf_api_key", True),
+        ("max_num_batched_tokens", False),
+        ("passthrough_mode", False),
+        ("node_name", False),
+    ],
+)
+def test_secret_names(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
+
+
+def test_secret_values_include_listed_names_and_rendered_values() -> None:
+    v = HostVars(
+        "h1",
+        [
+            Layer("inventory", {"ansible_become_password": "{{ vault_pw }}", "vault_pw": "s3cr3t"}),
+            Layer("play vars", {"nvme_dhchap": "DHHC-1:00:abc", "plain": "x"}),
+        ],
+        secret_names=["nvme_dhchap"],
+    )
+    assert v.secret_values() == {"{{ vault_pw }}", "s3cr3t", "DHHC-1:00:abc"}
