@@ -22,30 +22,27 @@ from fxkit.loader import bench, make_checkpoint
 from plot_latency import plot
 from rich.console import Console
 
+from fxkit.cli.loader import parse_size
+
 ROOT = Path(__file__).resolve().parent.parent
-SIZES = {"K": 10**3, "M": 10**6, "G": 10**9}
 
 
-def size(text: str) -> int:
-    """``6GB`` or ``1.5G`` -> bytes (decimal)."""
-    text = text.upper().removesuffix("B")
-    return int(float(text[:-1]) * SIZES[text[-1]]) if text[-1] in SIZES else int(text)
-
-
-def checkpoint(name: str, nbytes: int, console: Console) -> Path:
+def checkpoint(name: str, nbytes: int, console: Console, shards: int | None = None) -> Path:
     """A generated Llama-style checkpoint of about ``nbytes``, made once."""
     path = ROOT / ".cache" / "bench" / name
     if not (path / "model.safetensors.index.json").exists():
         console.print(f"generating {path} ({nbytes / 1e9:.1f} GB)")
         shutil.rmtree(path, ignore_errors=True)
-        make_checkpoint(path, nbytes)
+        make_checkpoint(path, nbytes, shards=shards)
     return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=size, default="6GB", help="local-disk checkpoint")
-    parser.add_argument("--remote-size", type=size, default="1GB", help="checkpoint over sshfs")
+    parser.add_argument("--size", type=parse_size, default="6GB", help="local-disk checkpoint")
+    parser.add_argument(
+        "--remote-size", type=parse_size, default="1GB", help="checkpoint over sshfs"
+    )
     parser.add_argument("--runs", type=int, default=5, help="rounds, local disk")
     parser.add_argument("--remote-runs", type=int, default=3, help="rounds per latency")
     parser.add_argument("--latencies", default="0,0.5,1,2")
@@ -72,7 +69,9 @@ def main() -> None:
             bench.save_json(report, args.out / f"local_{mode}.json")
         if "remote" not in skip:
             console.rule("remote storage emulation")
-            remote = checkpoint(f"llama-{args.remote_size / 10**9:g}gb", args.remote_size, console)
+            # 4 shards, as real checkpoints are sharded (sshfs serves one file per connection).
+            name = f"llama-{args.remote_size / 10**9:g}gb"
+            remote = checkpoint(name, args.remote_size, console, shards=4)
             options = SimpleNamespace(
                 model=str(remote),
                 latencies=[float(x) for x in args.latencies.split(",")],
