@@ -330,7 +330,11 @@ class Host:
 
     def fact(self, fact: type[Fact[T]], *args: Any) -> T:
         """A fact about this host, gathered once per run (see :mod:`fxkit.facts`)."""
-        return self.ctx.facts.get(fact, *args)
+        try:
+            return self.ctx.facts.get(fact, *args)
+        except ConnectionFailed as exc:
+            label = " ".join(["fact", fact.__name__, *map(str, args)])
+            raise HostUnreachable(label, exc) from None
 
     def notify(self, handler: Handler, when: object = True) -> None:
         """Run ``handler(host, v)`` once after this role, if ``when`` (e.g. a Result) is true."""
