@@ -43,6 +43,7 @@ from jinja2.nativetypes import NativeEnvironment
 from fxkit.errors import FxkitError, TemplateError
 
 SECRET_PARTS = frozenset({"password", "passwd", "pass", "secret", "token", "passphrase"})
+REDACTED = "********"
 _JINJA_MARKERS = ("{{", "{%", "{#")
 
 
@@ -51,6 +52,18 @@ def is_secret_name(name: str, extra: Iterable[str] = ()) -> bool:
     lowered = name.lower()
     parts = set(re.split(r"[^a-z0-9]+", lowered))
     return bool(parts & SECRET_PARTS) or "api_key" in lowered or name in set(extra)
+
+
+def masked(variables: Mapping[str, Any]) -> dict[str, Any]:
+    """``variables`` for display: the value of each secret variable replaced by ``********``."""
+    return {name: REDACTED if is_secret_name(name) else v for name, v in variables.items()}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret value replaced by ``********`` (give the longest first)."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 @cache
