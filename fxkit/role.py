@@ -146,10 +146,7 @@ def _defaults(path: Path) -> dict[str, Any]:
     file = path / "defaults.yml"
     if not file.exists():
         return {}
-    try:
-        return load_vars_file(file)
-    except FxkitError as exc:
-        raise PlaybookError(exc.message, where=exc.where, hint=exc.hint) from None
+    return load_vars_file(file, PlaybookError)
 
 
 def _apply(file: Path) -> Handler:

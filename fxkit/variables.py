@@ -41,6 +41,7 @@ import yaml
 from jinja2.nativetypes import NativeEnvironment
 
 from fxkit.errors import FxkitError, TemplateError
+from fxkit.yamlfile import plain, read_yaml, type_name
 
 SECRET_PARTS = frozenset({"password", "passwd", "pass", "secret", "token", "passphrase"})
 REDACTED = "********"
@@ -300,29 +301,26 @@ def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> dict[str
     return merged
 
 
-def load_vars_file(path: Path) -> dict[str, Any]:
-    """A YAML (or JSON) file holding one mapping of variables; empty files hold none."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise FxkitError(
-            f"cannot read variables file: {exc.strerror}",
-            where=str(path),
-            hint="check the path (relative paths start at the playbook's folder)",
-        ) from None
-    try:
-        value = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise FxkitError(f"invalid YAML: {exc.problem}", where=where, hint="fix the YAML") from None
-    return _require_mapping(value, str(path)) if value is not None else {}
+def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> dict[str, Any]:
+    """A YAML (or JSON) file holding one mapping of variables; empty files hold none.
+
+    Mistakes are raised as ``error`` with the file and line.
+    """
+    value = read_yaml(
+        path,
+        error,
+        what="variables file",
+        hint="check the path (relative paths start at the playbook's folder)",
+    )
+    return plain(_require_mapping(value, f"{path}:1", error)) if value is not None else {}
 
 
-def _require_mapping(value: Any, where: str) -> dict[str, Any]:
+def _require_mapping(
+    value: Any, where: str, error: type[FxkitError] = FxkitError
+) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise FxkitError(
-            f"variables must be a mapping, got {type(value).__name__}",
+        raise error(
+            f"variables must be a mapping, got {type_name(value)}",
             where=where,
             hint="write key: value pairs",
         )

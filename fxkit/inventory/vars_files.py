@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fxkit.errors import InventoryError
-from fxkit.inventory.yamlfile import Marked, plain, read_yaml
+from fxkit.yamlfile import Marked, plain, read_yaml, type_name
 
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
 
@@ -43,12 +43,12 @@ def _files_for(folder: Path, name: str) -> list[Path]:
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
-    data = read_yaml(path)
+    data = read_yaml(path, InventoryError)
     if data is None:
         return {}
     if not isinstance(data, Marked):
         raise InventoryError(
-            f"a variables file must be a mapping of names to values, not {type(data).__name__}",
+            f"a variables file must be a mapping of names to values, not {type_name(data)}",
             where=f"{path}:1",
             hint="write one 'name: value' per line",
         )
