@@ -9,11 +9,14 @@ A role is a folder ``roles/<name>/``::
 
 ``role.py`` reads like a checklist::
 
-    def restart_nvmet(host, v):
+    from fxkit.role import Host
+    from fxkit.variables import HostVars
+
+    def restart_nvmet(host: Host, v: HostVars) -> None:
         host.service("nvmet", state="restarted")
 
-    def apply(host, v):
-        host.package(["nvmetcli"])
+    def apply(host: Host, v: HostVars) -> None:
+        host.packages(["nvmetcli"])
         if host.template("config.json.j2", "/etc/nvmet/config.json", mode="0600"):
             host.notify(restart_nvmet)     # runs once, after the role, only if notified
 
