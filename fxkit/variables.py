@@ -310,7 +310,7 @@ def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> dict[str
         path,
         error,
         what="variables file",
-        hint="check the path (relative paths start at the playbook's folder)",
+        hint="check that the file exists and is readable (vars_files paths start at the playbook)",
     )
     return plain(_require_mapping(value, f"{path}:1", error)) if value is not None else {}
 
@@ -320,7 +320,7 @@ def _require_mapping(
 ) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise error(
-            f"variables must be a mapping, got {type_name(value)}",
+            f"variables must be a mapping of names to values, not {type_name(value)}",
             where=where,
             hint="write key: value pairs",
         )
