@@ -481,6 +481,30 @@ def test_tags_on_plays_roles_and_operations(
     assert out.counts("h1")["changed"] == len(written)  # tag-skipped operations are not reported
 
 
+@pytest.mark.parametrize(
+    ("only", "written"),
+    [
+        ((), ["/c"]),
+        (("all",), ["/c"]),
+        (("wipe",), ["/a", "/b"]),
+        (("site",), ["/a", "/b", "/c"]),  # the play's tags are the role's too (as in Ansible)
+    ],
+)
+def test_a_role_tagged_never_runs_only_when_asked_for(
+    tmp_path: Path, only: tuple[str, ...], written: list[str]
+) -> None:
+    book = """
+        - hosts: all
+          tags: site
+          roles:
+            - {role: first, tags: [never, wipe]}
+            - second
+        """
+    tags = TagFilter(frozenset(only))
+    out = play(tmp_path, textwrap.dedent(book), "all: {hosts: {h1: {}}}", ROLES, tags=tags)
+    assert sorted(out.fleet.hosts["h1"].files) == written
+
+
 def test_check_mode_changes_nothing_and_says_what_would_change(tmp_path: Path) -> None:
     out = play(tmp_path, TWO_ROLES, "all: {hosts: {h1: {}}}", ROLES, check=True, diff=True)
     assert out.fleet.hosts["h1"].files == {}
