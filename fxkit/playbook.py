@@ -206,7 +206,7 @@ def _play(path: Path, plays: list[Any], index: int) -> Play:
             play._file_vars.update(load_vars_file(path.parent / name))
         except FxkitError as exc:
             raise PlaybookError(
-                f"{label}: vars_files entry {name!r}: {exc.message}",
+                f"{label}: vars_files entry {name!r}: {exc.where}: {exc.message}",
                 where=_where(path, data, ["vars_files", file_index]),
                 hint=exc.hint,
             ) from None
