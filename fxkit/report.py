@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from fxkit.ops.base import Result, Status
+from fxkit.variables import redact
 
-REDACTED = "********"
 UNREACHABLE = "unreachable"
 STYLE = {
     "ok": "green",
@@ -83,9 +83,7 @@ class Reporter:
             self._secrets = sorted(known, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        return redact(text, self._secrets)
 
     # -- live progress ---------------------------------------------------------------------
 
@@ -150,8 +148,16 @@ class Reporter:
         )
         self._record(event)
 
-    def host_unreachable(self, host: str, play: str, msg: str) -> None:
-        self._record(Event(host, play, None, "connect", UNREACHABLE, msg, None, 0.0))
+    def host_unreachable(
+        self,
+        host: str,
+        play: str,
+        msg: str,
+        role: str | None = None,
+        operation: str = "connect",
+    ) -> None:
+        """The host could not be reached, or its link broke during ``role``'s ``operation``."""
+        self._record(Event(host, play, role, operation, UNREACHABLE, msg, None, 0.0))
 
     def host_error(self, host: str, play: str, role: str | None, msg: str) -> None:
         """A role or template error stopped the host (not an operation's result)."""

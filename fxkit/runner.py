@@ -31,6 +31,7 @@ from fxkit.report import Reporter
 from fxkit.role import (
     Host,
     HostFailed,
+    HostUnreachable,
     Interrupted,
     Role,
     RoleLoader,
@@ -186,7 +187,8 @@ class Runner:
             for ref in play.roles:
                 role_tags = {*play.tags, *ref.tags}
                 tags = self.options.tags
-                if role_tags & tags.skip or not (tags.selects(role_tags) or tags.only):
+                # Not selected by --tags, a role still runs: its operations may have the tags.
+                if role_tags & tags.skip or ("never" in role_tags and not tags.only):
                     continue
                 role = self.roles.load(ref.role)
                 self._apply(play, ref, role, inv, ctx, role_tags)
@@ -195,6 +197,9 @@ class Runner:
             pass  # the failed operation is already reported
         except Interrupted:
             self.reporter.host_error(name, play.name, role and role.name, "interrupted")
+        except HostUnreachable as exc:
+            role_name = role and role.name
+            self.reporter.host_unreachable(name, play.name, str(exc), role_name, exc.operation)
         except ConnectionFailed as exc:
             self.reporter.host_unreachable(name, play.name, str(exc))
         except FxkitError as exc:

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from fxkit import __version__
 from fxkit.cli.bench import bench
+from fxkit.cli.demo import demo
 from fxkit.cli.inventory import inventory
 from fxkit.cli.lab import lab
 from fxkit.cli.loader import load, make_checkpoint
@@ -29,10 +30,11 @@ def cli() -> None:
     Inventories:   fxkit inventory -i INVENTORY --list | --graph
     Lab fleet:     fxkit lab up N | status | down
     Models:        fxkit load MODEL; fxkit bench load MODEL; fxkit make-checkpoint DIR
+    Demo:          fxkit demo (both halves on a lab fleet, as root)
     """
 
 
-for command in (play, inventory, lab, load, bench, make_checkpoint):
+for command in (play, inventory, lab, load, bench, make_checkpoint, demo):
     cli.add_command(command)
 
 

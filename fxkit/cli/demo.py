@@ -1,0 +1,231 @@
+"""``fxkit demo`` (``make demo``): both halves of fxkit on one machine, with real numbers.
+
+1. a lab fleet of real SSH hosts (``fxkit lab up``; idempotent);
+2. the example playbook in check mode with diffs, then converged, then run again: the second run
+   must change nothing, and the line saying so comes from that run's recap;
+3. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
+   plain loader does, e.g. from NFS) and by ``fxkit.loader.load``; every byte of every tensor is
+   read in both, from a cold page cache, and compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fxkit.cli.lab import dir_option, port_option, prefix_option
+from fxkit.cli.loader import Size
+from fxkit.connection import ConnectOptions
+from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
+from fxkit.lab.fleet import host_name
+from fxkit.report import Reporter
+from fxkit.runner import RunOptions, run_playbook
+
+console = Console(highlight=False, soft_wrap=True)
+CACHE = ".cache/demo-ckpt"
+STAMP = "fxkit-demo.json"
+
+
+@click.command()
+@click.option("--hosts", type=click.IntRange(1, 254), default=4, show_default=True)
+@click.option(
+    "--size",
+    type=Size(),
+    default="1GB",
+    show_default=True,
+    help="Checkpoint size (e.g. 64MB, 2GB).",
+)
+@click.option(
+    "--cache",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=CACHE,
+    show_default=True,
+    help="Where the checkpoint is kept (reused while --size stays the same).",
+)
+@click.option("--threads", type=click.IntRange(min=1), help="Loader threads [loader's default].")
+@click.option("--down", is_flag=True, help="Stop the fleet at the end.")
+@dir_option
+@prefix_option
+@port_option
+def demo(
+    hosts: int,
+    size: int,
+    cache: Path,
+    threads: int | None,
+    down: bool,
+    state_dir: str,
+    prefix: str | None,
+    port: int | None,
+) -> None:
+    """Provision a lab fleet (check, converge, idempotent re-run), then load a checkpoint fast.
+
+    Needs root and openssh-server for the fleet, and fxkit's loader extra (torch, safetensors).
+    """
+    try:
+        check_requirements()
+    except LabError as exc:
+        raise LabError(f"the demo's lab fleet cannot start: {exc.message}", hint=exc.hint) from None
+    loader = loader_api()
+    fleet = Fleet(state_dir, prefix, port)
+    step(1, f"lab fleet of {hosts} hosts")
+    started = time.monotonic()
+    new = fleet.up(hosts)
+    console.print(
+        f"{len(new)} host(s) started, {hosts} up on {fleet.prefix}.x in "
+        f"{time.monotonic() - started:.1f} s; inventory {fleet.inventory}"
+    )
+
+    step(2, "playbooks/site.yml in check mode, with diffs: what would change")
+    # Only lab01..labNN: a fleet started bigger earlier keeps its other hosts out of the demo.
+    limit = ":".join(host_name(i) for i in range(1, hosts + 1))
+    play(fleet, limit, check=True, diff=True)
+    step(3, "converge")
+    first = play(fleet, limit)
+    step(4, "run again: nothing left to change")
+    second = play(fleet, limit)
+    changed = sum(c.changed for c in second.counts.values())
+    broken = second.failed_hosts + second.unreachable_hosts
+    idempotent = changed == 0 and not broken and len(second.counts) == hosts
+    console.print(
+        f"second run: {changed} changed on {len(second.counts)} hosts",
+        style="bold green" if idempotent else "bold red",
+    )
+
+    step(5, "loader: a synthetic checkpoint, every byte loaded, against the plain baseline")
+    load_demo(loader, cache, size, threads)
+
+    step(6, "done")
+    if down:
+        stopped = fleet.down()
+        console.print(f"fleet stopped ({len(stopped)} hosts), {fleet.dir} removed")
+    else:
+        where = "" if Path(state_dir) == Path(DEFAULT_DIR) else f" --dir {state_dir}"
+        console.print(
+            f"the fleet is still up (`fxkit lab status{where}`); try "
+            f"`fxkit play site -i {fleet.inventory} --check --diff`; stop it with "
+            f"`fxkit lab down{where}`"
+        )
+    if first.failed_hosts or first.unreachable_hosts or not idempotent:
+        sys.exit(1)
+
+
+def step(number: int, title: str) -> None:
+    console.rule(f"[bold]{number}. {title}", align="left")
+
+
+def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> Reporter:
+    """Run the built-in site playbook on the fleet; the reporter holds the recap's counts."""
+    reporter = Reporter(console, diff=diff)
+    options = RunOptions(
+        check=check,
+        diff=diff,
+        limit=limit,
+        connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
+    )
+    run_playbook("site", fleet.inventory, options, reporter)
+    return reporter
+
+
+# -- the loader -----------------------------------------------------------------------------
+
+
+def loader_api() -> SimpleNamespace:
+    """torch, safetensors' load_file and fxkit's loader, or a clear error saying what is missing."""
+    try:
+        import torch
+        from safetensors.torch import load_file
+
+        from fxkit.loader import load, make_checkpoint
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the demo's loader step needs fxkit's loader and its extra ({exc}); "
+            "install them with: pip install -e '.[loader]' (or run `make demo`)"
+        ) from None
+    return SimpleNamespace(torch=torch, load_file=load_file, load=load, make=make_checkpoint)
+
+
+def load_demo(loader: SimpleNamespace, cache: Path, size: int, threads: int | None) -> None:
+    torch = loader.torch
+    files = checkpoint(cache, size, loader.make)
+    total = sum(f.stat().st_size for f in files)
+    console.print(f"checkpoint: {len(files)} file(s), {total / 1e9:.2f} GB in {cache}")
+
+    def baseline() -> dict[str, int]:
+        sums: dict[str, int] = {}
+        for file in files:  # one file after another, as safetensors' own loader does
+            sums.update(touch(loader.load_file(file), torch))
+        return sums
+
+    def fxkit_load() -> dict[str, int]:
+        return touch(loader.load(cache, threads=threads), torch)
+
+    table = Table("loader", "seconds", "GB/s", title="cold page cache, every byte read")
+    results = {}
+    for label, run in (
+        ("safetensors load_file, sequential", baseline),
+        ("fxkit.loader", fxkit_load),
+    ):
+        evict(files)
+        started = time.perf_counter()
+        results[label] = run(), time.perf_counter() - started
+        seconds = results[label][1]
+        table.add_row(label, f"{seconds:.2f}", f"{total / 1e9 / seconds:.2f}")
+    console.print(table)
+    (base_sums, base_s), (fx_sums, fx_s) = results.values()
+    if fx_sums != base_sums:
+        raise click.ClickException("fxkit.loader returned other bytes than safetensors")
+    console.print(
+        f"same {len(fx_sums)} tensors, byte for byte; speed-up: {base_s / fx_s:.1f}x",
+        style="bold green",
+    )
+
+
+def checkpoint(cache: Path, size: int, make: Callable[..., Any]) -> list[Path]:
+    """The cached checkpoint's files; made (again) when missing or of another size."""
+    stamp = cache / STAMP
+    try:
+        ready = json.loads(stamp.read_text()).get("size_bytes") == size
+    except (OSError, ValueError):
+        ready = False
+    if not ready:
+        if stamp.exists():  # a checkpoint of another size that this demo made
+            shutil.rmtree(cache)
+        started = time.perf_counter()
+        make(cache, size)
+        stamp.write_text(json.dumps({"size_bytes": size}) + "\n")
+        console.print(f"generated in {time.perf_counter() - started:.1f} s")
+    return sorted(cache.glob("*.safetensors"))
+
+
+def touch(tensors: dict[str, Any], torch: Any) -> dict[str, int]:
+    """Read every byte of every tensor: a wrapping sum of its bytes as 64-bit words, per tensor."""
+    import numpy as np
+
+    sums = {}
+    for name, tensor in tensors.items():
+        data = tensor.reshape(-1).view(torch.uint8).numpy()
+        whole = len(data) // 8 * 8
+        sums[name] = int(data[:whole].view(np.uint64).sum()) + int(data[whole:].sum())
+    return sums
+
+
+def evict(files: Iterable[Path]) -> None:
+    """Drop the files' pages from the page cache (theirs only), so both loaders read the disk."""
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
