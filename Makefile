@@ -24,7 +24,7 @@ test: system $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra
 
-# The loader benchmarks of docs/BENCHMARKS.md (root for the remote-storage emulation; ~15 min).
+# The loader benchmarks of docs/BENCHMARKS.md (root for the remote-storage emulation; ~25 min).
 bench-load: system $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[loader,dev,bench]"
 	$(PY) bench/load.py
