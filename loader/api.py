@@ -15,10 +15,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
+from fxkit.loader.cache import resident_fraction
 from fxkit.loader.errors import LoaderError
 from fxkit.loader.format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
 from fxkit.loader.plan import FilePlan, normalise_chunk_size, plan_file
-from fxkit.loader.read import FileReader, MappedFile, resident_fraction
+from fxkit.loader.read import FileReader, MappedFile
 from fxkit.loader.sinks import HostSink, make_sink
 
 DirectIO = Literal["auto", "on", "off"] | bool
@@ -48,7 +49,10 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
         return "buffered"
     if direct_io != "auto":
         raise LoaderError(f"direct_io must be 'auto', 'on' or 'off', got {direct_io!r}")
-    cached = resident_fraction(path)
+    try:
+        cached = resident_fraction(path)
+    except OSError:
+        cached = 0.0
     if cached >= MAP_FROM and can_map:
         return "map"
     return "direct" if cached < DIRECT_BELOW else "buffered"

@@ -63,6 +63,12 @@ def resident_bytes(path: str | os.PathLike[str]) -> int:
     return min(resident * PAGE_SIZE, size)
 
 
+def resident_fraction(path: str | os.PathLike[str]) -> float:
+    """The fraction of ``path``'s bytes in the page cache now (1.0 for an empty file)."""
+    size = Path(path).stat().st_size
+    return resident_bytes(path) / size if size else 1.0
+
+
 def evict(path: str | os.PathLike[str]) -> None:
     """Write back and drop the cached pages of ``path`` (a hint the kernel may partly ignore)."""
     fd = os.open(path, os.O_RDONLY)
