@@ -30,6 +30,8 @@ DEFAULT_THREADS = 8
 #: the second (CPU loads without ``drop_cache``), buffered reads between.
 DIRECT_BELOW = 0.5
 MAP_FROM = 0.99
+#: How many spread-out windows of a file mincore() is asked about to choose its read mode.
+RESIDENCY_WINDOWS = 64
 
 __all__ = ["iter_tensors", "load", "open_checkpoint"]
 
@@ -50,7 +52,7 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
     if direct_io != "auto":
         raise LoaderError(f"direct_io must be 'auto', 'on' or 'off', got {direct_io!r}")
     try:
-        cached = resident_fraction(path)
+        cached = resident_fraction(path, windows=RESIDENCY_WINDOWS)
     except OSError:
         cached = 0.0
     if cached >= MAP_FROM and can_map:
@@ -167,8 +169,10 @@ def iter_tensors(
             else:
                 reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
                 buffer = sink.allocate(plan.buffer_size)
+            # A mapped file has nothing to read: no thread needs to wake up for it.
+            submit = _done if mode == "map" else pool.submit
             futures = [
-                pool.submit(sink.fill, reader, buffer, c, plan.needed_end(c)) for c in plan.chunks
+                submit(sink.fill, reader, buffer, c, plan.needed_end(c)) for c in plan.chunks
             ]
             in_flight.append((plan, buffer, reader, futures))
 
@@ -195,6 +199,13 @@ def iter_tensors(
             following = next(waiting, None)
             if following is not None:
                 start(following)
+
+
+def _done(fn: Any, *args: Any) -> Future:
+    """Run ``fn`` now; its result as a finished future (what the pool's submit returns)."""
+    future: Future = Future()
+    future.set_result(fn(*args))
+    return future
 
 
 def load(
