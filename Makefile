@@ -5,7 +5,7 @@ FXKIT := $(VENV)/bin/fxkit
 # torch 2.13.0 is the CPU build on this machine's disk; an unpinned torch would pull a CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint bench system clean
+.PHONY: demo test lint bench bench-load system clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,11 @@ demo: system $(VENV)/.installed
 test: system $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra
+
+# The loader benchmarks of docs/BENCHMARKS.md (root for the remote-storage emulation; ~25 min).
+bench-load: system $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[loader,dev,bench]"
+	$(PY) bench/load.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -37,6 +36,7 @@ from pydantic import (
 
 from fxkit.errors import FxkitError, PlaybookError
 from fxkit.variables import load_vars_file
+from fxkit.yamlfile import Marked, line_at, plain, read_yaml, type_name
 
 T = TypeVar("T")
 
@@ -165,90 +165,59 @@ class Playbook:
     def load(cls, path: str | Path) -> Playbook:
         """Read and validate a playbook; every mistake is a PlaybookError with file:line."""
         path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise PlaybookError(
-                f"cannot read playbook: {exc.strerror}",
-                where=str(path),
-                hint="give the path of a playbook YAML file, or the name of a built-in one",
-            ) from None
-        root = _compose(text, path)
-        data = _construct(root, path)
+        data = read_yaml(
+            path,
+            PlaybookError,
+            what="playbook",
+            hint="give the path of a playbook YAML file, or the name of a built-in one",
+        )
         if data is None:
             data = []
         if not isinstance(data, list):
             raise PlaybookError(
                 "a playbook is a list of plays",
-                where=f"{path}:{root.start_mark.line + 1}",
+                where=f"{path}:{getattr(data, 'line', 1)}",
                 hint="start each play with '- name: ...' and 'hosts: ...'",
             )
-        plays = [_play(item, index, root.value[index], path) for index, item in enumerate(data)]
+        plays = [_play(path, data, index) for index in range(len(data))]
         return cls(path, plays)
 
 
-def _compose(text: str, path: Path) -> yaml.Node:
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        raise _yaml_error(exc, path) from None
-    return node if node is not None else yaml.SequenceNode("tag:yaml.org,2002:seq", [])
-
-
-def _construct(node: yaml.Node, path: Path) -> Any:
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_document(node)
-    except yaml.MarkedYAMLError as exc:
-        raise _yaml_error(exc, path) from None
-    finally:
-        loader.dispose()
-
-
-def _yaml_error(exc: yaml.MarkedYAMLError, path: Path) -> PlaybookError:
-    mark = exc.problem_mark or exc.context_mark
-    where = f"{path}:{mark.line + 1}" if mark else str(path)
-    return PlaybookError(f"invalid YAML: {exc.problem}", where=where, hint="fix the YAML syntax")
-
-
-def _play(data: Any, index: int, node: yaml.Node, path: Path) -> Play:
-    label = f"play {index + 1}"
+def _play(path: Path, plays: list[Any], index: int) -> Play:
+    data, where, label = plays[index], _where(path, plays, [index]), f"play {index + 1}"
     if not isinstance(data, dict):
         raise PlaybookError(
-            f"{label} is a {type(data).__name__}, not a mapping",
-            where=_where(path, node),
+            f"{label} is a {type_name(data)}, not a mapping",
+            where=where,
             hint="a play is a mapping with at least 'hosts' and 'roles'",
         )
     if isinstance(data.get("name"), str):
         label += f" ({data['name']})"
     try:
-        play = Play.model_validate(data)
+        play = Play.model_validate(plain(data))
     except ValidationError as exc:
-        raise _validation_error(exc, label, node, path) from None
+        raise _validation_error(exc, label, data, path) from None
     play.name = play.name or play.hosts
-    play._where = _where(path, node)
+    play._where = where
     for role_index, ref in enumerate(play.roles):
-        ref._where = _where(path, _node_at(node, ["roles", role_index])[0])
+        ref._where = _where(path, data, ["roles", role_index])
     for file_index, name in enumerate(play.vars_files):
-        file_node, _ = _node_at(node, ["vars_files", file_index])
         try:
             play._file_vars.update(load_vars_file(path.parent / name))
         except FxkitError as exc:
             raise PlaybookError(
-                f"{label}: vars_files entry {name!r}: {exc.message}",
-                where=_where(path, file_node),
+                f"{label}: vars_files entry {name!r}: {exc.where}: {exc.message}",
+                where=_where(path, data, ["vars_files", file_index]),
                 hint=exc.hint,
             ) from None
     return play
 
 
-def _validation_error(
-    exc: ValidationError, label: str, node: yaml.Node, path: Path
-) -> PlaybookError:
-    """The first validation error, placed at its YAML node, with a hint (did you mean ...?)."""
+def _validation_error(exc: ValidationError, label: str, data: Marked, path: Path) -> PlaybookError:
+    """The first validation error, placed at its YAML line, with a hint (did you mean ...?)."""
     errors = exc.errors()
     first = errors[0]
-    at, loc = _node_at(node, first["loc"])
+    line, loc = line_at(data, first["loc"])
     field_path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     reason = first["msg"].removeprefix("Value error, ")
     missing = first["loc"][-1] if first["type"] == "missing" else None
@@ -260,7 +229,7 @@ def _validation_error(
         message = f"{label}: {field_path or 'play'}: missing key {missing!r}{more}"
     else:
         message = f"{label}: {field_path or 'play'}: {reason}{more}"
-    return PlaybookError(message, where=_where(path, at), hint=hint)
+    return PlaybookError(message, where=f"{path}:{line}", hint=hint)
 
 
 def _hint(error: Any, loc: list[int | str], missing: Any) -> str:
@@ -278,25 +247,7 @@ def _hint(error: Any, loc: list[int | str], missing: Any) -> str:
     return "see the playbook format in docs/PLAYBOOKS.md"
 
 
-def _node_at(node: yaml.Node, loc: Sequence[Any]) -> tuple[yaml.Node, list[int | str]]:
-    """The deepest YAML node along a location, and the keys followed (a bad key: the key node).
-
-    Parts of the location that are not in the YAML (Pydantic's union member names) are skipped.
-    """
-    followed: list[int | str] = []
-    for depth, part in enumerate(loc):
-        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
-            match = next(((k, v) for k, v in node.value if k.value == part), None)
-            if match is not None:
-                node = match[0] if depth == len(loc) - 1 else match[1]
-                followed.append(part)
-        elif (
-            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
-        ):
-            node = node.value[part]
-            followed.append(part)
-    return node, followed
-
-
-def _where(path: Path, node: yaml.Node | None) -> str:
-    return f"{path}:{node.start_mark.line + 1}" if node is not None else str(path)
+def _where(path: Path, data: Any, location: Sequence[Any]) -> str:
+    """``path:line`` of a location (e.g. ``["roles", 2]``) in data from :func:`read_yaml`."""
+    line, _ = line_at(data, location)
+    return f"{path}:{line}" if line else str(path)

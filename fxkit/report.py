@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from fxkit.ops.base import Result, Status
+from fxkit.variables import redact
 
-REDACTED = "********"
 UNREACHABLE = "unreachable"
 STYLE = {
     "ok": "green",
@@ -83,9 +83,7 @@ class Reporter:
             self._secrets = sorted(known, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        return redact(text, self._secrets)
 
     # -- live progress ---------------------------------------------------------------------
 

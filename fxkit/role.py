@@ -9,11 +9,14 @@ A role is a folder ``roles/<name>/``::
 
 ``role.py`` reads like a checklist::
 
-    def restart_nvmet(host, v):
+    from fxkit.role import Host
+    from fxkit.variables import HostVars
+
+    def restart_nvmet(host: Host, v: HostVars) -> None:
         host.service("nvmet", state="restarted")
 
-    def apply(host, v):
-        host.package(["nvmetcli"])
+    def apply(host: Host, v: HostVars) -> None:
+        host.packages(["nvmetcli"])
         if host.template("config.json.j2", "/etc/nvmet/config.json", mode="0600"):
             host.notify(restart_nvmet)     # runs once, after the role, only if notified
 
@@ -146,10 +149,7 @@ def _defaults(path: Path) -> dict[str, Any]:
     file = path / "defaults.yml"
     if not file.exists():
         return {}
-    try:
-        return load_vars_file(file)
-    except FxkitError as exc:
-        raise PlaybookError(exc.message, where=exc.where, hint=exc.hint) from None
+    return load_vars_file(file, PlaybookError)
 
 
 def _apply(file: Path) -> Handler:
@@ -330,7 +330,11 @@ class Host:
 
     def fact(self, fact: type[Fact[T]], *args: Any) -> T:
         """A fact about this host, gathered once per run (see :mod:`fxkit.facts`)."""
-        return self.ctx.facts.get(fact, *args)
+        try:
+            return self.ctx.facts.get(fact, *args)
+        except ConnectionFailed as exc:
+            label = " ".join(["fact", fact.__name__, *map(str, args)])
+            raise HostUnreachable(label, exc) from None
 
     def notify(self, handler: Handler, when: object = True) -> None:
         """Run ``handler(host, v)`` once after this role, if ``when`` (e.g. a Result) is true."""

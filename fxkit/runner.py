@@ -187,7 +187,8 @@ class Runner:
             for ref in play.roles:
                 role_tags = {*play.tags, *ref.tags}
                 tags = self.options.tags
-                if role_tags & tags.skip or not (tags.selects(role_tags) or tags.only):
+                # Not selected by --tags, a role still runs: its operations may have the tags.
+                if role_tags & tags.skip or ("never" in role_tags and not tags.only):
                     continue
                 role = self.roles.load(ref.role)
                 self._apply(play, ref, role, inv, ctx, role_tags)

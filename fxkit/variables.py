@@ -41,8 +41,10 @@ import yaml
 from jinja2.nativetypes import NativeEnvironment
 
 from fxkit.errors import FxkitError, TemplateError
+from fxkit.yamlfile import plain, read_yaml, type_name
 
 SECRET_PARTS = frozenset({"password", "passwd", "pass", "secret", "token", "passphrase"})
+REDACTED = "********"
 _JINJA_MARKERS = ("{{", "{%", "{#")
 
 
@@ -51,6 +53,18 @@ def is_secret_name(name: str, extra: Iterable[str] = ()) -> bool:
     lowered = name.lower()
     parts = set(re.split(r"[^a-z0-9]+", lowered))
     return bool(parts & SECRET_PARTS) or "api_key" in lowered or name in set(extra)
+
+
+def masked(variables: Mapping[str, Any]) -> dict[str, Any]:
+    """``variables`` for display: the value of each secret variable replaced by ``********``."""
+    return {name: REDACTED if is_secret_name(name) else v for name, v in variables.items()}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret value replaced by ``********`` (give the longest first)."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 @cache
@@ -287,29 +301,26 @@ def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> dict[str
     return merged
 
 
-def load_vars_file(path: Path) -> dict[str, Any]:
-    """A YAML (or JSON) file holding one mapping of variables; empty files hold none."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise FxkitError(
-            f"cannot read variables file: {exc.strerror}",
-            where=str(path),
-            hint="check the path (relative paths start at the playbook's folder)",
-        ) from None
-    try:
-        value = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise FxkitError(f"invalid YAML: {exc.problem}", where=where, hint="fix the YAML") from None
-    return _require_mapping(value, str(path)) if value is not None else {}
+def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> dict[str, Any]:
+    """A YAML (or JSON) file holding one mapping of variables; empty files hold none.
+
+    Mistakes are raised as ``error`` with the file and line.
+    """
+    value = read_yaml(
+        path,
+        error,
+        what="variables file",
+        hint="check that the file exists and is readable (vars_files paths start at the playbook)",
+    )
+    return plain(_require_mapping(value, f"{path}:1", error)) if value is not None else {}
 
 
-def _require_mapping(value: Any, where: str) -> dict[str, Any]:
+def _require_mapping(
+    value: Any, where: str, error: type[FxkitError] = FxkitError
+) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise FxkitError(
-            f"variables must be a mapping, got {type(value).__name__}",
+        raise error(
+            f"variables must be a mapping of names to values, not {type_name(value)}",
             where=where,
             hint="write key: value pairs",
         )

@@ -15,10 +15,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
+from fxkit.loader.cache import resident_fraction
 from fxkit.loader.errors import LoaderError
 from fxkit.loader.format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
 from fxkit.loader.plan import FilePlan, normalise_chunk_size, plan_file
-from fxkit.loader.read import FileReader, MappedFile, resident_fraction
+from fxkit.loader.read import FileReader, MappedFile
 from fxkit.loader.sinks import HostSink, make_sink
 
 DirectIO = Literal["auto", "on", "off"] | bool
@@ -29,6 +30,8 @@ DEFAULT_THREADS = 8
 #: the second (CPU loads without ``drop_cache``), buffered reads between.
 DIRECT_BELOW = 0.5
 MAP_FROM = 0.99
+#: How many spread-out windows of a file mincore() is asked about to choose its read mode.
+RESIDENCY_WINDOWS = 64
 
 __all__ = ["iter_tensors", "load", "open_checkpoint"]
 
@@ -48,7 +51,10 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
         return "buffered"
     if direct_io != "auto":
         raise LoaderError(f"direct_io must be 'auto', 'on' or 'off', got {direct_io!r}")
-    cached = resident_fraction(path)
+    try:
+        cached = resident_fraction(path, windows=RESIDENCY_WINDOWS)
+    except OSError:
+        cached = 0.0
     if cached >= MAP_FROM and can_map:
         return "map"
     return "direct" if cached < DIRECT_BELOW else "buffered"
@@ -163,8 +169,10 @@ def iter_tensors(
             else:
                 reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
                 buffer = sink.allocate(plan.buffer_size)
+            # A mapped file has nothing to read: no thread needs to wake up for it.
+            submit = _done if mode == "map" else pool.submit
             futures = [
-                pool.submit(sink.fill, reader, buffer, c, plan.needed_end(c)) for c in plan.chunks
+                submit(sink.fill, reader, buffer, c, plan.needed_end(c)) for c in plan.chunks
             ]
             in_flight.append((plan, buffer, reader, futures))
 
@@ -191,6 +199,13 @@ def iter_tensors(
             following = next(waiting, None)
             if following is not None:
                 start(following)
+
+
+def _done(fn: Any, *args: Any) -> Future:
+    """Run ``fn`` now; its result as a finished future (what the pool's submit returns)."""
+    future: Future = Future()
+    future.set_result(fn(*args))
+    return future
 
 
 def load(

@@ -6,30 +6,44 @@ refuses the open, some FUSE filesystems refuse the read): the read is then repea
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
 from pathlib import Path
 
-import numpy
 from fxkit.loader.errors import LoaderError
 
 HUGE_PAGE = 2 * 2**20
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+THP_DEFRAG = Path("/sys/kernel/mm/transparent_hugepage/defrag")
+
+
+def huge_pages_pay() -> bool:
+    """Whether asking for transparent huge pages makes the first write to fresh memory faster.
+
+    Where the kernel compacts memory synchronously for a region that asked for huge pages
+    (THP defrag ``always``, ``madvise`` or ``defer+madvise``: the usual default), every first
+    fault may stall on compaction: on the VM in docs/BENCHMARKS.md the first write ran at
+    0.15 GB/s with huge pages against 0.74 with 4 KiB pages (``bench/first_touch.py``). With
+    ``defer`` or ``never`` the kernel hands out huge pages only when it has them free.
+    """
+    try:
+        selected = THP_DEFRAG.read_text().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return False
+    return selected in ("defer", "never") and hasattr(mmap, "MADV_HUGEPAGE")
 
 
 def host_buffer(size: int):  # -> torch.Tensor
     """A page-aligned host uint8 tensor of ``size`` bytes, backed by an anonymous mapping.
 
-    Page alignment lets O_DIRECT read straight into it; transparent huge pages (where the kernel
-    offers them) make the first write to fresh memory several times faster than 4 KiB faults.
+    Page alignment lets O_DIRECT read straight into it; transparent huge pages are asked for
+    only where they make the first write faster (:func:`huge_pages_pay`).
     """
     import torch
 
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
-    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if size < HUGE_PAGE or not huge_pages_pay():
         return torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
     # Huge pages need a 2 MiB-aligned address: map 2 MiB more and start at the boundary.
     mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
@@ -42,45 +56,6 @@ def host_buffer(size: int):  # -> torch.Tensor
 def writable_view(tensor) -> memoryview:
     """A writable memoryview of a contiguous CPU uint8 tensor (no copy)."""
     return memoryview(tensor.numpy()).cast("B")
-
-
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return libc
-
-
-def resident_fraction(path: Path | str) -> float:
-    """The fraction of a file's pages that are in the page cache (mincore); 0.0 if unknown."""
-    libc = _libc()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return 1.0
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if address in (None, ctypes.c_void_p(-1).value):
-            return 0.0
-        try:
-            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-            vector = (ctypes.c_ubyte * pages)()
-            if libc.mincore(address, size, vector) != 0:
-                return 0.0
-            return int((numpy.frombuffer(vector, dtype=numpy.uint8) & 1).sum()) / pages
-        finally:
-            libc.munmap(address, size)
-    finally:
-        os.close(fd)
 
 
 class FileReader:
@@ -133,8 +108,9 @@ class FileReader:
 class MappedFile:
     """A file already in the page cache, mapped privately: its tensors are the cached pages.
 
-    "Reading" a range maps its pages (MADV_POPULATE_READ, or a touch per page where the kernel
-    lacks it) without copying a byte; a write to a tensor copies only that page (copy on write).
+    Nothing is read or copied: the tensors' pages are the page cache's, faulted in on first
+    access (as with ``safetensors.torch.load_file``); a write to a tensor copies only that page
+    (copy on write).
     Like any mapping, it shows later changes to the file, and truncating the file under it makes
     access fail (SIGBUS): use ``direct_io="off"`` for files that may change while in use.
     """
@@ -161,12 +137,7 @@ class MappedFile:
         self.buffer = torch.frombuffer(self.mapping, dtype=torch.uint8)
 
     def read(self, view: memoryview, offset: int, need: int) -> None:
-        """Map the pages of ``need`` bytes from ``offset`` (``view`` is the mapping itself)."""
-        start = offset - offset % mmap.PAGESIZE
-        try:
-            self.mapping.madvise(MADV_POPULATE_READ, start, offset + need - start)
-        except OSError:
-            numpy.frombuffer(view, dtype=numpy.uint8)[: need : mmap.PAGESIZE].max()
+        """Nothing to do: the mapping already shows the cached bytes."""
 
     def close(self, drop_cache: bool = False) -> None:
         """Nothing to close: the mapping lives as long as its tensors."""

@@ -8,8 +8,10 @@ credentials): the password must never reach the command's own stdin.
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,9 @@ from fxkit.connection.become import Sudo
 from fxkit.lab import SUDO_USER
 
 REPO = Path(__file__).resolve().parents[1]
+#: Where the tests copy fxkit's connection code inside each host: the checkout itself may not be
+#: visible there (a checkout under /tmp, /root or /home is hidden by the host's own mounts).
+HOST_SRC = "/opt/fxkit-src"
 #: The lab hosts' own Python (the virtualenv's interpreter lives under /root, not in a host);
 #: fxkit.connection.local needs nothing beyond the standard library.
 HOST_PYTHON = "/usr/bin/python3"
@@ -51,11 +56,29 @@ def sudo_fleet(lab_fleet):
     if fleet.become_password() is None:
         pytest.skip("sudo is not installed: lab hosts have no non-root user (apt-get install sudo)")
     # lab02's fxkit user may sudo without a password: sudo never asks there.
+    source = _connection_source()
+    for host in ("lab01", "lab02"):
+        with fleet.connect(host) as root:
+            unpacked = root.run(f"mkdir -p {HOST_SRC} && tar -x -C {HOST_SRC}", stdin=source)
+            assert unpacked.ok, unpacked
     with fleet.connect("lab02") as root:
         rule = f"{SUDO_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
         root.put("/etc/sudoers.d/zz-nopasswd", rule.encode())
         assert root.run("chmod 0440 /etc/sudoers.d/zz-nopasswd && visudo -c").ok
     return fleet
+
+
+def _connection_source() -> bytes:
+    """A tar of the modules LocalConnection needs (standard library only beyond these)."""
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as tar:
+        for name in ("__init__.py", "errors.py", "connection"):
+            tar.add(
+                REPO / "fxkit" / name,
+                arcname=f"fxkit/{name}",
+                filter=lambda info: None if "__pycache__" in info.name else info,
+            )
+    return stream.getvalue()
 
 
 @pytest.mark.lab
@@ -76,7 +99,7 @@ def test_local_become_sends_the_password_only_when_asked(sudo_fleet, host: str) 
         pytest.skip(f"{HOST_PYTHON} is not installed")
     with sudo_fleet.connect(host, ansible_user=SUDO_USER) as conn:
         probe = conn.run(
-            f"cd {shlex.quote(str(REPO))} && PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=. "
+            f"cd {HOST_SRC} && PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=. "
             f"{HOST_PYTHON} -c {shlex.quote(LOCAL_PROBE)}",
             stdin=f"{password}\n".encode(),
             timeout=60,
@@ -101,7 +124,7 @@ def test_local_become_with_a_wrong_password_fails_fast(sudo_fleet) -> None:
     )
     with sudo_fleet.connect("lab01", ansible_user=SUDO_USER) as conn:
         result = conn.run(
-            f"cd {shlex.quote(str(REPO))} && PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=. "
+            f"cd {HOST_SRC} && PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=. "
             f"{HOST_PYTHON} -c {shlex.quote(probe)}",
             timeout=60,
         )

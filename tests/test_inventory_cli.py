@@ -108,3 +108,32 @@ def test_inventory_error_shows_file_line_and_hint(tmp_path: Path) -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"error: {bad}:2: expected key=value" in result.stderr
     assert "hint: one host per line" in result.stderr
+
+
+SECRETS = """
+all:
+  vars: {registry_token: tok-3141592, max_tokens: 4096}
+  hosts:
+    gpu01: {ansible_become_password: sudo-2718281, ansible_user: ops}
+"""
+
+
+def test_secret_variables_are_masked_unless_asked_for(tmp_path: Path) -> None:
+    path = str(write(tmp_path, "hosts.yml", SECRETS))
+    host = json.loads(fxkit("-i", path, "--host", "gpu01"))
+    assert host == {
+        "ansible_become_password": "********",
+        "registry_token": "********",
+        "max_tokens": 4096,  # a secret needs a whole name part: tokens is not token
+        "ansible_user": "ops",
+    }
+    listed = fxkit("-i", path, "--list")
+    assert "sudo-2718281" not in listed and "tok-3141592" not in listed
+    assert json.loads(listed)["_meta"]["hostvars"]["gpu01"]["ansible_become_password"] == (
+        "********"
+    )
+    shown = json.loads(fxkit("-i", path, "--host", "gpu01", "--show-secrets"))
+    assert shown["ansible_become_password"] == "sudo-2718281"
+    assert shown["registry_token"] == "tok-3141592"
+    listed = json.loads(fxkit("-i", path, "--list", "--show-secrets"))
+    assert listed["_meta"]["hostvars"]["gpu01"]["registry_token"] == "tok-3141592"

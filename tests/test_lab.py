@@ -72,9 +72,10 @@ def test_a_file_written_on_one_host_is_seen_nowhere_else(lab_fleet):
 
 def test_a_host_cannot_write_the_real_machine(lab_fleet):
     fleet = lab_fleet(1)
-    repo_probe = Path(__file__).resolve().parent / f".lab-probe-{secrets.token_hex(4)}"
+    # The real root file system (not overlaid, not a tmpfs inside the host).
+    root_probe = Path("/") / f".lab-probe-{secrets.token_hex(4)}"
     with fleet.connect("lab01") as conn:
-        touched = conn.run(f"touch {repo_probe}")
+        touched = conn.run(f"touch {root_probe}")
         assert touched.rc != 0 and "Read-only file system" in touched.stderr
         # Write the kernel setting's own value back: even if this worked it would change nothing.
         swappiness = conn.run(
@@ -89,7 +90,7 @@ def test_a_host_cannot_write_the_real_machine(lab_fleet):
         # Nor the real root's home: /root starts with only the lab's authorized_keys.
         inside = set(conn.run("ls -A /root").stdout.split())
         assert ".ssh" in inside and not inside & (set(os.listdir("/root")) - {".ssh"})
-    assert not repo_probe.exists()
+    assert not root_probe.exists()
 
 
 def test_cli_up_status_down(lab_fleet, tmp_path):

@@ -124,6 +124,13 @@ def test_missing_vars_file_points_at_the_entry(tmp_path: Path) -> None:
     assert "'gone.yml'" in err.message
 
 
+def test_bad_vars_file_names_its_own_line_too(tmp_path: Path) -> None:
+    (tmp_path / "site.yml").write_text("a: 1\nb: [unclosed\nc: 3\n")
+    err = _error(tmp_path, "- hosts: all\n  vars_files: [site.yml]\n")
+    assert err.where == f"{tmp_path / 'book.yml'}:2"
+    assert f"{tmp_path / 'site.yml'}:3: invalid YAML" in err.message
+
+
 def test_missing_playbook_file(tmp_path: Path) -> None:
     with pytest.raises(PlaybookError, match="cannot read playbook"):
         Playbook.load(tmp_path / "absent.yml")

@@ -315,6 +315,28 @@ def test_unreachable_mid_run(tmp_path: Path) -> None:
     assert (lost["role"], lost["operation"]) == ("first", "shell two")
 
 
+def test_unreachable_while_a_role_gathers_a_fact(tmp_path: Path) -> None:
+    roles = {
+        "roles/first/role.py": """
+            from fxkit.facts.system import Kernel
+
+            def apply(host, v):
+                host.shell("one")
+                host.fact(Kernel)
+                host.put("/never", "x")
+            """
+    }
+    inventory = "all:\n  hosts:\n    h1: {}\n    h2: {test_break_after: 1}\n"
+    out = play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, roles)
+    assert out.file("h1", "/never") == "x"
+    assert out.file("h2", "/never") is None
+    assert out.reporter.unreachable_hosts == ["h2"]
+    # The event names the role and the fact being gathered, not "connect".
+    [lost] = [e for e in out.events if e["host"] == "h2" and e["status"] == "unreachable"]
+    assert (lost["role"], lost["operation"]) == ("first", "fact Kernel")
+    assert "connection reset by peer" in lost["msg"]
+
+
 def test_one_connection_per_host_per_run(tmp_path: Path) -> None:
     out = play(tmp_path, TWO_ROLES, "all: {hosts: {h1: {}, h2: {}}}", ROLES)
     for conn in out.fleet.hosts.values():
@@ -457,6 +479,30 @@ def test_tags_on_plays_roles_and_operations(
     out = play(tmp_path, TAGGED_BOOK, "all: {hosts: {h1: {}}}", TAGGED_ROLES, tags=tags)
     assert sorted(out.fleet.hosts["h1"].files) == sorted(written)
     assert out.counts("h1")["changed"] == len(written)  # tag-skipped operations are not reported
+
+
+@pytest.mark.parametrize(
+    ("only", "written"),
+    [
+        ((), ["/c"]),
+        (("all",), ["/c"]),
+        (("wipe",), ["/a", "/b"]),
+        (("site",), ["/a", "/b", "/c"]),  # the play's tags are the role's too (as in Ansible)
+    ],
+)
+def test_a_role_tagged_never_runs_only_when_asked_for(
+    tmp_path: Path, only: tuple[str, ...], written: list[str]
+) -> None:
+    book = """
+        - hosts: all
+          tags: site
+          roles:
+            - {role: first, tags: [never, wipe]}
+            - second
+        """
+    tags = TagFilter(frozenset(only))
+    out = play(tmp_path, textwrap.dedent(book), "all: {hosts: {h1: {}}}", ROLES, tags=tags)
+    assert sorted(out.fleet.hosts["h1"].files) == written
 
 
 def test_check_mode_changes_nothing_and_says_what_would_change(tmp_path: Path) -> None:

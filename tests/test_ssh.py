@@ -12,9 +12,10 @@ import time
 import pytest
 
 from fxkit.connection import ConnectOptions, connect
-from fxkit.connection.ssh import REDACTED, JumpHost, SSHArgs, SSHConnection
+from fxkit.connection.ssh import JumpHost, SSHArgs, SSHConnection
 from fxkit.errors import ConnectionFailed, FxkitError, HostKeyError
 from fxkit.lab import SUDO_USER
+from fxkit.variables import REDACTED
 
 pytestmark = pytest.mark.lab
 

@@ -11,18 +11,16 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from fxkit.cli.lab import dir_option, port_option, prefix_option
 from fxkit.cli.loader import Size
@@ -141,52 +139,37 @@ def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> R
 
 
 def loader_api() -> SimpleNamespace:
-    """torch, safetensors' load_file and fxkit's loader, or a clear error saying what is missing."""
+    """fxkit's loader and its benchmark, or a clear error saying what is missing."""
     try:
-        import torch
-        from safetensors.torch import load_file
-
-        from fxkit.loader import load, make_checkpoint
+        from fxkit.loader import bench, make_checkpoint
     except ImportError as exc:
         raise click.ClickException(
             f"the demo's loader step needs fxkit's loader and its extra ({exc}); "
             "install them with: pip install -e '.[loader]' (or run `make demo`)"
         ) from None
-    return SimpleNamespace(torch=torch, load_file=load_file, load=load, make=make_checkpoint)
+    return SimpleNamespace(bench=bench, make=make_checkpoint)
 
 
 def load_demo(loader: SimpleNamespace, cache: Path, size: int, threads: int | None) -> None:
-    torch = loader.torch
+    """One cold round of ``fxkit bench load``: the plain baseline against fxkit.loader."""
     files = checkpoint(cache, size, loader.make)
     total = sum(f.stat().st_size for f in files)
     console.print(f"checkpoint: {len(files)} file(s), {total / 1e9:.2f} GB in {cache}")
-
-    def baseline() -> dict[str, int]:
-        sums: dict[str, int] = {}
-        for file in files:  # one file after another, as safetensors' own loader does
-            sums.update(touch(loader.load_file(file), torch))
-        return sums
-
-    def fxkit_load() -> dict[str, int]:
-        return touch(loader.load(cache, threads=threads), torch)
-
-    table = Table("loader", "seconds", "GB/s", title="cold page cache, every byte read")
-    results = {}
-    for label, run in (
-        ("safetensors load_file, sequential", baseline),
-        ("fxkit.loader", fxkit_load),
-    ):
-        evict(files)
-        started = time.perf_counter()
-        results[label] = run(), time.perf_counter() - started
-        seconds = results[label][1]
-        table.add_row(label, f"{seconds:.2f}", f"{total / 1e9 / seconds:.2f}")
-    console.print(table)
-    (base_sums, base_s), (fx_sums, fx_s) = results.values()
-    if fx_sums != base_sums:
-        raise click.ClickException("fxkit.loader returned other bytes than safetensors")
+    report = loader.bench.bench(
+        cache,
+        methods=("baseline", "fxkit"),
+        runs=1,
+        fxkit_options={"threads": threads} if threads else {},
+    )
+    loader.bench.render(report, console)
+    baseline, fxkit = report.summary("baseline"), report.summary("fxkit")
+    if baseline.errors or fxkit.errors or not fxkit.checksum_ok:
+        raise click.ClickException(
+            f"the loader step failed: {'; '.join(baseline.errors + fxkit.errors) or 'other bytes'}"
+        )
+    tensors = next(r.tensors for r in report.runs if r.method == "fxkit")
     console.print(
-        f"same {len(fx_sums)} tensors, byte for byte; speed-up: {base_s / fx_s:.1f}x",
+        f"same {tensors} tensors, byte for byte; speed-up: {fxkit.vs_baseline:.1f}x",
         style="bold green",
     )
 
@@ -206,26 +189,3 @@ def checkpoint(cache: Path, size: int, make: Callable[..., Any]) -> list[Path]:
         stamp.write_text(json.dumps({"size_bytes": size}) + "\n")
         console.print(f"generated in {time.perf_counter() - started:.1f} s")
     return sorted(cache.glob("*.safetensors"))
-
-
-def touch(tensors: dict[str, Any], torch: Any) -> dict[str, int]:
-    """Read every byte of every tensor: a wrapping sum of its bytes as 64-bit words, per tensor."""
-    import numpy as np
-
-    sums = {}
-    for name, tensor in tensors.items():
-        data = tensor.reshape(-1).view(torch.uint8).numpy()
-        whole = len(data) // 8 * 8
-        sums[name] = int(data[:whole].view(np.uint64).sum()) + int(data[whole:].sum())
-    return sums
-
-
-def evict(files: Iterable[Path]) -> None:
-    """Drop the files' pages from the page cache (theirs only), so both loaders read the disk."""
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)

@@ -9,6 +9,7 @@ import click
 from fxkit.errors import InventoryError
 from fxkit.inventory import Inventory
 from fxkit.inventory.views import as_graph, as_list
+from fxkit.variables import masked
 
 
 @click.command()
@@ -24,6 +25,11 @@ from fxkit.inventory.views import as_graph, as_list
 @click.option("--graph", "show_graph", is_flag=True, help="The group tree (from GROUP or all).")
 @click.option("--host", "host", metavar="NAME", help="One host's merged variables as JSON.")
 @click.option("-l", "--limit", metavar="PATTERN", help="Only hosts matching PATTERN (--list).")
+@click.option(
+    "--show-secrets",
+    is_flag=True,
+    help="Print secret variables (*password*, *token*, ...) in clear instead of ********.",
+)
 @click.argument("group", required=False)
 def inventory(
     path: str,
@@ -31,6 +37,7 @@ def inventory(
     show_graph: bool,
     host: str | None,
     limit: str | None,
+    show_secrets: bool,
     group: str | None,
 ) -> None:
     """Show an inventory: --list (JSON), --graph [GROUP] (tree) or --host NAME (variables).
@@ -39,12 +46,15 @@ def inventory(
     fxkit inventory -i inventory/mi308x.yml --graph
     fxkit inventory -i inventory/mi308x.yml --list --limit 'gpu_nodes:!gpu03'
     fxkit inventory -i inventory/mi308x.yml --host gpu01
+
+    Secret variables (see docs/PLAYBOOKS.md) show as ******** unless --show-secrets is given.
     """
     if [show_list, show_graph, host is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --list, --graph or --host NAME")
     if group is not None and not show_graph:
         raise click.UsageError("a GROUP argument goes with --graph only")
     inv = Inventory.load(path)
+    shown = dict if show_secrets else masked
     if show_graph:
         if (group or "all") not in inv.groups:
             raise InventoryError(f"no group named {group!r}", where=path)
@@ -52,9 +62,9 @@ def inventory(
     elif host is not None:
         if host not in inv.hosts:
             raise InventoryError(f"no host named {host!r}", where=path)
-        click.echo(json.dumps(inv.hosts[host].vars, indent=4, sort_keys=True, default=str))
+        click.echo(json.dumps(shown(inv.hosts[host].vars), indent=4, sort_keys=True, default=str))
     else:
         hosts = None if limit is None else [h.name for h in inv.select(limit)]
         if hosts == []:
             raise InventoryError(f"no hosts matched {limit!r}", where=path)
-        click.echo(json.dumps(as_list(inv, hosts), indent=4, sort_keys=True, default=str))
+        click.echo(json.dumps(as_list(inv, hosts, shown), indent=4, sort_keys=True, default=str))

@@ -28,7 +28,9 @@ def parse_size(text: str) -> int:
 class Size(click.ParamType):
     name = "size"
 
-    def convert(self, value, param, ctx) -> int:
+    def convert(
+        self, value: str | int, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
         if isinstance(value, int):
             return value
         try:

@@ -34,6 +34,7 @@ from fxkit.connection.hostkeys import (
     load_known_hosts,
 )
 from fxkit.errors import ConnectionFailed, FxkitError
+from fxkit.variables import redact
 
 if TYPE_CHECKING:
     from fxkit.connection import ConnectOptions
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 _CHUNK = 65536
 _MISSING = 107  # exit status of the `get` command when the file does not exist
 _LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
-REDACTED = "********"
 #: Shorter passwords are not masked in output: they would mask ordinary words ("root").
 MIN_SECRET_LENGTH = 6
 
@@ -378,9 +378,7 @@ class SSHConnection(Connection):
         )
 
     def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        return redact(text, self._secrets)
 
 
 class _Timeout(Exception):

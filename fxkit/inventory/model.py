@@ -31,7 +31,7 @@ from fxkit.inventory.ini_format import parse_ini
 from fxkit.inventory.patterns import select
 from fxkit.inventory.vars_files import read_vars
 from fxkit.inventory.yaml_format import parse_yaml
-from fxkit.inventory.yamlfile import Marked, read_yaml
+from fxkit.yamlfile import Marked, read_yaml
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
 UNGROUPED = ("all", "ungrouped")
@@ -131,7 +131,7 @@ def _parse(path: Path) -> Draft:
         raise InventoryError(f"cannot read: {exc}", where=str(path)) from None
     if not path.suffix and not text.lstrip().startswith("["):
         try:
-            data = read_yaml(path)
+            data = read_yaml(path, InventoryError)
         except InventoryError:
             data = None
         if isinstance(data, Marked):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fxkit.errors import InventoryError
-from fxkit.inventory.yamlfile import Marked, plain, read_yaml
+from fxkit.variables import load_vars_file
 
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
 
@@ -20,7 +20,7 @@ def read_vars(folder: Path, name: str) -> dict[str, Any]:
     """Merged variables for ``name`` from ``folder`` (``group_vars`` or ``host_vars``)."""
     merged: dict[str, Any] = {}
     for path in _files_for(folder, name):
-        merged.update(_read_mapping(path))
+        merged.update(load_vars_file(path, InventoryError))
     return merged
 
 
@@ -40,16 +40,3 @@ def _files_for(folder: Path, name: str) -> list[Path]:
         if path.is_file():
             return [path]
     return []
-
-
-def _read_mapping(path: Path) -> dict[str, Any]:
-    data = read_yaml(path)
-    if data is None:
-        return {}
-    if not isinstance(data, Marked):
-        raise InventoryError(
-            f"a variables file must be a mapping of names to values, not {type(data).__name__}",
-            where=f"{path}:1",
-            hint="write one 'name: value' per line",
-        )
-    return plain(data)

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fxkit.inventory.model import Inventory
 
 
-def as_list(inventory: Inventory, hosts: list[str] | None = None) -> dict[str, Any]:
+def as_list(
+    inventory: Inventory,
+    hosts: list[str] | None = None,
+    shown: Callable[[Mapping[str, Any]], Mapping[str, Any]] = dict,
+) -> dict[str, Any]:
     """``ansible-inventory --list``: ``_meta.hostvars`` (hosts with variables) and, per group,
     its own ``hosts`` and ``children``; empty keys and empty groups left out, as Ansible does.
-    ``hosts`` limits the output to those hosts."""
+    ``hosts`` limits the output to those hosts; ``shown`` turns host variables into what is
+    printed (e.g. :func:`fxkit.variables.masked`)."""
     keep = set(inventory.hosts if hosts is None else hosts)
-    hostvars = {name: host.vars for name, host in inventory.hosts.items() if name in keep}
+    hostvars = {name: shown(host.vars) for name, host in inventory.hosts.items() if name in keep}
     result: dict[str, Any] = {"_meta": {"hostvars": {k: v for k, v in hostvars.items() if v}}}
     for name, group in inventory.groups.items():
         entry = {

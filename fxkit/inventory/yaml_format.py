@@ -20,14 +20,14 @@ from typing import Any
 
 from fxkit.errors import InventoryError
 from fxkit.inventory.draft import Draft
-from fxkit.inventory.yamlfile import Marked, plain, read_yaml
+from fxkit.yamlfile import Marked, plain, read_yaml, type_name
 
 GROUP_KEYS = ("hosts", "vars", "children")
 
 
 def parse_yaml(path: Path, data: Any = None) -> Draft:
     """Read a YAML inventory (``data`` when the caller has parsed it already)."""
-    data = read_yaml(path) if data is None else data
+    data = read_yaml(path, InventoryError) if data is None else data
     draft = Draft(str(path))
     if data is None:
         return draft
@@ -50,7 +50,7 @@ def _parse_group(draft: Draft, path: Path, name: Any, body: Any, where: str) -> 
         return
     if not isinstance(body, Marked):
         raise InventoryError(
-            f"group {name!r} must be a mapping, not {type(body).__name__}",
+            f"group {name!r} must be a mapping, not {type_name(body)}",
             where=where,
             hint=f"put 'hosts:', 'vars:' or 'children:' under '{name}:'",
         )
@@ -68,7 +68,7 @@ def _parse_group(draft: Draft, path: Path, name: Any, body: Any, where: str) -> 
             continue
         if not isinstance(section, Marked):
             raise InventoryError(
-                f"'{key}' of group {name!r} must be a mapping, not {type(section).__name__}",
+                f"'{key}' of group {name!r} must be a mapping, not {type_name(section)}",
                 where=here,
                 hint=_SECTION_HINTS[key],
             )
@@ -90,7 +90,7 @@ def _parse_host(draft: Draft, group: str, host: Any, hostvars: Any, where: str) 
     if hostvars is not None and not isinstance(hostvars, Marked):
         raise InventoryError(
             f"the vars of host '{host}' in group {group!r} must be a mapping, "
-            f"not {type(hostvars).__name__}",
+            f"not {type_name(hostvars)}",
             where=where,
             hint=f"write '{host}:' alone, or with 'key: value' lines indented under it",
         )

@@ -230,6 +230,14 @@ class Fleet:
             os.close(log)
             os.close(devnull)
         self.hosts[name] = {"pid": pid, "start": _start_time(pid)}
+        # Until the child has exec'd unshare its command line is still ours, and _pid() would
+        # take the host for a stranger; a busy machine can stretch that moment out.
+        deadline = time.monotonic() + 5
+        while not self._runs_our_init(pid, name) and time.monotonic() < deadline:
+            _reap(pid)
+            if _start_time(pid) is None:
+                break
+            time.sleep(0.002)
 
     def _pid(self, name: str) -> int | None:
         """The PID of the host's unshare process when it is still the one this fleet started."""
@@ -240,13 +248,15 @@ class Fleet:
         _reap(pid)
         if _start_time(pid) != info["start"]:
             return None
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if _exists(pid) else []
-        if (
-            str(INIT_SCRIPT).encode() not in cmdline
-            or str(self.host_dir(name)).encode() not in cmdline
-        ):
-            return None
-        return pid
+        return pid if self._runs_our_init(pid, name) else None
+
+    def _runs_our_init(self, pid: int, name: str) -> bool:
+        """Whether ``pid`` runs this fleet's host-init for ``name`` (not a reused PID)."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return str(INIT_SCRIPT).encode() in cmdline and str(self.host_dir(name)).encode() in cmdline
 
     def _check_address_free(self, name: str) -> None:
         if _port_open(self.address(name), self.port):

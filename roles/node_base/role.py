@@ -3,8 +3,11 @@
 import posixpath
 from shlex import quote
 
+from fxkit.role import Host
+from fxkit.variables import HostVars
 
-def apply(host, v):
+
+def apply(host: Host, v: HostVars) -> None:
     for folder in (v.node_base_etc_dir, v.node_base_opt_dir, f"{v.node_base_opt_dir}/bin"):
         host.directory(folder, mode="0755")
     host.template("node.yaml.j2", f"{v.node_base_etc_dir}/node.yaml", mode="0644")

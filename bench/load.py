@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Every loader benchmark of docs/BENCHMARKS.md in one command (``make bench-load``).
+
+Generates the checkpoints (git-ignored, under .cache/bench/), then runs, each in interleaved
+rounds: local disk cold, local disk hot, and the remote storage emulation over the added
+latencies (remote_fs.py; needs root). Reports (JSON) go to docs/bench/, the plot to
+docs/img/remote_latency.png. The checkpoints are deleted at the end unless --keep.
+
+    python bench/load.py [--size 6GB] [--remote-size 1GB] [--runs 5] [--remote-runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import remote_fs
+from fxkit.loader import bench, make_checkpoint
+from plot_latency import plot
+from rich.console import Console
+
+from fxkit.cli.loader import parse_size
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def checkpoint(name: str, nbytes: int, console: Console, shards: int | None = None) -> Path:
+    """A generated Llama-style checkpoint of about ``nbytes``, made once."""
+    path = ROOT / ".cache" / "bench" / name
+    if not (path / "model.safetensors.index.json").exists():
+        console.print(f"generating {path} ({nbytes / 1e9:.1f} GB)")
+        shutil.rmtree(path, ignore_errors=True)
+        make_checkpoint(path, nbytes, shards=shards)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=parse_size, default="6GB", help="local-disk checkpoint")
+    parser.add_argument(
+        "--remote-size", type=parse_size, default="1GB", help="checkpoint over sshfs"
+    )
+    parser.add_argument("--runs", type=int, default=5, help="rounds, local disk")
+    parser.add_argument("--remote-runs", type=int, default=3, help="rounds per latency")
+    parser.add_argument("--latencies", default="0,0.5,1,2")
+    parser.add_argument("--skip", default="", help="comma-separated: cold,hot,remote")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
+    parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
+    args = parser.parse_args()
+    skip = set(args.skip.split(","))
+    console = Console()
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        local = checkpoint(f"llama-{args.size // 10**9}gb", args.size, console)
+        for mode in ("cold", "hot"):
+            if mode in skip:
+                continue
+            console.rule(f"local disk, {mode}")
+            report = bench.bench(
+                local,
+                runs=args.runs,
+                cold=mode == "cold",
+                on_run=lambda r: console.print(r.line(), highlight=False),
+            )
+            bench.render(report, console)
+            bench.save_json(report, args.out / f"local_{mode}.json")
+        if "remote" not in skip:
+            console.rule("remote storage emulation")
+            # 4 shards, as real checkpoints are sharded (sshfs serves one file per connection).
+            name = f"llama-{args.remote_size / 10**9:g}gb"
+            remote = checkpoint(name, args.remote_size, console, shards=4)
+            options = SimpleNamespace(
+                model=str(remote),
+                latencies=[float(x) for x in args.latencies.split(",")],
+                runs=args.remote_runs,
+                methods=["baseline", "prefetch", "fxkit"],
+                fxkit_options={},
+            )
+            results = remote_fs.run(options, console)
+            console.print(remote_fs.table(results, results[0]["report"]["nbytes"]))
+            (args.out / "remote_latency.json").write_text(json.dumps(results, indent=2) + "\n")
+            plot(results, ROOT / "docs" / "img" / "remote_latency.png")
+    finally:
+        if not args.keep:
+            shutil.rmtree(ROOT / ".cache" / "bench", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""The loader benchmark's harness: eviction (checked against mincore and fincore), every byte
+materialised by every method, fio's real JSON output, the report's shape and the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from fxkit.loader import bench, cache
+from fxkit.loader.errors import LoaderError
+from safetensors.torch import save_file
+
+from fxkit.cli import cli
+
+PAGE = cache.PAGE_SIZE
+
+
+def _shard(seed: int, n: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        f"layers.{seed}.{i}.weight": torch.randint(-9, 9, (n * (i + 1) + 3, 129), generator=g).to(
+            (torch.bfloat16, torch.float32, torch.int8)[i % 3]
+        )
+        for i in range(4)
+    }
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """Three shards of odd sizes (not multiples of a page) with an index, ~2.5 MB in all."""
+    root = tmp_path_factory.mktemp("model")
+    weight_map = {}
+    for s, n in enumerate((700, 1300, 901)):
+        name = f"model-{s + 1:05d}-of-00003.safetensors"
+        tensors = _shard(s, n)
+        save_file(tensors, root / name)
+        weight_map.update(dict.fromkeys(tensors, name))
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return root
+
+
+def _expected_touch(files: list[Path]) -> tuple[int, int]:
+    """The touch sum and tensor count, from the files' own bytes (no torch, no safetensors)."""
+    total = count = 0
+    for f in files:
+        raw = f.read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + n])
+        header.pop("__metadata__", None)
+        for info in header.values():
+            begin, end = info["data_offsets"]
+            span = raw[8 + n + begin : 8 + n + end]
+            total += sum(span[::PAGE]) + (span[-1] if span else 0)
+            count += 1
+    return total, count
+
+
+def test_eviction_is_verified_with_mincore_and_fincore(tmp_path: Path) -> None:
+    f = tmp_path / "data"
+    f.write_bytes(bytes(range(256)) * (3 * PAGE + 17))
+    size = f.stat().st_size
+    assert cache.warm([f]) == {}
+    assert cache.resident_bytes(f) == size
+    assert cache.evict_all([f]) == {}
+    assert cache.resident_bytes(f) == 0
+    if fincore := shutil.which("fincore"):  # util-linux asks the kernel its own way
+        out = subprocess.run(
+            [fincore, "--bytes", "--noheadings", "--output", "RES", str(f)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert int(out.stdout.strip()) == 0
+    with open(f, "rb") as fh:
+        fh.seek(PAGE)
+        fh.read(10)
+    assert 0 < cache.resident_bytes(f) < size  # one page read back, readahead aside
+
+
+def test_an_untouched_mmap_is_not_a_load_but_a_touched_one_is(tmp_path: Path) -> None:
+    files = [tmp_path / "big.safetensors"]
+    save_file({"w": torch.ones(12 << 20)}, files[0])  # 48 MiB: readahead alone cannot cover it
+    probe = (
+        "import sys; from safetensors.torch import load_file; from fxkit.loader import bench;"
+        "ts = [t for f in sys.argv[2:] for t in load_file(f).values()];"
+        "[bench.touch(t) for t in ts] if sys.argv[1] == 'touch' else None"
+    )
+    for mode, full in (("no", False), ("touch", True)):
+        assert cache.evict_all(files) == {}
+        subprocess.run([sys.executable, "-c", probe, mode, *map(str, files)], check=True)
+        resident = sum(cache.resident_bytes(f) for f in files)
+        total = sum(f.stat().st_size for f in files)
+        assert (resident == total) if full else (resident < total / 2), (mode, resident, total)
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.tensor(7, dtype=torch.int32),
+        torch.empty(0, 5),
+        torch.tensor([True, False, True]),
+        torch.arange(3 * PAGE + 5, dtype=torch.int16),
+        torch.arange(40, dtype=torch.float64).reshape(5, 8),
+    ],
+    ids=["0-d", "empty", "bool", "odd-size", "2-d"],
+)
+def test_touch_reads_one_byte_per_page_and_the_last(tensor: torch.Tensor) -> None:
+    raw = tensor.numpy().tobytes()
+    assert bench.touch(tensor) == sum(raw[::PAGE]) + (raw[-1] if raw else 0)
+
+
+def test_every_method_materialises_every_byte(model: Path) -> None:
+    """Cold, one round: every loader that can run here returns every tensor with the same bytes."""
+    files = bench.Checkpoint.find(model).files
+    expected, count = _expected_touch(list(files))
+    report = bench.bench(model, runs=1, cold=True)
+    assert report.eviction_failures == []
+    ran = {r.method: r for r in report.runs}
+    assert "baseline" in ran and "prefetch" in ran
+    for name, run in ran.items():
+        assert run.error is None, (name, run.error)
+        assert run.resident_before == 0
+        assert run.gbps > 0
+        if name != "fio":
+            assert (run.checksum, run.tensors) == (expected, count), name
+            assert run.peak_rss >= run.rss_before > 0
+    for summary in report.summaries:
+        assert summary.skipped or summary.checksum_ok in (True, None), summary
+
+
+def test_report_json_has_rounds_interleaved_and_rotated(model: Path, tmp_path: Path) -> None:
+    report = bench.bench(model, methods=["baseline", "prefetch"], runs=2, cold=False)
+    out = tmp_path / "report.json"
+    bench.save_json(report, out)
+    data = json.loads(out.read_text())
+    assert {"model", "files", "nbytes", "cold", "rounds", "machine", "summaries", "runs"} <= set(
+        data
+    )
+    assert data["files"] == 3 and data["cold"] is False and data["rounds"] == 2
+    assert {"nproc", "mem_bytes", "kernel", "filesystem"} <= set(data["machine"])
+    order = [(r["round"], r["method"]) for r in data["runs"]]
+    assert order == [(0, "baseline"), (0, "prefetch"), (1, "prefetch"), (1, "baseline")]
+    base, pre = data["summaries"]
+    assert base["method"] == "baseline" and base["vs_baseline"] == 1.0
+    assert pre["gbps_min"] <= pre["gbps_median"] <= pre["gbps_max"]
+    assert all(r["resident_before"] == data["nbytes"] for r in data["runs"])  # hot: all cached
+    assert list(tmp_path.iterdir()) == [out]  # written atomically, no temp file left
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+def test_fio_json_from_a_real_fio_run(model: Path, tmp_path: Path) -> None:
+    files = bench.Checkpoint.find(model).files
+    job = tmp_path / "job.fio"
+    job.write_text(bench.fio_job(files))
+    out = subprocess.run(
+        ["fio", "--output-format=json", str(job)], capture_output=True, text=True, check=True
+    ).stdout
+    nbytes, seconds = bench.fio_read(out)
+    # O_DIRECT reads whole 16 MiB blocks; fio stops at the last whole block of each file or
+    # reads the short files whole, never more than the files hold.
+    assert 0 < nbytes <= sum(f.stat().st_size for f in files)
+    assert seconds > 0
+    with pytest.raises(LoaderError, match="fio read nothing"):
+        bench.fio_read(json.dumps({"jobs": [{"error": 5, "read": {"io_bytes": 0, "runtime": 0}}]}))
+
+
+def test_checkpoint_errors_name_the_path(tmp_path: Path) -> None:
+    with pytest.raises(LoaderError, match="no such file"):
+        bench.Checkpoint.find(tmp_path / "nope")
+    with pytest.raises(LoaderError, match=r"no \.safetensors files"):
+        bench.Checkpoint.find(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"a": "gone.st"}}')
+    with pytest.raises(LoaderError, match=r"gone\.st"):
+        bench.Checkpoint.find(tmp_path)
+    with pytest.raises(LoaderError, match="unknown method"):
+        bench.bench(tmp_path.parent, methods=["nfs"])
+
+
+def test_cli_bench_load_prints_the_table_and_writes_json(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(
+        cli,
+        ["bench", "load", str(model), "-m", "baseline,prefetch", "-n", "1", "--json", str(out)],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "x baseline" in result.output and "machine:" in result.output
+    assert [s["method"] for s in json.loads(out.read_text())["summaries"]] == [
+        "baseline",
+        "prefetch",
+    ]
