@@ -328,7 +328,8 @@ def become_subreaper() -> None:
 
 
 def reap_orphans(keep: set[int], timeout: float = 15.0) -> None:
-    """Wait for every child of ours except ``keep`` (the fleet's hosts) to exit and reap it."""
+    """Wait for every child of ours except ``keep`` (the fleet's hosts, and whatever was our
+    child before the tool started) to exit and reap it."""
     deadline = time.monotonic() + timeout
     while True:
         orphans = [pid for pid in _our_children() if pid not in keep]
@@ -365,7 +366,7 @@ def measure(
     tool: Tool, fleet: Fleet, names: list[str], inventory: Path, phase: str, round_: int
 ) -> Run:
     """Run the tool once; check it succeeded; return its wall time and CPU use."""
-    keep = {info["pid"] for info in fleet.hosts.values()}
+    keep = {info["pid"] for info in fleet.hosts.values()} | set(_our_children())
     sshds = sshd_pids(fleet, names)
     with tempfile.TemporaryDirectory(prefix=f"provbench-{tool.name}-") as tmp:
         workdir = Path(tmp)
