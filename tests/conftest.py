@@ -53,7 +53,11 @@ def _new_fleet(state_dir, count: int, rng: random.Random) -> Fleet:
         fleet = Fleet(state_dir, prefix=f"127.{rng.randint(100, 250)}.{rng.randint(0, 255)}")
         try:
             fleet.up(count)
-            return fleet
         except AddressInUse:
             fleet.down()
+            continue
+        except BaseException:
+            fleet.down()  # the hosts that did start, by PID
+            raise
+        return fleet
     raise LabError("no free 127.x.y addresses for a lab fleet after 5 tries")
