@@ -15,7 +15,7 @@ from pathlib import Path
 FIELD_SPEEDUP = 6.2  # the field's NFS vs fast store figure for a 32B model (issue 4)
 
 
-def plot(results: list[dict], out: str | Path) -> None:
+def plot(results: list[dict], out: str | Path, link: str = "sshfs") -> None:
     """Two panels: median GB/s per method, and fxkit's within-round speed-ups, vs delay."""
     import matplotlib
 
@@ -32,7 +32,7 @@ def plot(results: list[dict], out: str | Path) -> None:
         ]
         speed.plot(delays, medians, marker="o", label=method)
     speed.set(xlabel="added latency per request (ms)", ylabel="GB/s (median, cold)", ylim=(0, None))
-    speed.set_title("Load speed over sshfs")
+    speed.set_title(f"Load speed over {link}")
     speed.legend()
     for other in ("baseline", "prefetch"):
         ratios = [r["fxkit_vs"].get(other) for r in results]

@@ -4,6 +4,7 @@
 # sshfs/fuse3 + iproute2: the emulated network filesystem of the remote-storage benchmark.
 # sudo + openssl: the lab hosts' non-root user that becomes root with a password (tests of become).
 # dpkg-dev: dpkg-scanpackages, for the local apt repository of the packages tests on lab hosts.
+# libfuse3-dev + pkg-config: the latency FUSE passthrough (bench/latency_fuse/) is compiled here.
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -15,6 +16,8 @@ command -v findmnt >/dev/null || need+=(util-linux)
 command -v sudo >/dev/null || need+=(sudo)
 command -v openssl >/dev/null || need+=(openssl)
 command -v dpkg-scanpackages >/dev/null || need+=(dpkg-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+[ -e /usr/include/fuse3/fuse.h ] || need+=(libfuse3-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing Debian packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2

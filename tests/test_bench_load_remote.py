@@ -51,3 +51,27 @@ def test_remote_fs_measures_added_latency_and_leaves_nothing_behind(tmp_path: Pa
     assert "fxbench-" not in netns
     assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
     assert "fxbench-remote" not in Path("/proc/self/mounts").read_text()
+
+
+@pytest.mark.skipif(
+    shutil.which("cc") is None or not Path("/usr/include/fuse3/fuse.h").exists(),
+    reason="needs cc and libfuse3-dev (scripts/install-system-deps.sh)",
+)
+def test_fuse_transport_delays_every_request_and_serves_the_same_bytes(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"w": torch.arange(500_000, dtype=torch.float32)}, model / "m.safetensors")
+    out = tmp_path / "fuse.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "remote_fs.py"), str(model), "--transport", "fuse",
+         "--latencies", "0,3", "--runs", "1", "--methods", "baseline,fxkit", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results[1]["rtt_ms"] - results[0]["rtt_ms"] > 2.5
+    for r in results:
+        summaries = {s["method"]: s for s in r["report"]["summaries"]}
+        assert summaries["fxkit"]["checksum_ok"], "fxkit read other bytes through the mount"
+        assert r["report"]["machine"]["filesystem"].startswith("fuse")
+    assert "fxbench-remote" not in Path("/proc/self/mounts").read_text()
