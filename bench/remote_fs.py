@@ -237,6 +237,19 @@ def sshd(link: Link, work: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def fuse_daemon(argv: list[str], mnt: Path) -> Iterator[None]:
+    """Run a FUSE daemon in the foreground until ``mnt`` is mounted; unmount and stop it on exit."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: os.path.ismount(mnt), Path(argv[0]).name, proc)
+        yield
+    finally:
+        if subprocess.run(["fusermount3", "-u", str(mnt)], check=False).returncode != 0:
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+        _stop(proc)
+
+
+@contextlib.contextmanager
 def sshfs_mount(link: Link, work: Path, remote_dir: Path, mnt: Path) -> Iterator[Path]:
     """Mount ``remote_dir`` from the server at ``mnt``, fresh (no cached pages); unmount on exit."""
     mnt.mkdir(exist_ok=True)
@@ -255,14 +268,8 @@ def sshfs_mount(link: Link, work: Path, remote_dir: Path, mnt: Path) -> Iterator
         f"root@{link.server_addr}:{remote_dir}",
         str(mnt),
     ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: os.path.ismount(mnt), "sshfs", proc)
+    with fuse_daemon(argv, mnt):
         yield mnt
-    finally:
-        if subprocess.run(["fusermount3", "-u", str(mnt)], check=False).returncode != 0:
-            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
-        _stop(proc)
 
 
 def build_latency_fuse(work: Path) -> Path:
@@ -278,14 +285,8 @@ def latency_fuse_mount(program: Path, source: Path, mnt: Path, ms: float) -> Ite
     """``source`` at ``mnt`` through the C passthrough, every request ``ms`` late; fresh mount."""
     mnt.mkdir(exist_ok=True)
     argv = [str(program), str(source), str(mnt), str(round(ms * 1000)), "-o", "max_threads=64"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: os.path.ismount(mnt), "latency_fuse", proc)
+    with fuse_daemon(argv, mnt):
         yield mnt
-    finally:
-        if subprocess.run(["fusermount3", "-u", str(mnt)], check=False).returncode != 0:
-            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
-        _stop(proc)
 
 
 @contextlib.contextmanager
