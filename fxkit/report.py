@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fxkit.ops.base import Result, Status
-from fxkit.variables import redact
+from fxkit.redaction import maskable, redact
 
 UNREACHABLE = "unreachable"
 STYLE = {
@@ -79,8 +79,7 @@ class Reporter:
     def add_secrets(self, values: Iterable[str]) -> None:
         """Values to redact from now on (longest first, so a secret inside another goes too)."""
         with self._lock:
-            known = set(self._secrets) | {v for v in values if v}
-            self._secrets = sorted(known, key=len, reverse=True)
+            self._secrets = maskable([*self._secrets, *values])
 
     def redact(self, text: str) -> str:
         return redact(text, self._secrets)

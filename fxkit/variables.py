@@ -16,10 +16,8 @@ rendered with the host's variables at that moment, through a Jinja2 environment 
 ``StrictUndefined``: an undefined variable is a :class:`~fxkit.errors.TemplateError` naming the
 template (file or variable), the line, the undefined name and the host.
 
-Secrets: a variable is secret when its name has a part ``password``, ``passwd``, ``pass``,
-``secret``, ``token``, ``passphrase`` or ``api_key`` (``ansible_become_password``,
-``registry_token``; not ``max_tokens``), or when a play lists it in ``secret_vars``. The values
-of secret variables are collected so the report redacts them in everything it prints or logs.
+Secrets (which names are secret: :mod:`fxkit.redaction`): the values of secret variables are
+collected so the report redacts them in everything it prints or logs.
 """
 
 from __future__ import annotations
@@ -41,30 +39,15 @@ import yaml
 from jinja2.nativetypes import NativeEnvironment
 
 from fxkit.errors import FxkitError, TemplateError
+from fxkit.redaction import REDACTED, is_secret_name
 from fxkit.yamlfile import plain, read_yaml, type_name
 
-SECRET_PARTS = frozenset({"password", "passwd", "pass", "secret", "token", "passphrase"})
-REDACTED = "********"
 _JINJA_MARKERS = ("{{", "{%", "{#")
-
-
-def is_secret_name(name: str, extra: Iterable[str] = ()) -> bool:
-    """True for variables whose values must never be shown (see the module docstring)."""
-    lowered = name.lower()
-    parts = set(re.split(r"[^a-z0-9]+", lowered))
-    return bool(parts & SECRET_PARTS) or "api_key" in lowered or name in set(extra)
 
 
 def masked(variables: Mapping[str, Any]) -> dict[str, Any]:
     """``variables`` for display: the value of each secret variable replaced by ``********``."""
     return {name: REDACTED if is_secret_name(name) else v for name, v in variables.items()}
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced by ``********`` (give the longest first)."""
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
 
 
 @cache

@@ -15,7 +15,7 @@ from fxkit.connection import ConnectOptions, connect
 from fxkit.connection.ssh import JumpHost, SSHArgs, SSHConnection
 from fxkit.errors import ConnectionFailed, FxkitError, HostKeyError
 from fxkit.lab import SUDO_USER
-from fxkit.variables import REDACTED
+from fxkit.redaction import REDACTED
 
 pytestmark = pytest.mark.lab
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from fxkit.errors import FxkitError, TemplateError
-from fxkit.variables import HostVars, Layer, UndefinedVariable, is_secret_name, parse_extra_vars
+from fxkit.redaction import is_secret_name
+from fxkit.variables import HostVars, Layer, UndefinedVariable, parse_extra_vars
 
 LEVELS = ["role defaults", "inventory", "play vars", "play vars_files", "role parameters", "extra"]
 

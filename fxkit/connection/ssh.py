@@ -34,7 +34,7 @@ from fxkit.connection.hostkeys import (
     load_known_hosts,
 )
 from fxkit.errors import ConnectionFailed, FxkitError
-from fxkit.variables import redact
+from fxkit.redaction import maskable, redact
 
 if TYPE_CHECKING:
     from fxkit.connection import ConnectOptions
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 _CHUNK = 65536
 _MISSING = 107  # exit status of the `get` command when the file does not exist
 _LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
-#: Shorter passwords are not masked in output: they would mask ordinary words ("root").
-MIN_SECRET_LENGTH = 6
 
 
 @dataclass
@@ -142,9 +140,7 @@ class SSHConnection(Connection):
             or ssh_args.proxy_jump
         )
         self.jump = JumpHost.parse(str(jump), self._where) if jump else None
-        self._secrets = [
-            s for s in (self.password, self.become_password) if s and len(s) >= MIN_SECRET_LENGTH
-        ]
+        self._secrets = maskable(s for s in (self.password, self.become_password) if s)
         self._client: paramiko.SSHClient | None = None
         self._jump_client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
