@@ -13,20 +13,26 @@ A role is a folder ``roles/<name>/``::
     from fxkit.variables import HostVars
 
     def restart_nvmet(host: Host, v: HostVars) -> None:
-        host.service("nvmet", state="restarted")
+        host.service("nvmet.service", state="restarted")
 
     def apply(host: Host, v: HostVars) -> None:
         host.packages(["nvmetcli"])
         if host.template("config.json.j2", "/etc/nvmet/config.json", mode="0600"):
             host.notify(restart_nvmet)     # runs once, after the role, only if notified
+        with host.task(tags=["slow"], ignore_errors=True) as slow:
+            slow.command("nvme discover -t rdma -a 10.0.0.1", only_if="command -v nvme")
 
-``host`` has one method per registered operation (``host.file``, ``host.sysctl``, ...; see
-:mod:`fxkit.ops`), each taking the operation's arguments plus ``ignore_errors=`` and ``tags=``,
-and returning its :class:`~fxkit.ops.base.Result` (truthy when it changed something).
+``host`` has one typed method per operation (``host.file``, ``host.sysctl``, ...; see
+:mod:`fxkit.ops`), with exactly the operation's parameters, returning its
+:class:`~fxkit.ops.base.Result` (truthy when it changed something). Task keywords (``name``,
+``tags``, ``ignore_errors``, ``become``) never mix with an operation's parameters: they go to
+:meth:`Host.task`, which returns a view of the host that applies them.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import difflib
 import functools
 import hashlib
@@ -35,15 +41,16 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from fxkit import paths
+from fxkit import ops, paths
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.ops.base import OpContext, Operation, Result, Status
+from fxkit.ops.files import Mode, Owner
 from fxkit.variables import HostVars, load_vars_file
 
 if TYPE_CHECKING:
@@ -51,6 +58,7 @@ if TYPE_CHECKING:
     from fxkit.report import Reporter
 
 T = TypeVar("T")
+P = ParamSpec("P")
 Handler = Callable[["Host", HostVars], None]
 
 
@@ -229,12 +237,79 @@ def _check_arguments(
         raise PlaybookError(
             f"host.{name}(): {exc}",
             where=_caller(),
-            hint=f"host.{name} takes {', '.join(params)} (and ignore_errors, tags)",
+            hint=f"host.{name} takes {', '.join(params)}; task keywords (name, tags, "
+            "ignore_errors, become) go to host.task(...)",
         ) from None
+
+
+class operation(Generic[P]):
+    """An operation ``op(ctx, ...)`` as a typed method of :class:`Host`: ``host.op(...)`` takes
+    exactly the operation's parameters after ``ctx`` (type checkers and editors see them)."""
+
+    def __init__(self, op: Callable[Concatenate[OpContext, P], Result]) -> None:
+        self.op = op
+        self.name = op.__name__
+        self.__doc__ = op.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @property
+    def signature(self) -> inspect.Signature:
+        """The method's signature: the operation's, without ``ctx``."""
+        full = inspect.signature(self.op)
+        return full.replace(parameters=list(full.parameters.values())[1:])
+
+    @overload
+    def __get__(self, host: None, owner: type) -> operation[P]: ...
+
+    @overload
+    def __get__(self, host: Host, owner: type) -> Callable[P, Result]: ...
+
+    def __get__(self, host: Host | None, owner: type) -> operation[P] | Callable[P, Result]:
+        if host is None:
+            return self
+        op, name = self.op, self.name
+
+        def bound(*args: P.args, **kwargs: P.kwargs) -> Result:
+            return host._call(name, op, args, kwargs)
+
+        functools.update_wrapper(bound, op)
+        bound.__signature__ = self.signature  # type: ignore[attr-defined]
+        return bound
+
+
+@dataclass(frozen=True)
+class Task:
+    """Task keywords, as in Ansible: kept apart from every operation's own parameters."""
+
+    #: Shown in the report instead of ``operation first-argument``.
+    name: str | None = None
+    tags: frozenset[str] = frozenset()
+    #: A failure is reported and counted, and the host goes on.
+    ignore_errors: bool = False
+    #: Run as root through sudo (None: as the play says).
+    become: bool | None = None
 
 
 class Host:
     """What a role's ``apply(host, v)`` works with: operations, templates, facts, handlers."""
+
+    # -- operations: one typed method each (a test checks them against fxkit.ops.OPERATIONS) --
+    directory = operation(ops.directory)
+    file = operation(ops.file)
+    line = operation(ops.line)
+    block = operation(ops.block)
+    command = operation(ops.command)
+    packages = operation(ops.packages)
+    unit = operation(ops.unit)
+    service = operation(ops.service)
+    sysctl = operation(ops.sysctl)
+    module = operation(ops.module)
+    kernel_cmdline = operation(ops.kernel_cmdline)
+    group_member = operation(ops.group_member)
+    virtualenv = operation(ops.virtualenv)
+    git = operation(ops.git)
 
     def __init__(
         self,
@@ -244,7 +319,6 @@ class Host:
         role: Role,
         play: str,
         reporter: Reporter,
-        ops: Mapping[str, Operation],
         tags: TagFilter = TagFilter(),
         role_tags: Iterable[str] = (),
         stop: threading.Event | None = None,
@@ -254,11 +328,27 @@ class Host:
         self.role = role
         self.play = play
         self._reporter = reporter
-        self._ops = ops
         self._tags = tags
         self._role_tags = frozenset(role_tags)
+        self._task = Task()
         self._handlers: list[Handler] = []
         self._stop = stop or threading.Event()
+
+    @classmethod
+    def operations(cls) -> dict[str, operation[Any]]:
+        """Every operation method of this class (and its bases), by name."""
+        found: dict[str, operation[Any]] = {}
+        for klass in reversed(cls.__mro__):
+            found.update({k: v for k, v in vars(klass).items() if isinstance(v, operation)})
+        return found
+
+    if not TYPE_CHECKING:  # a type checker reports a misspelt operation itself
+
+        def __getattr__(self, name: str) -> Any:
+            known = list(type(self).operations())
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean host.{close[0]}?)" if close else ""
+            raise UnknownOperation(f"no operation {name!r}{hint}; operations: {', '.join(known)}")
 
     @property
     def name(self) -> str:
@@ -273,40 +363,66 @@ class Host:
     def diff(self) -> bool:
         return self.ctx.diff
 
-    def __getattr__(self, name: str) -> Callable[..., Result]:
-        if name.startswith("_") or name not in self._ops:
-            close = difflib.get_close_matches(name, list(self._ops), n=1)
-            hint = f" (did you mean host.{close[0]}?)" if close else ""
-            raise UnknownOperation(
-                f"no operation {name!r}{hint}; operations: {', '.join(self._ops)}"
-            )
-        op = self._ops[name]
+    # -- task keywords ------------------------------------------------------------------------
 
-        @functools.wraps(op)
-        def call(*args: Any, **kwargs: Any) -> Result:
-            return self.run(name, *args, **kwargs)
-
-        return call
-
-    def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *self._ops})
-
-    def run(
+    def task(
         self,
-        operation: str,
-        *args: Any,
-        ignore_errors: bool = False,
+        name: str | None = None,
+        *,
         tags: Iterable[str] = (),
-        **kwargs: Any,
+        ignore_errors: bool | None = None,
+        become: bool | None = None,
+    ) -> Host:
+        """This host with task keywords for the calls made through it::
+
+            host.task("NVMe tools", tags=["nvme"]).packages(["nvme-cli"])
+            with host.task(ignore_errors=True) as lenient:
+                lenient.command("nvme disconnect-all")
+
+        Tags add to those already given; the other keywords replace theirs.
+        """
+        view = copy.copy(self)
+        view._task = Task(
+            name=name if name is not None else self._task.name,
+            tags=self._task.tags | frozenset([tags] if isinstance(tags, str) else tags),
+            ignore_errors=self._task.ignore_errors if ignore_errors is None else ignore_errors,
+            become=self._task.become if become is None else become,
+        )
+        if become is not None:
+            view.ctx = dataclasses.replace(self.ctx, become=become)
+        return view
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    # -- running operations -------------------------------------------------------------------
+
+    def call(
+        self, op: Callable[Concatenate[OpContext, P], Result], *args: P.args, **kwargs: P.kwargs
     ) -> Result:
-        """Run a registered operation by name; record its result; stop the host if it failed."""
+        """Run an operation function of your own, ``op(ctx, ...) -> Result``, as the built-in
+        ones run (task keywords, tags, the report, failures)::
+
+            host.call(my_operation, "/etc/thing", wanted=3)
+        """
+        return self._call(op.__name__, op, args, kwargs)
+
+    def _call(
+        self, name: str, op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Result:
+        """Run an operation; record its result; stop the host if it failed."""
         if self._stop.is_set():
             raise Interrupted
-        op = self._ops[operation]
-        label = f"{operation} {args[0]}" if args and isinstance(args[0], str | Path) else operation
-        if not self._tags.selects(self._role_tags | set(tags)):
+        task = self._task
+        label = task.name or (
+            f"{name} {args[0]}" if args and isinstance(args[0], str | Path) else name
+        )
+        if not self._tags.selects(self._role_tags | task.tags):
             return Result(Status.SKIPPED, "not selected by --tags/--skip-tags", name=label)
-        _check_arguments(operation, op, self.ctx, args, kwargs)
+        _check_arguments(name, op, self.ctx, args, kwargs)
         self._reporter.op_started(self.name, self.role.name, label)
         start = time.perf_counter()
         try:
@@ -319,19 +435,39 @@ class Host:
         self._reporter.op_done(
             self.name, self.play, self.role.name, result, time.perf_counter() - start
         )
-        if result.failed and not ignore_errors:
+        if result.failed and not task.ignore_errors:
             raise HostFailed(result)
         return result
 
-    def template(self, src: str, dest: str, **file_kwargs: Any) -> Result:
-        """Render ``templates/src`` with this host's variables and write it to ``dest``."""
+    def template(
+        self,
+        src: str,
+        dest: str,
+        mode: Mode = None,
+        owner: Owner = None,
+        group: Owner = None,
+        backup: bool = False,
+        secret: bool = False,
+    ) -> Result:
+        """Render ``templates/src`` with this host's variables and write it to ``dest``, as
+        :meth:`file` writes content::
+
+            host.template("discovery.conf.j2", "/etc/nvme/discovery.conf", mode="0644")
+        """
         content = self.vars.render_template(self.role.templates, src)
-        return self.run("file", dest, content=content, **file_kwargs)
+        view = self if self._task.name else self.task(f"template {dest}")
+        return view.file(
+            dest, content=content, mode=mode, owner=owner, group=group, backup=backup, secret=secret
+        )
 
     def fact(self, fact: type[Fact[T]], *args: Any) -> T:
-        """A fact about this host, gathered once per run (see :mod:`fxkit.facts`)."""
+        """A fact about this host (see :mod:`fxkit.facts`), gathered with the play's ``become``
+        and kept until an operation changes the host::
+
+            gpus = host.fact(CommandJSON, "amd-smi list --json")
+        """
         try:
-            return self.ctx.facts.get(fact, *args)
+            return self.ctx.fact(fact, *args)
         except ConnectionFailed as exc:
             label = " ".join(["fact", fact.__name__, *map(str, args)])
             raise HostUnreachable(label, exc) from None

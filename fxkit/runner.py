@@ -25,7 +25,7 @@ from fxkit.connection import Connection, ConnectOptions, connect
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.facts.base import FactCache
 from fxkit.inventory import Inventory, InventoryHost
-from fxkit.ops.base import OpContext, Operation
+from fxkit.ops.base import OpContext
 from fxkit.playbook import Play, Playbook, RoleRef
 from fxkit.report import Reporter
 from fxkit.role import (
@@ -77,12 +77,6 @@ def run_playbook(
     return code
 
 
-def default_operations() -> Mapping[str, Operation]:
-    from fxkit.ops import OPERATIONS
-
-    return OPERATIONS
-
-
 class Runner:
     """Runs one playbook against one inventory; :meth:`run` returns the exit code."""
 
@@ -94,14 +88,14 @@ class Runner:
         reporter: Reporter,
         *,
         connector: Connector = connect,
-        operations: Mapping[str, Operation] | None = None,
+        host_class: type[Host] = Host,
     ):
         self.playbook = playbook
         self.inventory = inventory
         self.options = options
         self.reporter = reporter
         self.connector = connector
-        self.operations = operations if operations is not None else default_operations()
+        self.host_class = host_class
         self.roles = RoleLoader(roles_path(playbook.folder, options.roles_path))
         self._connections: dict[str, Connection] = {}
         self._facts: dict[str, FactCache] = {}
@@ -251,13 +245,12 @@ class Runner:
     ) -> None:
         v = self._vars(play, inv, role, ref)
         self.reporter.add_secrets(v.secret_values())
-        host = Host(
+        host = self.host_class(
             ctx,
             v,
             role=role,
             play=play.name,
             reporter=self.reporter,
-            ops=self.operations,
             tags=self.options.tags,
             role_tags=role_tags,
             stop=self._stop,

@@ -94,7 +94,7 @@ def test_init_system_names_pid_1(facts: FactCache) -> None:
         assert init == Path("/proc/1/comm").read_text().strip()
 
 
-def test_facts_are_cached_per_run() -> None:
+def test_facts_are_cached_until_the_host_changes() -> None:
     class Counting(LocalConnection):
         calls = 0
 
@@ -104,9 +104,16 @@ def test_facts_are_cached_per_run() -> None:
 
     cache = FactCache(Counting("localhost"))
     assert cache.get(Kernel) == cache.get(Kernel) and Counting.calls == 1
-    cache.forget(Kernel)
-    cache.get(Kernel)
+    cache.get(Memory)
     assert Counting.calls == 2
+    cache.changed()  # an operation changed the host: Memory may be stale, the kernel is not
+    cache.get(Kernel), cache.get(Memory)
+    assert Counting.calls == 3
+    cache.clear()  # a reboot
+    cache.get(Kernel)
+    assert Counting.calls == 4
+    cache.get(Kernel, become=True)  # as root: gathered apart
+    assert Counting.calls == 5
 
 
 def test_file_stat(facts: FactCache, tmp_path: Path) -> None:

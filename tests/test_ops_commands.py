@@ -91,3 +91,41 @@ def test_guard_paths_are_quoted(tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     result = command(make_ctx(), "true", creates=f"{tmp_path}/x $(touch {canary})")
     assert result.changed and not canary.exists()
+
+
+@pytest.mark.parametrize(
+    ("guard", "holds", "reason"),
+    [
+        ("unless", "true", "unless: `true` succeeded"),
+        ("unless", "false", None),
+        ("only_if", "false", "only_if: `false` failed"),
+        ("only_if", "true", None),
+    ],
+)
+@pytest.mark.parametrize("check", [False, True])
+def test_unless_and_only_if_take_a_command(
+    tmp_path: Path, guard: str, holds: str, reason: str | None, check: bool
+) -> None:
+    target = tmp_path / "ran"
+    result = command(make_ctx(check=check), f"touch {target}", **{guard: holds})
+    if reason:
+        assert result.status is Status.OK and result.msg == reason
+        assert not target.exists()
+    else:
+        assert result.changed and target.exists() is not check
+
+
+def test_guards_run_in_the_command_s_round_trip_and_the_first_that_holds_says_why(
+    tmp_path: Path,
+) -> None:
+    conn = CountingConnection()
+    ctx = OpContext(conn, FactCache(conn))
+    marker = tmp_path / "marker"
+    result = command(ctx, "echo never", only_if=f"test -e {marker}", creates=str(tmp_path))
+    assert result.status is Status.OK and result.msg == f"{tmp_path} exists"
+    assert len(conn.commands) == 1
+
+
+def test_a_guard_s_own_output_does_not_fool_the_token(tmp_path: Path) -> None:
+    result = command(make_ctx(), "echo FXKIT-GUARD-0 unless", unless="echo FXKIT-GUARD-0; false")
+    assert result.changed and result.data["stdout"] == "FXKIT-GUARD-0 unless\n"

@@ -12,7 +12,7 @@ import pytest
 
 from fxkit.connection.local import LocalConnection
 from fxkit.facts import FactCache
-from fxkit.ops.base import OpContext, OpError, Status
+from fxkit.ops.base import OpContext, OpError, Result, Status
 from fxkit.ops.python import git, virtualenv
 
 
@@ -42,6 +42,11 @@ def build_wheel(folder: Path, name: str, version: str) -> None:
 
 
 @pytest.mark.timeout(120)
+
+def commits(result: Result) -> tuple[str | None, str | None]:
+    """The commits a git result reports, before and after."""
+    return result.data["before"], result.data["after"]
+
 def test_virtualenv_pins(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -53,7 +58,7 @@ def test_virtualenv_pins(tmp_path: Path) -> None:
     assert result.changed and not venv.exists()
     assert result.diff == f"virtualenv: absent -> {venv}\nfxkit-probe: absent -> 1.0\n"
     result = virtualenv(make_ctx(), str(venv), ["fxkit_probe==1.0"], pip_args=offline)
-    assert result.changed and result.data == {"installed": ["fxkit_probe"]}
+    assert result.changed and result.data["installed"] == ["fxkit_probe"]
     assert virtualenv(make_ctx(), str(venv), {"fxkit.probe": "1.0"}).status is Status.OK
     result = virtualenv(make_ctx(diff=True), str(venv), ["fxkit-probe==2.0"], pip_args=offline)
     assert result.diff == "fxkit-probe: 1.0 -> 2.0\n"
@@ -103,12 +108,12 @@ def test_git_clone_pin_and_move(tmp_path: Path, origin: tuple[Path, list[str]]) 
     result = git(make_ctx(check=True), str(repo), str(dest), "v0")
     assert result.changed and result.msg == f"would check out v0 in {dest}" and not dest.exists()
     result = git(make_ctx(), str(repo), str(dest), "v0")
-    assert result.changed and result.data == {"before": None, "after": c0}
+    assert result.changed and commits(result) == (None, c0)
     assert (dest / "f").read_text() == "0\n"
     again = git(make_ctx(), str(repo), str(dest), "v0")
-    assert again.status is Status.OK and again.data == {"before": c0, "after": c0}
+    assert again.status is Status.OK and commits(again) == (c0, c0)
     result = git(make_ctx(diff=True), str(repo), str(dest), c1)
-    assert result.data == {"before": c0, "after": c1} and result.diff == f"commit: {c0} -> {c1}\n"
+    assert commits(result) == (c0, c1) and result.diff == f"commit: {c0} -> {c1}\n"
     assert git(make_ctx(), str(repo), str(dest), c1[:10]).status is Status.OK
 
 
@@ -121,7 +126,7 @@ def test_git_branch_follows_origin(tmp_path: Path, origin: tuple[Path, list[str]
     sh(repo, "git", "commit", "-q", "-am", "c2")
     c2 = sh(repo, "git", "rev-parse", "HEAD").strip()
     assert git(make_ctx(check=True), str(repo), str(dest), "main").changed
-    assert git(make_ctx(), str(repo), str(dest), "main").data == {"before": c1, "after": c2}
+    assert commits(git(make_ctx(), str(repo), str(dest), "main")) == (c1, c2)
 
 
 def test_git_unknown_version_fails_clearly(tmp_path: Path, origin: tuple[Path, list[str]]) -> None:

@@ -3,6 +3,7 @@ machine through the real local connection and operations."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import textwrap
@@ -17,7 +18,7 @@ from fxkit.errors import PlaybookError
 from fxkit.facts.base import FactCache
 from fxkit.facts.system import Kernel
 from fxkit.ops import OPERATIONS
-from fxkit.ops.base import OpContext
+from fxkit.ops.base import OpContext, Result, Status
 from fxkit.report import Reporter
 from fxkit.role import Host, HostFailed, RoleLoader, TagFilter, roles_path
 from fxkit.variables import HostVars, Layer
@@ -141,19 +142,74 @@ def host_api(tmp_path: Path):
         v = HostVars("localhost", [Layer("play vars", {"dir": str(tmp_path), "who": "gpu01"})])
         log = io.StringIO()
         reporter = Reporter(Console(file=io.StringIO()), log_json=log)
-        host = Host(ctx, v, role=role, play="p", reporter=reporter, ops=OPERATIONS)
+        host = Host(ctx, v, role=role, play="p", reporter=reporter)
         host.events = lambda: [json.loads(line) for line in log.getvalue().splitlines()]
         return host
 
     return make
 
 
-def test_one_method_per_registered_operation(host_api) -> None:
+def test_the_host_api_and_the_operations_agree() -> None:
+    """Every operation is a typed method of Host with the operation's own signature (after ctx)
+    and its docstring, with an example. (An operation may have a parameter called ``name``:
+    task keywords go to host.task() and cannot collide with it.)"""
+    methods = Host.operations()
+    assert set(methods) == set(OPERATIONS)
+    for name, op in OPERATIONS.items():
+        method = methods[name]
+        assert method.op is op and method.__doc__ == op.__doc__, name
+        params = list(inspect.signature(op).parameters.values())
+        assert params[0].name == "ctx" and params[0].annotation in (OpContext, "OpContext"), name
+        assert list(method.signature.parameters.values()) == params[1:], name
+        assert op.__doc__ and "host." in op.__doc__, f"{name}'s docstring has no example"
+
+
+def test_a_bound_operation_shows_its_own_signature(host_api) -> None:
     host = host_api()
-    assert set(OPERATIONS) <= set(dir(host))
+    assert str(inspect.signature(host.directory)) == str(Host.operations()["directory"].signature)
     assert host.directory.__doc__ == OPERATIONS["directory"].__doc__
+
+
+def test_a_misspelt_operation_names_the_right_one(host_api) -> None:
     with pytest.raises(AttributeError, match=r"did you mean host\.directory"):
-        host.diretory("/x")
+        host_api().diretory("/x")
+
+
+def test_task_keywords_apply_to_the_calls_made_through_the_view(host_api, tmp_path: Path) -> None:
+    host = host_api()
+    with host.task("make the folder", tags=["setup"]) as setup:
+        assert setup.directory(f"{tmp_path}/d").changed
+    lenient = host.task(ignore_errors=True)
+    assert lenient.command("exit 3").failed  # reported, and the host goes on
+    with pytest.raises(HostFailed):
+        host.command("exit 3")  # the view's keywords did not leak into the host
+    names = [e["operation"] for e in host.events()]
+    assert names == ["make the folder", "command exit 3", "command exit 3"]
+
+
+def test_task_tags_select_with_the_run_s_tag_filter(host_api, tmp_path: Path) -> None:
+    host = host_api()
+    host._tags = TagFilter(only=frozenset({"nvme"}))
+    assert host.task(tags=["nvme"]).directory(f"{tmp_path}/picked").changed
+    skipped = host.task(tags="other").directory(f"{tmp_path}/left")
+    assert skipped.status is Status.SKIPPED and not (tmp_path / "left").exists()
+
+
+def test_own_operations_run_through_call(host_api, tmp_path: Path) -> None:
+    def stamp(ctx: OpContext, path: str) -> Result:
+        """Write a stamp file."""
+        return ctx.change(f"touch {path}", would=f"stamp {path}", done=f"stamped {path}")
+
+    host = host_api()
+    assert host.call(stamp, f"{tmp_path}/s").changed and (tmp_path / "s").exists()
+    assert host.events()[-1]["operation"] == f"stamp {tmp_path}/s"
+
+
+def test_a_task_keyword_passed_as_an_argument_is_refused_at_the_role_s_line(host_api) -> None:
+    with pytest.raises(PlaybookError, match=r"unexpected argument 'ignore_errors'") as err:
+        host_api().command("true", ignore_errors=True)  # type: ignore[call-arg]
+    assert err.value.where and err.value.where.startswith(__file__)
+    assert "host.task" in (err.value.hint or "")
 
 
 def test_operations_record_results_and_return_them(host_api, tmp_path: Path) -> None:
@@ -173,14 +229,14 @@ def test_a_failed_operation_stops_the_host_unless_ignored(host_api, tmp_path: Pa
     with pytest.raises(HostFailed) as err:
         host.command("echo to-stderr >&2; exit 3")
     assert "rc=3" in err.value.result.msg and "to-stderr" in err.value.result.msg
-    result = host.command("exit 4", ignore_errors=True)
+    result = host.task(ignore_errors=True).command("exit 4")
     assert result.failed
     assert [e["status"] for e in host.events()] == ["failed", "failed"]
 
 
 def test_bad_arguments_an_operation_rejects_fail_that_operation(host_api, tmp_path: Path) -> None:
     host = host_api()
-    result = host.directory(f"{tmp_path}/d", mode="rwx", ignore_errors=True)
+    result = host.task(ignore_errors=True).directory(f"{tmp_path}/d", mode="rwx")
     assert result.failed and "mode" in result.msg
 
 

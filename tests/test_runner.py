@@ -28,7 +28,7 @@ from fxkit.inventory import Inventory
 from fxkit.ops.base import OpContext, Result, changed, failed, ok
 from fxkit.playbook import Playbook
 from fxkit.report import Reporter
-from fxkit.role import TagFilter
+from fxkit.role import Host, TagFilter, operation
 from fxkit.runner import Runner, RunOptions
 
 
@@ -134,6 +134,11 @@ def sync(ctx: OpContext, what: str) -> Result:
 OPS = {"put": put, "broken": broken, "shell": shell, "count": count, "sync": sync}
 
 
+def host_class(ops: dict[str, Any]) -> type[Host]:
+    """A Host class whose operations are the test operations ``ops`` (name -> function)."""
+    return type("TestHost", (Host,), {name: operation(op) for name, op in ops.items()})
+
+
 # -- scenario helpers ---------------------------------------------------------------------------
 
 
@@ -177,7 +182,7 @@ def play(
         RunOptions(**options),
         reporter,
         connector=fleet,
-        operations=OPS,
+        host_class=host_class(OPS),
     )
     code = runner.run()
     reporter.recap()
@@ -237,7 +242,7 @@ def test_ignore_errors_keeps_going(tmp_path: Path) -> None:
     roles = {
         "roles/first/role.py": """
             def apply(host, v):
-                result = host.broken("not fatal", ignore_errors=True)
+                result = host.task(ignore_errors=True).broken("not fatal")
                 assert result.failed
                 host.put("/after", "yes")
             """
@@ -447,13 +452,13 @@ TAGGED_ROLES = {
     "roles/first/role.py": """
         def apply(host, v):
             host.put("/base", "x")
-            host.put("/base-slow", "x", tags=["slow"])
-            host.put("/base-always", "x", tags=["always"])
+            host.task(tags=["slow"]).put("/base-slow", "x")
+            host.task(tags=["always"]).put("/base-always", "x")
         """,
     "roles/second/role.py": """
         def apply(host, v):
             host.put("/storage", "x")
-            host.put("/storage-slow", "x", tags=["slow"])
+            host.task(tags=["slow"]).put("/storage-slow", "x")
         """,
 }
 
@@ -758,7 +763,7 @@ def test_live_progress_shows_each_busy_host_s_role_and_operation(tmp_path: Path)
         RunOptions(),
         reporter,
         connector=Fleet(),
-        operations={"look": look},
+        host_class=host_class({"look": look}),
     ).run()
     assert seen[0].split() == ["h1", "first", "/", "look"]
     console = Console(file=io.StringIO())

@@ -1,6 +1,7 @@
 """Facts about hosts: a command plus a parser, cached per host per run."""
 
 from fxkit.facts.base import Fact, FactCache, FactError
+from fxkit.facts.commands import CommandJSON, CommandOutput
 from fxkit.facts.files import FileInfo, FileStat
 from fxkit.facts.kernel import ModuleInfo, ModuleState, SysctlInfo, SysctlState
 from fxkit.facts.packages import InstalledPackages
@@ -9,6 +10,8 @@ from fxkit.facts.system import Cpu, InitSystem, Kernel, Memory, Mounts, OsReleas
 from fxkit.facts.users import GroupMembership
 
 __all__ = [
+    "CommandJSON",
+    "CommandOutput",
     "Cpu",
     "Fact",
     "FactCache",

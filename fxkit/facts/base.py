@@ -1,8 +1,10 @@
 """Facts: small typed classes, each a shell command and a parser of its output.
 
-A fact is gathered at most once per host per run (see :class:`FactCache`), and only when an
-operation or a role asks for it. Parametrised facts (a file's stat, a package's version) take
-arguments in :meth:`Fact.command`; the cache keys on the class and the arguments.
+A fact is gathered only when an operation or a role asks for it, and then kept (see
+:class:`FactCache`) until something changes the host: every change an operation makes drops the
+cached facts that are not :attr:`Fact.stable`, so a fact read after a change is read anew.
+Parametrised facts (a file's stat, a package's version) take arguments in :meth:`Fact.command`;
+the cache keys on the class, the arguments and whether the fact was gathered as root.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ class Fact(Generic[T]):
 
     #: Shell command for facts without arguments.
     cmd: ClassVar[str] = ""
-    #: Whether the command needs root.
+    #: Whether the command needs root (it then runs through sudo even without ``become``).
     become: ClassVar[bool] = False
+    #: Whether the value survives changes the operations make (the OS release, the CPU); only a
+    #: reboot drops it.
+    stable: ClassVar[bool] = False
 
     def command(self, *args: Any) -> str:
         return self.cmd
@@ -40,20 +45,30 @@ class Fact(Generic[T]):
 
 
 class FactCache:
-    """Per-host, per-run cache of gathered facts."""
+    """One host's gathered facts for a run, dropped when the host changes."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
-        self._cache: dict[tuple[type, tuple[Any, ...]], Any] = {}
+        self._cache: dict[tuple[type, tuple[Any, ...], bool], Any] = {}
 
-    def get(self, fact: type[Fact[T]], *args: Any) -> T:
-        key = (fact, args)
+    def gather(self, fact: type[Fact[T]], *args: Any, become: bool = False) -> T:
+        """Run the fact's command now (as root when ``become`` or the fact needs it)."""
+        instance = fact()
+        result = self.conn.run(instance.command(*args), become=become or instance.become)
+        return instance.parse(result, *args)
+
+    def get(self, fact: type[Fact[T]], *args: Any, become: bool = False) -> T:
+        """The fact's value, gathered on first use and kept until the host changes."""
+        key = (fact, args, become or fact.become)
         if key not in self._cache:
-            instance = fact()
-            result = self.conn.run(instance.command(*args), become=instance.become)
-            self._cache[key] = instance.parse(result, *args)
-        return self._cache[key]
+            self._cache[key] = self.gather(fact, *args, become=become)
+        value: T = self._cache[key]
+        return value
 
-    def forget(self, fact: type[Fact[Any]], *args: Any) -> None:
-        """Drop a cached value after an operation changed what the fact describes."""
-        self._cache.pop((fact, args), None)
+    def changed(self) -> None:
+        """Something changed the host: drop every fact that is not :attr:`Fact.stable`."""
+        self._cache = {key: value for key, value in self._cache.items() if key[0].stable}
+
+    def clear(self) -> None:
+        """The host rebooted: drop every fact."""
+        self._cache.clear()

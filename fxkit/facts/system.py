@@ -31,6 +31,8 @@ class OsInfo:
 class OsRelease(Fact[OsInfo]):
     """``/etc/os-release`` (os-release(5))."""
 
+    stable = True
+
     cmd = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release"
 
     def parse(self, result: RunResult) -> OsInfo:
@@ -53,6 +55,8 @@ class OsRelease(Fact[OsInfo]):
 class Kernel(Fact[str]):
     """The running kernel's release (``uname -r``)."""
 
+    stable = True
+
     cmd = "uname -r"
 
     def parse(self, result: RunResult) -> str:
@@ -69,6 +73,8 @@ class CpuInfo:
 
 class Cpu(Fact[CpuInfo]):
     """Online CPUs (``nproc``) and the first CPU's model name."""
+
+    stable = True
 
     cmd = "nproc && grep -m1 '^model name' /proc/cpuinfo || true"
 
@@ -149,6 +155,7 @@ class InitSystem(Fact[str]):
     """``systemd`` when systemd runs the host (sd_booted(3): /run/systemd/system exists), else
     the name of PID 1 (a container's shell, tini, ...)."""
 
+    stable = True
     cmd = "if [ -d /run/systemd/system ]; then echo systemd; else cat /proc/1/comm; fi"
 
     def parse(self, result: RunResult) -> str:

@@ -1,10 +1,16 @@
 """What every operation receives and returns.
 
-An operation is a plain function ``op(ctx, ...) -> Result``. It reads the current state (through
-facts or the connection), compares it with the desired state, and changes only what differs. In
-check mode (``ctx.check``) it changes nothing and reports what it would change. When ``ctx.diff``
-is set it fills ``Result.diff`` (a unified diff for file contents, ``before -> after`` lines for
-attributes). Operations never print; they return results and the runner reports them.
+An operation is a plain function ``op(ctx, ...) -> Result``. It reads the current state, compares
+it with the desired state, and changes only what differs. The context keeps the two apart:
+
+- reads always run, in check mode too: :meth:`OpContext.read` (a command that changes nothing),
+  :meth:`OpContext.get` (a file's content), :meth:`OpContext.fact` and :meth:`OpContext.probe`;
+- every change goes through :meth:`OpContext.change`, the one path that check mode skips: there it
+  runs nothing and reports the change it would make (``would ...``), with its diff and command.
+
+So check mode holds by construction, not by each operation remembering it. When ``ctx.diff`` is
+set operations fill ``Result.diff`` (a unified diff for file contents, ``before -> after`` lines
+for attributes). Operations never print; they return results and the runner reports them.
 """
 
 from __future__ import annotations
@@ -85,18 +91,25 @@ def failed_run(what: str, result: RunResult) -> Result:
 
 def combine(*results: Result) -> Result:
     """One result for an operation made of steps: failed > changed > skipped > ok; messages,
-    diffs and data joined."""
+    diffs and data joined (the commands check mode would have run, of every step)."""
     order = (Status.FAILED, Status.CHANGED, Status.SKIPPED, Status.OK)
     status = next(s for s in order if any(r.status is s for r in results))
     diffs = [r.diff for r in results if r.diff]
     data = {k: v for r in results for k, v in r.data.items()}
+    commands = [c for r in results for c in r.data.get("commands", ())]
+    if commands:
+        data["commands"] = commands
     msg = "; ".join(r.msg for r in results if r.msg)
     return Result(status, msg, "".join(diffs) if diffs else None, data=data)
 
 
 @dataclass
 class OpContext:
-    """One host's view for operations: its connection, its facts and the run's modes."""
+    """One host's view for operations: its connection, its facts and the run's modes.
+
+    Operations use its methods, never ``conn`` directly: reads through :meth:`read`, :meth:`get`,
+    :meth:`fact` and :meth:`probe`; changes through :meth:`change` only.
+    """
 
     conn: Connection
     facts: FactCache
@@ -105,15 +118,53 @@ class OpContext:
     #: Run privileged steps through sudo (``ansible_become``).
     become: bool = False
 
-    def run(self, command: str, **kwargs: Any) -> RunResult:
-        """Run ``command`` on the host, as root when the run uses ``become``."""
-        return self.conn.run(command, become=self.become, **kwargs)
+    # -- reads: they run in check mode too ------------------------------------------------
+
+    def read(self, command: str, *, timeout: float | None = None) -> RunResult:
+        """Run a command that changes nothing on the host (a probe, a guard, a status)."""
+        return self.conn.run(command, become=self.become, timeout=timeout)
+
+    def get(self, path: str) -> bytes | None:
+        """The content of a file on the host, None when it does not exist."""
+        return self.conn.get(path, become=self.become)
+
+    def fact(self, fact: type[Fact[T]], *args: Any) -> T:
+        """A fact, gathered once per run and kept until the next change to the host."""
+        return self.facts.get(fact, *args, become=self.become)
 
     def probe(self, fact: type[Fact[T]], *args: Any) -> T:
         """Gather ``fact`` now, uncached: for state that operations change (a file, a service)."""
-        instance = fact()
-        result = self.conn.run(instance.command(*args), become=self.become or instance.become)
-        return instance.parse(result, *args)
+        return self.facts.gather(fact, *args, become=self.become)
+
+    # -- the one path for changes ---------------------------------------------------------
+
+    def change(
+        self,
+        command: str,
+        *,
+        would: str,
+        done: str,
+        diff: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        """Change the host by running ``command``, or in check mode only say so.
+
+        ``would`` says what the change does ("install curl"), ``done`` what it did ("installed
+        curl"); ``diff`` is shown when the run asks for diffs. In check mode nothing runs: the
+        result is ``changed("would install curl")`` with the diff and, in ``data["commands"]``,
+        the command it would have run. Otherwise the command runs: ``changed(done)`` with its
+        ``rc``, ``stdout`` and ``stderr`` in ``data``, or ``failed`` with the tail of its output.
+        After a change the host's cached facts are dropped (they may describe the old state).
+        """
+        shown = diff if self.diff else None
+        if self.check:
+            return changed(f"would {would}", shown, commands=[command])
+        result = self.conn.run(command, become=self.become, stdin=stdin, timeout=timeout)
+        self.facts.changed()
+        if not result.ok:
+            return failed_run(would, result)
+        return changed(done, shown, rc=result.rc, stdout=result.stdout, stderr=result.stderr)
 
 
 def check_state(state: str | None, allowed: tuple[str | None, ...]) -> None:

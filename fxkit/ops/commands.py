@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from shlex import quote
 
 from fxkit.connection.base import RunResult
-from fxkit.ops.base import OpContext, OpError, Result, Status, changed, failed_run, ok
+from fxkit.ops.base import OpContext, OpError, Result, Status, ok
 
 ChangedWhen = bool | Callable[[RunResult], bool] | None
 
@@ -20,51 +20,72 @@ def command(
     cmd: str,
     creates: str | None = None,
     removes: str | None = None,
+    unless: str | None = None,
+    only_if: str | None = None,
     changed_when: ChangedWhen = None,
     chdir: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
 ) -> Result:
-    """Run ``cmd`` with ``sh -c``.
+    """Run ``cmd`` with ``sh -c``; a bare command always reports *changed*, as in Ansible.
 
-    A bare command always reports *changed*, as in Ansible: guard it so a second run reports ok.
-    ``creates``: skip when this path exists; ``removes``: skip when it does not; ``changed_when``:
-    a bool, or a function of the :class:`RunResult` that decides. The guard and the command run in
-    one round trip. Check mode runs only the guard. ``data`` holds ``rc``, ``stdout``, ``stderr``;
-    rc != 0 fails with the tail of stderr.
+    Guards make a second run report ok: ``creates`` skips when this path exists, ``removes``
+    when it does not; ``unless`` skips when that command succeeds, ``only_if`` unless it does.
+    ``changed_when`` (a bool, or a function of the :class:`RunResult`) decides what a run that
+    went through reports. Guards and command run in one round trip; check mode runs the guards
+    only (they must change nothing). ``data`` holds ``rc``, ``stdout``, ``stderr``; rc != 0
+    fails with the tail of stderr. To read a command's output, also in check mode, use the
+    facts :class:`~fxkit.facts.CommandOutput` and :class:`~fxkit.facts.CommandJSON`.
+
+    Example::
+
+        host.command("nvme connect-all", unless="nvme list | grep -q FX100")
     """
-    guard = _guard(creates, removes)
-    if ctx.check:
-        if guard and ctx.run(guard).rc == 0:
-            return ok(_skip_reason(creates, removes))
-        return changed(f"would run: {cmd}")
     token = f"FXKIT-GUARD-{secrets.token_hex(8)}"
-    script = _script(cmd, chdir, env)
-    if guard:
-        script = f"if {guard}; then echo {token}; exit 0; fi; {script}"
-    result = ctx.run(script, timeout=timeout)
-    if guard and result.ok and result.stdout.strip() == token:
-        return ok(_skip_reason(creates, removes))
-    data = {"rc": result.rc, "stdout": result.stdout, "stderr": result.stderr}
-    if not result.ok:
-        return failed_run(f"command {cmd!r}", result)
-    did_change = changed_when(result) if callable(changed_when) else changed_when
-    status = Status.OK if did_change is False else Status.CHANGED
-    return Result(status, f"ran: {cmd}", data=data)
+    given = {"creates": creates, "removes": removes, "unless": unless, "only_if": only_if}
+    guards = {name: value for name, value in given.items() if value is not None}
+    test = _guard_script(token, guards)
+    if ctx.check and guards:
+        skip = _skipped_by(ctx.read(f"{test}exit 0").stdout, token, guards)
+        if skip:
+            return ok(skip)
+    script = f"{test}{_script(cmd, chdir, env)}"
+    result = ctx.change(script, would=f"run: {cmd}", done=f"ran: {cmd}", timeout=timeout)
+    if not result.changed or ctx.check:
+        return result
+    skip = _skipped_by(result.data["stdout"], token, guards)
+    if skip:
+        return ok(skip)
+    outcome = RunResult(cmd, result.data["rc"], result.data["stdout"], result.data["stderr"])
+    if changed_when is False or (callable(changed_when) and not changed_when(outcome)):
+        result.status = Status.OK
+    return result
 
 
-def _guard(creates: str | None, removes: str | None) -> str:
-    """A shell test that is true when the command must NOT run."""
-    tests = []
-    if creates is not None:
-        tests.append(f"[ -e {quote(creates)} ]")
-    if removes is not None:
-        tests.append(f"[ ! -e {quote(removes)} ]")
-    return " || ".join(tests)
+#: guard -> (shell test that is true when the command must not run, why it did not run)
+_GUARDS = {
+    "creates": ("[ -e {} ]", "{} exists"),
+    "removes": ("[ ! -e {} ]", "{} does not exist"),
+    "unless": ("sh -c {} >/dev/null 2>&1", "unless: `{}` succeeded"),
+    "only_if": ("! sh -c {} >/dev/null 2>&1", "only_if: `{}` failed"),
+}
 
 
-def _skip_reason(creates: str | None, removes: str | None) -> str:
-    return f"{creates} exists" if creates is not None else f"{removes} does not exist"
+def _guard_script(token: str, guards: Mapping[str, str]) -> str:
+    """Shell lines that print ``token`` and the guard's name, then exit, when a guard holds."""
+    return "".join(
+        f"if {_GUARDS[name][0].format(quote(value))}; then echo {token} {name}; exit 0; fi; "
+        for name, value in guards.items()
+    )
+
+
+def _skipped_by(stdout: str, token: str, guards: Mapping[str, str]) -> str:
+    """Why a guard stopped the command ("" when none did)."""
+    lines = stdout.strip().splitlines()
+    last = lines[-1].split() if lines else []
+    if len(last) != 2 or last[0] != token or last[1] not in guards:
+        return ""
+    return _GUARDS[last[1]][1].format(guards[last[1]])
 
 
 def _script(cmd: str, chdir: str | None, env: Mapping[str, str] | None) -> str:

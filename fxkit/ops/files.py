@@ -18,11 +18,9 @@ from fxkit.ops.base import (
     OpContext,
     OpError,
     Result,
-    changed,
     check_state,
     combine,
     failed,
-    failed_run,
     ok,
 )
 
@@ -96,20 +94,19 @@ def content_diff(path: str, old: bytes | None, new: bytes) -> str:
     )
 
 
-def write_content(
-    ctx: OpContext,
+def write_command(
     path: str,
-    data: bytes,
     *,
     mode: int | None = None,
     owner: Owner = None,
     group: Owner = None,
     backup: bool = False,
-) -> tuple[bool, str]:
-    """Atomically replace ``path`` with ``data`` in one command; returns (ok, backup or error).
+) -> str:
+    """The one command that atomically replaces ``path`` with the data on its stdin.
 
-    The temp file takes the old file's mode and owner (or :data:`DEFAULT_FILE_MODE`) unless
-    ``mode``/``owner``/``group`` say otherwise; ``backup`` keeps a copy ``path.<time>~``.
+    A temp file in the same directory gets the data and the old file's mode and owner (or
+    :data:`DEFAULT_FILE_MODE`) unless ``mode``/``owner``/``group`` say otherwise, then is renamed
+    over ``path``; ``backup`` keeps a copy ``path.<time>~`` and prints its name.
     """
     steps = [
         f"p={quote(path)}",
@@ -129,10 +126,7 @@ def write_content(
             'cp -p -- "$p" "$b" && echo "$b"; }; }'
         )
     steps[-1] += ' && mv -f -- "$t" "$p"'
-    result = ctx.run("; ".join(steps), stdin=data)
-    if not result.ok:
-        return False, result.stderr.strip()[-500:] or f"rc={result.rc}"
-    return True, result.stdout.strip()
+    return "; ".join(steps)
 
 
 def update_content(
@@ -148,9 +142,7 @@ def update_content(
     if old == new:
         return ok("content as wanted")
     diff = _hidden(path) if secret else content_diff(path, old, new)
-    return _put(
-        ctx, path, new, exists=old is not None, diff=diff if ctx.diff else None, backup=backup
-    )
+    return _put(ctx, path, new, exists=old is not None, diff=diff, backup=backup)
 
 
 def _hidden(path: str) -> str:
@@ -169,16 +161,15 @@ def _put(
     group: Owner = None,
     backup: bool = False,
 ) -> Result:
-    """Write new content (or, in check mode, say it would)."""
+    """Write new content (in check mode: say it would)."""
     verb = "update" if exists else "create"
-    if ctx.check:
-        return changed(f"would {verb} {path}", diff)
-    written, detail = write_content(
-        ctx, path, data, mode=mode, owner=owner, group=group, backup=backup
+    command = write_command(path, mode=mode, owner=owner, group=group, backup=backup)
+    result = ctx.change(
+        command, stdin=data, would=f"{verb} {path}", done=f"{verb}d {path}", diff=diff
     )
-    if not written:
-        return failed(f"writing {path} failed: {detail}")
-    return changed(f"{verb}d {path}", diff, **({"backup": detail} if detail else {}))
+    if backup and result.changed and result.data.get("stdout", "").strip():
+        result.data["backup"] = result.data["stdout"].strip()
+    return result
 
 
 def directory(
@@ -190,7 +181,12 @@ def directory(
     state: str = "present",
 ) -> Result:
     """Ensure a directory exists with the given attributes (parents are created too), or is
-    removed with everything in it (``state="absent"``)."""
+    removed with everything in it (``state="absent"``).
+
+    Example::
+
+        host.directory("/etc/fxkit", mode="0755", owner="root")
+    """
     check_state(state, ("present", "absent"))
     check_path(path, removing=state == "absent")
     want_mode = parse_mode(mode)
@@ -226,6 +222,10 @@ def file(
     With ``content=None`` only the attributes of an existing file are managed. ``backup`` keeps
     the old version as ``path.<time>~``; ``secret`` keeps the content out of diffs. A symbolic
     link at ``path`` is replaced by a regular file when content is given.
+
+    Example::
+
+        host.file("/etc/modprobe.d/amdgpu.conf", content="options amdgpu noretry=0\n")
     """
     check_state(state, ("present", "absent"))
     check_path(path)
@@ -248,7 +248,7 @@ def file(
         return _set_attributes(ctx, path, info, want_mode, owner, group)
     diff = None
     if ctx.diff:  # the old content costs one more round trip, only for the diff
-        old = ctx.conn.get(path, become=ctx.become) if info.type == "file" else None
+        old = ctx.get(path) if info.type == "file" else None
         changes = attribute_changes(info, want_mode, owner, group) if info.exists else []
         diff = attribute_diff(changes) + (
             _hidden(path) if secret else content_diff(path, old, data)
@@ -287,16 +287,8 @@ def _set_attributes(
 
 
 def _act(ctx: OpContext, command: str, verb: str, path: str, diff: str) -> Result:
-    """Run one changing command, or in check mode only say that it would run.
-
-    ``verb`` is "create", "remove" or "change <what> of"; the message says "would <verb> <path>"
-    in check mode and "<verb in past tense> <path>" after the change.
-    """
-    shown = diff if ctx.diff else None
-    if ctx.check:
-        return changed(f"would {verb} {path}", shown)
-    result = ctx.run(command)
-    if not result.ok:
-        return failed_run(f"{verb} {path}", result)
+    """Change ``path`` with one command: ``verb`` is "create", "remove" or "change <what> of"
+    ("would create /x" in check mode, "created /x" after the change)."""
     first, _, rest = verb.partition(" ")
-    return changed(" ".join(filter(None, [first + "d", rest, path])), shown)
+    done = " ".join(filter(None, [first + "d", rest, path]))
+    return ctx.change(command, would=f"{verb} {path}", done=done, diff=diff)

@@ -17,10 +17,8 @@ from fxkit.ops.base import (
     OpContext,
     OpError,
     Result,
-    changed,
     combine,
     failed,
-    failed_run,
     ok,
     skipped,
 )
@@ -38,7 +36,12 @@ def sysctl(
     file: str = "/etc/sysctl.d/90-fxkit.conf",
     proc_sys: str = "/proc/sys",
 ) -> Result:
-    """Persist ``name = value`` in ``file`` and set it in the running kernel (``proc_sys``)."""
+    """Persist ``name = value`` in ``file`` and set it in the running kernel (``proc_sys``).
+
+    Example::
+
+        host.sysctl("net.core.rmem_max", 268435456)
+    """
     if not _SYSCTL_NAME.fullmatch(name):
         raise OpError(f"bad sysctl name {name!r}", hint="e.g. 'net.core.rmem_max'")
     want = normalize_sysctl(str(value))
@@ -54,14 +57,14 @@ def sysctl(
         return combine(persisted, ok(f"{name} is {want}"))
     if not live.writable:
         return combine(persisted, skipped(f"persisted; applies at boot: {live.reason}"))
-    diff = f"{name}: {live.value} -> {want}\n" if ctx.diff else None
-    if ctx.check:
-        return combine(persisted, changed(f"would set {name} = {want}", diff))
     path = quote(sysctl_path(name, proc_sys))
-    result = ctx.run(f"printf '%s\\n' {quote(want)} > {path}")
-    if not result.ok:
-        return combine(persisted, failed_run(f"setting {name}", result))
-    return combine(persisted, changed(f"set {name} = {want}", diff))
+    live_change = ctx.change(
+        f"printf '%s\\n' {quote(want)} > {path}",
+        would=f"set {name} = {want}",
+        done=f"set {name} = {want}",
+        diff=f"{name}: {live.value} -> {want}\n",
+    )
+    return combine(persisted, live_change)
 
 
 def module(
@@ -72,7 +75,12 @@ def module(
     modprobe_dir: str = "/etc/modprobe.d",
 ) -> Result:
     """Load kernel module ``name`` (with ``params``) and persist it: ``modules_load_dir/name.conf``
-    loads it at boot, ``modprobe_dir/name.conf`` holds its options."""
+    loads it at boot, ``modprobe_dir/name.conf`` holds its options.
+
+    Example::
+
+        host.module("nvme_rdma")
+    """
     if not _MODULE_NAME.fullmatch(name):
         raise OpError(f"bad kernel module name {name!r}")
     params = params or {}
@@ -91,12 +99,12 @@ def module(
         return combine(*steps, ok(f"{name} is loaded{note}"))
     if state.cannot_load:
         return combine(*steps, skipped(f"persisted; loads at boot: {state.cannot_load}"))
-    if ctx.check:
-        return combine(*steps, changed(f"would load {name}"))
-    result = ctx.run(f"modprobe -- {quote(name)} {' '.join(quote(o) for o in options)}")
-    if not result.ok:
-        return combine(*steps, failed_run(f"modprobe {name}", result))
-    return combine(*steps, changed(f"loaded {name}"))
+    load = ctx.change(
+        f"modprobe -- {quote(name)} {' '.join(quote(o) for o in options)}",
+        would=f"load {name}",
+        done=f"loaded {name}",
+    )
+    return combine(*steps, load)
 
 
 def _config_file(ctx: OpContext, path: str, content: str) -> Result:
@@ -112,7 +120,12 @@ def kernel_cmdline(
     """Ensure ``args`` (``flag`` or ``key=value``; a key's old value is replaced) are in
     GRUB_CMDLINE_LINUX_DEFAULT, keeping the other arguments. A change needs a reboot
     (``data["reboot_required"]``); ``update_grub`` regenerates the boot config when the host has
-    update-grub or grub2-mkconfig."""
+    update-grub or grub2-mkconfig.
+
+    Example::
+
+        if host.kernel_cmdline(["iommu=pt", "amd_iommu=on"]).data.get("reboot_required"): ...
+    """
     bad = [a for a in args if not a or _UNSAFE_IN_GRUB & set(a) or " " in a]
     if bad:
         raise OpError(f"bad kernel arguments {bad!r}", hint="no spaces, quotes, $, ` or \\")
@@ -142,18 +155,19 @@ def kernel_cmdline(
     if result.failed:
         return result
     result.data["reboot_required"] = True
-    if ctx.check or not update_grub:
-        result.msg += "; reboot required" + ("" if ctx.check else " (boot config not regenerated)")
+    if not update_grub:
+        result.msg += "; reboot required (boot config not regenerated)"
         return result
-    regen = ctx.run(
-        "if command -v update-grub >/dev/null; then update-grub; "
-        "elif command -v grub2-mkconfig >/dev/null; then grub2-mkconfig -o /boot/grub2/grub.cfg; "
-        "else exit 127; fi"
-    )
-    if regen.rc == 127:
+    tool = ctx.read("command -v update-grub || command -v grub2-mkconfig").stdout.strip()
+    if not tool:
         result.msg += "; update-grub not found: regenerate the boot config, then reboot"
-    elif not regen.ok:
-        return combine(result, failed_run("update-grub", regen))
-    else:
-        result.msg += "; boot config regenerated; reboot required"
-    return result
+        return result
+    command = "update-grub" if tool.endswith("update-grub") else f"{tool} -o /boot/grub2/grub.cfg"
+    regen = ctx.change(
+        command,
+        would="regenerate the boot config",
+        done="boot config regenerated",
+    )
+    combined = combine(result, regen)
+    combined.msg += "; reboot required"
+    return combined

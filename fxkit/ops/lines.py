@@ -15,7 +15,7 @@ DEFAULT_MARKER = "# {mark} FXKIT MANAGED BLOCK"
 
 def read_lines(ctx: OpContext, path: str) -> tuple[bytes | None, list[str]]:
     """The file's bytes (None when missing) and its lines without line ends."""
-    old = ctx.conn.get(path, become=ctx.become)
+    old = ctx.get(path)
     return old, (old or b"").decode("utf-8", "surrogateescape").splitlines()
 
 
@@ -39,11 +39,16 @@ def line(
     insert_after: str = "EOF",
     backup: bool = False,
 ) -> Result:
-    """Ensure ``line`` is in the file (created when missing), or that no line matching is.
+    r"""Ensure ``line`` is in the file (created when missing), or that no line matching is.
 
     ``regexp`` (re.search) finds the line to replace: the last match is replaced, and with
     ``state="absent"`` every match is removed (without it, lines equal to ``line``). A new line
     goes after the last line matching ``insert_after``, at the end (``EOF``) or the start (``BOF``).
+
+    Example::
+
+        host.line("/etc/security/limits.conf", "*  soft  memlock  unlimited",
+                  regexp=r"^[*]\s+soft\s+memlock")
     """
     check_state(state, ("present", "absent"))
     if "\n" in line:
@@ -91,7 +96,12 @@ def block(
     backup: bool = False,
 ) -> Result:
     """Ensure ``block`` sits between the BEGIN and END markers (appended when missing), or that
-    the markers and what they enclose are gone. ``marker`` holds ``{mark}``."""
+    the markers and what they enclose are gone. ``marker`` holds ``{mark}``.
+
+    Example::
+
+        host.block("/etc/hosts", "10.0.0.1 fx100-a\n10.0.0.2 fx100-b")
+    """
     check_state(state, ("present", "absent"))
     if "{mark}" not in marker:
         raise OpError(f"block marker {marker!r} has no {{mark}} placeholder")

@@ -7,7 +7,7 @@ from shlex import quote
 
 from fxkit.facts.packages import InstalledPackages
 from fxkit.facts.system import OsRelease
-from fxkit.ops.base import OpContext, OpError, Result, changed, check_state, failed, failed_run, ok
+from fxkit.ops.base import OpContext, OpError, Result, check_state, failed, ok
 
 _SPEC = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9.+_:-]*)(?:=(?P<version>[A-Za-z0-9.+~:_-]+))?")
 
@@ -46,10 +46,14 @@ def packages(
 
     One command reads the installed versions (dpkg-query / rpm); one more installs or removes
     only the packages that differ. ``update_cache`` refreshes the index before an install.
+
+    Example::
+
+        host.packages(["nvme-cli", "rdma-core=48.0-1"], update_cache=True)
     """
     check_state(state, ("present", "absent"))
     specs = [parse_spec(s) for s in ([names] if isinstance(names, str) else names)]
-    os_info = ctx.facts.get(OsRelease)
+    os_info = ctx.fact(OsRelease)
     if os_info.family not in MANAGERS:
         return failed(f"no package manager support for {os_info.id} (apt or dnf families only)")
     refresh, install, remove, pin = MANAGERS[os_info.family]
@@ -59,7 +63,7 @@ def packages(
         todo = [name for name, _ in specs if name in installed]
         changes = [(name, installed[name], "absent") for name in todo]
         command = f"{remove} {' '.join(quote(n) for n in todo)}"
-        verb = "remove"
+        verb, done = "remove", "removed"
     else:
         wrong = [
             (name, version)
@@ -71,13 +75,9 @@ def packages(
         command = f"{install} {' '.join(quote(s) for s in todo)}"
         if update_cache:
             command = f"{refresh} && {command}"
-        verb = "install"
+        verb, done = "install", "installed"
     if not todo:
         return ok(f"packages {state}")
-    diff = "".join(f"{n}: {a} -> {b}\n" for n, a, b in changes) if ctx.diff else None
-    if ctx.check:
-        return changed(f"would {verb} {', '.join(todo)}", diff)
-    result = ctx.run(command)
-    if not result.ok:
-        return failed_run(f"{verb} {', '.join(todo)}", result)
-    return changed(f"{verb.rstrip('e')}ed {', '.join(todo)}", diff)
+    diff = "".join(f"{n}: {a} -> {b}\n" for n, a, b in changes)
+    names = ", ".join(todo)
+    return ctx.change(command, would=f"{verb} {names}", done=f"{done} {names}", diff=diff)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from shlex import quote
 
 from fxkit.facts.python import VenvPackages, canonical_name
-from fxkit.ops.base import OpContext, OpError, Result, changed, failed_run, ok
+from fxkit.ops.base import OpContext, OpError, Result, failed_run, ok
 
 _PIN = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:==\s*([A-Za-z0-9.+!_-]+))?\s*")
 _HEX = re.compile(r"[0-9a-f]{7,40}")
@@ -37,6 +37,10 @@ def virtualenv(
 
     One command reads ``pip list``; one creates the venv and installs only what differs.
     ``pip_args`` go to ``pip install`` (e.g. ``--index-url``).
+
+    Example::
+
+        host.virtualenv("/opt/vllm", {"vllm": "0.20.1+rocm721"}, pip_args=["--index-url", url])
     """
     pins = _pins(packages)
     installed = ctx.probe(VenvPackages, path)
@@ -57,14 +61,16 @@ def virtualenv(
             f"{quote(path)}/bin/python -m pip install -q --disable-pip-version-check {args}"
         )
         lines += [f"{n}: {have.get(canonical_name(n), 'absent')} -> {v or 'any'}" for n, v in todo]
-    diff = "".join(f"{line}\n" for line in lines) if ctx.diff else None
     what = ", ".join(lines)
-    if ctx.check:
-        return changed(f"would change {what}", diff)
-    result = ctx.run(" && ".join(steps))
-    if not result.ok:
-        return failed_run(f"virtualenv {path}", result)
-    return changed(f"changed {what}", diff, installed=[n for n, _ in todo])
+    result = ctx.change(
+        " && ".join(steps),
+        would=f"change {what}",
+        done=f"changed {what}",
+        diff="".join(f"{line}\n" for line in lines),
+    )
+    if result.changed:
+        result.data["installed"] = [n for n, _ in todo]
+    return result
 
 
 def git(ctx: OpContext, repo: str, dest: str, version: str) -> Result:
@@ -73,6 +79,10 @@ def git(ctx: OpContext, repo: str, dest: str, version: str) -> Result:
 
     A commit or tag already checked out costs one command (no network); a branch is compared
     with ``git ls-remote``.
+
+    Example::
+
+        host.git("https://github.com/LMCache/LMCache", "/opt/src/lmcache", version="0a1b2c3")
     """
     if not version or version.startswith("-"):
         raise OpError(f"bad git version {version!r} for {dest}")
@@ -80,7 +90,7 @@ def git(ctx: OpContext, repo: str, dest: str, version: str) -> Result:
     if _HEX.fullmatch(version):
         local += f" || git rev-parse --verify -q {quote(f'{version}^{{commit}}')}"
     remote = f"git ls-remote -- origin {quote(f'refs/heads/{version}')} | cut -f1 | grep ."
-    state = ctx.run(
+    state = ctx.read(
         f"cd -- {quote(dest)} 2>/dev/null || {{ echo absent; exit 0; }}; "
         "git rev-parse --verify -q HEAD || echo none; "
         f"{local} || {remote} || echo unknown"
@@ -92,9 +102,6 @@ def git(ctx: OpContext, repo: str, dest: str, version: str) -> Result:
     target = lines[1] if len(lines) > 1 and lines[1] != "unknown" else None
     if before and before == target:
         return ok(f"{dest} is at {version} ({before[:12]})", before=before, after=before)
-    diff = f"commit: {before or 'absent'} -> {version}\n" if ctx.diff else None
-    if ctx.check:
-        return changed(f"would check out {version} in {dest}", diff, before=before)
     missing = quote(f"{version}: no such commit, tag or branch in {repo}")
     resolve = (
         f"c=$(git rev-parse --verify -q {quote(f'origin/{version}^{{commit}}')} "
@@ -104,11 +111,16 @@ def git(ctx: OpContext, repo: str, dest: str, version: str) -> Result:
     fetch = f"cd -- {quote(dest)} && git fetch -q --tags origin"
     if lines[0] == "absent":
         fetch = f"git clone -q --no-checkout -- {quote(repo)} {quote(dest)} && cd -- {quote(dest)}"
-    result = ctx.run(f"{fetch} && {resolve}")
-    if not result.ok:
-        return failed_run(f"checking out {version} of {repo} in {dest}", result)
-    after = result.stdout.split()[-1]
-    diff = f"commit: {before or 'absent'} -> {after}\n" if ctx.diff else None
-    return changed(
-        f"checked out {version} ({after[:12]}) in {dest}", diff, before=before, after=after
+    result = ctx.change(
+        f"{fetch} && {resolve}",
+        would=f"check out {version} in {dest}",
+        done=f"checked out {version} in {dest}",
+        diff=f"commit: {before or 'absent'} -> {version}\n",
     )
+    result.data["before"] = before
+    if result.changed and "stdout" in result.data:
+        result.data["after"] = after = result.data["stdout"].split()[-1]
+        result.msg += f" ({after[:12]})"
+        if result.diff:
+            result.diff = f"commit: {before or 'absent'} -> {after}\n"
+    return result

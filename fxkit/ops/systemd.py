@@ -14,9 +14,8 @@ from fxkit.ops.base import (
     OpContext,
     OpError,
     Result,
-    changed,
     check_state,
-    failed_run,
+    combine,
     ok,
     skipped,
 )
@@ -31,7 +30,7 @@ _ALWAYS = {"restarted": "restart", "reloaded": "reload"}
 
 def systemd_missing(ctx: OpContext) -> str:
     """Why systemd cannot be asked to do anything on this host; empty when it can."""
-    init = ctx.facts.get(InitSystem)
+    init = ctx.fact(InitSystem)
     return "" if init == "systemd" else f"systemd is not running on this host (PID 1 is {init})"
 
 
@@ -46,7 +45,12 @@ def unit(
     content: str,
     unit_dir: str = "/etc/systemd/system",
 ) -> Result:
-    """Install the unit file ``unit_dir/name``; run ``systemctl daemon-reload`` when it changed."""
+    """Install the unit file ``unit_dir/name``; run ``systemctl daemon-reload`` when it changed.
+
+    Example::
+
+        host.unit("vllm@.service", content=unit_text)
+    """
     _check_name(name)
     path = f"{unit_dir}/{name}"
     result = in_directory(ctx, path, lambda: file(ctx, path, content, mode="0644"))
@@ -55,14 +59,9 @@ def unit(
     reason = systemd_missing(ctx)
     if reason:
         result.msg += f"; daemon-reload skipped: {reason}"
-    elif ctx.check:
-        result.msg += " and daemon-reload"
-    else:
-        reload = ctx.run("systemctl daemon-reload")
-        if not reload.ok:
-            return failed_run("systemctl daemon-reload", reload)
-        result.msg += "; daemon-reload done"
-    return result
+        return result
+    reload = ctx.change("systemctl daemon-reload", would="daemon-reload", done="daemon-reload done")
+    return combine(result, reload)
 
 
 def service(
@@ -72,14 +71,19 @@ def service(
     state: str | None = None,
 ) -> Result:
     """Ensure a unit is enabled/disabled and started/stopped; ``restarted`` and ``reloaded``
-    always act (use them from handlers). One command reads both states, one changes them."""
+    always act (use them from handlers). One command reads both states, one changes them.
+
+    Example::
+
+        host.service("nvmf-autoconnect.service", enabled=True, state="started")
+    """
     _check_name(name)
     check_state(state, (None, "started", "stopped", "restarted", "reloaded"))
     reason = systemd_missing(ctx)
     if reason:
         return skipped(f"{reason}: {name} not managed")
     q = quote(name)
-    current = ctx.run(
+    current = ctx.read(
         f"e=$(systemctl is-enabled -- {q} 2>/dev/null | head -n1); "
         f'a=$(systemctl is-active -- {q} | head -n1); echo "$e|$a"'
     )
@@ -98,10 +102,6 @@ def service(
     if not steps:
         return ok(f"{name} is {is_enabled or 'unknown'} and {is_active or 'unknown'}")
     verbs = ", ".join(verb for verb, _ in steps)
-    diff = "".join(f"{line}\n" for _, line in steps) if ctx.diff else None
-    if ctx.check:
-        return changed(f"would {verbs} {name}", diff)
-    result = ctx.run(" && ".join(f"systemctl {verb} -- {q}" for verb, _ in steps))
-    if not result.ok:
-        return failed_run(f"systemctl {verbs} {name}", result)
-    return changed(f"{verbs} {name}", diff)
+    diff = "".join(f"{line}\n" for _, line in steps)
+    command = " && ".join(f"systemctl {verb} -- {q}" for verb, _ in steps)
+    return ctx.change(command, would=f"{verbs} {name}", done=f"{verbs} {name}: done", diff=diff)
