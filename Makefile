@@ -22,6 +22,7 @@ demo: system $(VENV)/.installed
 
 test: system $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -ra
 
 # The loader benchmarks of docs/BENCHMARKS.md (root for the remote-storage emulation; ~25 min).
@@ -31,6 +32,7 @@ bench-load: system $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff format --check .
 
 clean:

@@ -49,7 +49,7 @@ class FactCache:
 
     def __init__(self, conn: Connection):
         self.conn = conn
-        self._cache: dict[tuple[type, tuple[Any, ...], bool], Any] = {}
+        self._cache: dict[tuple[type[Fact[Any]], tuple[Any, ...], bool], Any] = {}
 
     def gather(self, fact: type[Fact[T]], *args: Any, become: bool = False) -> T:
         """Run the fact's command now (as root when ``become`` or the fact needs it)."""
