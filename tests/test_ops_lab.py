@@ -152,7 +152,7 @@ def test_kernel_cmdline_on_the_hosts_grub_file(root: Connection) -> None:
         b'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=pt amd_iommu=on"\n'
     )
     assert applied.msg == (
-        f"updated {grub}; update-grub not found: regenerate the boot config, then reboot"
+        f"updated {grub}; update-grub not found: regenerate the boot config; reboot required"
     )
     assert applied.data["reboot_required"] and again.msg == "kernel arguments present"
 

@@ -160,7 +160,7 @@ def kernel_cmdline(
         return result
     tool = ctx.read("command -v update-grub || command -v grub2-mkconfig").stdout.strip()
     if not tool:
-        result.msg += "; update-grub not found: regenerate the boot config, then reboot"
+        result.msg += "; update-grub not found: regenerate the boot config; reboot required"
         return result
     command = "update-grub" if tool.endswith("update-grub") else f"{tool} -o /boot/grub2/grub.cfg"
     regen = ctx.change(

@@ -1,0 +1,100 @@
+"""Check mode holds by construction: every operation, run in check mode against a real lab host,
+leaves the host byte-identical, and reports the change and the commands it would have run.
+
+One case per operation (the test fails when an operation has none). Each case would change the
+host; check mode must only say so. The host's state is compared two ways: nothing under the
+writable folders has a ctime after a marker (a write, chmod, rename or delete anywhere shows),
+and a listing of /etc, /root, /opt, /srv, /home and /tmp (type, mode, owners, size, mtime and
+ctime), with the sha256 of every file under /etc, /root, /home and /tmp, is the same before and
+after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fxkit.connection.base import Connection
+from fxkit.facts import FactCache
+from fxkit.lab import Fleet
+from fxkit.ops import OPERATIONS
+from fxkit.ops.base import OpContext, Status
+
+pytestmark = pytest.mark.lab
+
+WRITABLE = "/etc /var /usr /opt /srv /root /home /tmp /run"
+LISTED = "/etc /root /opt /srv /home /tmp"
+HASHED = "/etc /root /home /tmp"
+MARKER = "/run/fxkit-check-marker"
+UNIT = "[Unit]\nDescription=check mode\n[Service]\nExecStart=/bin/true\n"
+
+#: operation -> (args, kwargs): a call that would change a lab host.
+CASES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "directory": (("/opt/fxkit-check/deep",), {"mode": "0750"}),
+    "file": (("/etc/hostname",), {"content": "renamed\n", "mode": "0600", "backup": True}),
+    "line": (("/etc/security/limits.conf", "*  soft  memlock  unlimited"), {}),
+    "block": (("/etc/hosts", "10.0.0.1 fx100-a"), {}),
+    "command": (("touch /root/ran",), {"creates": "/root/ran", "unless": "false"}),
+    "packages": ((["nvme-cli"],), {"update_cache": True}),
+    "unit": (("vllm@.service", UNIT), {}),
+    "service": (("ssh.service",), {"enabled": True, "state": "started"}),
+    "sysctl": (("vm.swappiness", 7), {}),
+    "module": (("nvme_rdma",), {"params": {"k": 1}}),
+    "kernel_cmdline": ((["iommu=pt"],), {"grub_file": "/etc/default/grub"}),
+    "group_member": (("fxkit", ["adm"]), {}),
+    "virtualenv": (("/opt/fxkit-check-venv", ["pip"]), {}),
+    "git": (("/srv/fxkit-check.git", "/opt/fxkit-check-src", "main"), {}),
+}
+
+
+@pytest.fixture(scope="module")
+def host(lab_fleet) -> Iterator[Connection]:
+    fleet: Fleet = lab_fleet(1, name="checkmode")
+    with fleet.connect("lab01") as conn:
+        setup = conn.run(
+            "set -e; mkdir -p /etc/default; "
+            "printf 'GRUB_CMDLINE_LINUX_DEFAULT=\"quiet\"\\n' > /etc/default/grub; "
+            "getent passwd fxkit >/dev/null || useradd fxkit"
+        )
+        assert setup.ok, setup
+        yield conn
+
+
+def snapshot(conn: Connection) -> str:
+    listing = conn.run(
+        f"for d in {LISTED}; do [ -d $d ] && find $d -xdev -printf '%p %y %m %U %G %s %T@ %C@\\n'; "
+        f"done | sort; for d in {HASHED}; do [ -d $d ] && find $d -xdev -type f "
+        "-exec sha256sum {} +; done | sort"
+    )
+    assert listing.ok, listing
+    return listing.stdout
+
+
+def changed_since_marker(conn: Connection) -> list[str]:
+    found = conn.run(
+        f"for d in {WRITABLE}; do [ -d $d ] && find $d -cnewer {MARKER} ! -path {MARKER}; done"
+    )
+    assert found.ok, found
+    return found.stdout.split()
+
+
+def test_every_operation_has_a_case() -> None:
+    assert set(CASES) == set(OPERATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_mode_leaves_the_host_byte_identical(host: Connection, name: str) -> None:
+    args, kwargs = CASES[name]
+    before = snapshot(host)
+    assert host.run(f"touch {MARKER} && sleep 0.05").ok
+    ctx = OpContext(host, FactCache(host), check=True, diff=True)
+    result = OPERATIONS[name](ctx, *args, **kwargs)
+    assert result.status in (Status.CHANGED, Status.SKIPPED), result
+    assert changed_since_marker(host) == [], f"check mode changed the host: {result}"
+    assert snapshot(host) == before
+    if result.changed:
+        assert result.msg.startswith("would "), result
+        assert result.data.get("commands"), f"no command it would have run: {result}"
+        assert result.diff or name == "command", f"no diff in check mode with --diff: {result}"
