@@ -191,8 +191,8 @@ class Runner:
         hosts = self._hosts(play)
         self.reporter.play_started(play.name, [h.name for h in hosts])
         if not hosts:
-            limit = f" within --limit {self.options.limit!r}" if self.options.limit else ""
-            self.reporter.note(f"  no hosts match {play.hosts!r}{limit}", style="dim")
+            within = f" within --limit {self.options.limit!r}" if self.options.limit else ""
+            self.reporter.note(f"  no hosts match {play.hosts!r}{within}", style="dim")
             return True
         batches = play.batches(hosts)
         for number, batch in enumerate(batches, 1):
@@ -255,7 +255,7 @@ class Runner:
 
     def _stopped(self, play: Play, host: str, role: Role | None, exc: Exception) -> Outcome:
         """Why a host stopped: reported (unless it already was), and its outcome."""
-        role_name = role and role.name
+        role_name = role.name if role else None
         if isinstance(exc, Interrupted) or self._abort.is_set():
             return Outcome.INTERRUPTED  # Ctrl-C, or what cutting off its connection raised
         if isinstance(exc, HostFailed):
@@ -278,7 +278,7 @@ class Runner:
         in_role = [f for f in frames if role and Path(f.filename).is_relative_to(role.path)]
         where = f"{in_role[-1].filename}:{in_role[-1].lineno}: " if in_role else ""
         message = f"{where}{type(exc).__name__}: {exc}"
-        self.reporter.host_error(host, play.name, role and role.name, message)
+        self.reporter.host_error(host, play.name, role.name if role else None, message)
         if not (in_role and in_role[-1] == frames[-1]) and not isinstance(exc, UnknownOperation):
             self.reporter.traceback(exc)
 
