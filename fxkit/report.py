@@ -164,7 +164,7 @@ class Reporter:
             self.results.interrupted = interrupted
             self.results.end()
             for host in self.results.hosts.values():
-                self._write({"event": "summary", "host": host.name, **_summary(host)})
+                self._write({"event": "summary", **host.summary()})
 
     def note(self, msg: str, style: str = "bold") -> None:
         with self._lock:
@@ -231,7 +231,7 @@ class Reporter:
                 ]
                 table.add_row(Text(host.name, style=_host_style(host)), *cells)
             self.console.print(table)
-            stopped = self.results.outcome(Outcome.INTERRUPTED)
+            stopped = self.results.hosts_with(Outcome.INTERRUPTED)
             if self.results.interrupted:
                 which = f": {', '.join(stopped)} did not finish" if stopped else ""
                 self.note(f"interrupted (Ctrl-C){which}", style="bold red")
@@ -239,16 +239,10 @@ class Reporter:
                 self.note("check mode: nothing was changed", style="dim")
 
 
-def _summary(host: HostResult) -> dict[str, Any]:
-    """A host's summary event: its outcome and its tasks by status (Ansible's stats)."""
-    return {"outcome": str(host.outcome), **asdict(host.counts)}
-
-
 def _host_style(host: HostResult) -> str:
-    counts = host.counts
     if host.outcome in (Outcome.UNREACHABLE, Outcome.FAILED, Outcome.INTERRUPTED):
         return STYLE[host.outcome]
-    return STYLE["changed"] if counts.changed else STYLE["ok"]
+    return STYLE["changed"] if host.counts.changed else STYLE["ok"]
 
 
 def _diff_text(diff: str) -> Text:

@@ -71,12 +71,12 @@ class HostResult:
             counts.add(task.status)
         return counts
 
+    def summary(self) -> dict[str, Any]:
+        """Its name, outcome and tasks by status (what Ansible's stats say of a host)."""
+        return {"host": self.name, "outcome": str(self.outcome), **asdict(self.counts)}
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "outcome": str(self.outcome),
-            **asdict(self.counts),
-            "tasks": [asdict(task) for task in self.tasks],
-        }
+        return {**self.summary(), "tasks": [asdict(task) for task in self.tasks]}
 
 
 @dataclass
@@ -115,8 +115,8 @@ class PlaybookResult:
                 total.add(status, n)
         return total
 
-    def outcome(self, outcome: Outcome) -> list[str]:
-        """The hosts whose part ended so (``result.outcome(Outcome.FAILED)``)."""
+    def hosts_with(self, outcome: Outcome) -> list[str]:
+        """The hosts whose part ended so: ``results.hosts_with(Outcome.FAILED)``."""
         return [name for name, host in self.hosts.items() if host.outcome is outcome]
 
     @property
@@ -125,7 +125,7 @@ class PlaybookResult:
         else 0 (2, a mistake in the command line or the files, never gets a result)."""
         if self.interrupted:
             return 130
-        if self.outcome(Outcome.FAILED) or self.outcome(Outcome.UNREACHABLE):
+        if self.hosts_with(Outcome.FAILED) or self.hosts_with(Outcome.UNREACHABLE):
             return 1
         return 0
 

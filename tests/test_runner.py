@@ -256,7 +256,7 @@ def test_a_failing_host_stops_only_itself(tmp_path: Path) -> None:
     assert [out.file("h2", p) for p in ("/a", "/b", "/c", "/d")] == ["a", None, None, None]
     assert out.counts("h2")["failed"] == 1
     assert "disk on fire" in out.output
-    assert out.results.outcome(Outcome.FAILED) == ["h2"]
+    assert out.results.hosts_with(Outcome.FAILED) == ["h2"]
 
 
 def test_ignore_errors_keeps_going(tmp_path: Path) -> None:
@@ -285,6 +285,8 @@ def test_max_fail_percentage_stops_after_the_batch(tmp_path: Path, limit: int, s
     assert out.file("h2", "/b") == "b"  # same batch as the failed host: it finished
     if stops:  # 1 of 2 = 50% > 25%: the second batch never starts
         assert set(out.fleet.hosts) == {"h1", "h2"}
+        assert out.results.hosts_with(Outcome.NOT_RUN) == ["h3", "h4"]
+        assert [s["outcome"] for s in out.summaries] == ["failed", "ok", "not_run", "not_run"]
         assert "STOPPED: 1 of 2 hosts failed in batch 1/2 (50% > max_fail_percentage 25%)" in (
             out.output
         )
@@ -316,7 +318,7 @@ def test_unreachable_on_open(tmp_path: Path) -> None:
     assert out.file("h1", "/d") == "d"
     assert out.fleet.hosts["h2"].files == {}
     assert out.counts("h2") == dict(ok=0, changed=0, failed=0, skipped=0, unreachable=1)
-    assert out.results.outcome(Outcome.UNREACHABLE) == ["h2"]
+    assert out.results.hosts_with(Outcome.UNREACHABLE) == ["h2"]
     [event] = [e for e in out.events if e["host"] == "h2"]
     assert event["status"] == "unreachable" and "no route to host" in event["msg"]
 
@@ -356,7 +358,7 @@ def test_unreachable_while_a_role_gathers_a_fact(tmp_path: Path) -> None:
     out = play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, roles)
     assert out.file("h1", "/never") == "x"
     assert out.file("h2", "/never") is None
-    assert out.results.outcome(Outcome.UNREACHABLE) == ["h2"]
+    assert out.results.hosts_with(Outcome.UNREACHABLE) == ["h2"]
     # The event names the role and the fact being gathered, not "connect".
     [lost] = [e for e in out.events if e["host"] == "h2" and e["status"] == "unreachable"]
     assert (lost["role"], lost["operation"]) == ("first", "fact Kernel")
@@ -680,7 +682,7 @@ def test_a_bug_below_the_role_keeps_its_traceback(tmp_path: Path) -> None:
         out = play(tmp_path, book, THREE, files)
     finally:
         del OPS["crash"]
-    assert out.code == 1 and out.results.outcome(Outcome.FAILED) == ["h1", "h2", "h3"]
+    assert out.code == 1 and out.results.hosts_with(Outcome.FAILED) == ["h1", "h2", "h3"]
     assert "RuntimeError: a bug in an operation" in out.events[0]["msg"]
     assert "Traceback" in out.output and 'raise RuntimeError(f"a bug' in out.output
     assert SECRET not in out.output

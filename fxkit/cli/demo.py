@@ -94,7 +94,7 @@ def demo(
     step(4, "run again: nothing left to change")
     second = play(fleet, limit)
     changed = second.counts.changed
-    finished = second.outcome(Outcome.OK)
+    finished = second.hosts_with(Outcome.OK)
     idempotent = changed == 0 and second.exit_code == 0 and len(finished) == hosts
     console.print(
         f"second run: {changed} changed on {len(finished)} hosts in {second.duration_s:.1f} s",
