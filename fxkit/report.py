@@ -1,6 +1,7 @@
 """What a run shows and logs: live progress, one line per change or failure, diffs, the recap
-and a JSON event log. Every text passes through :meth:`Reporter.redact` first, so the values of
-secret variables (see :mod:`fxkit.variables`) never reach the terminal or the log.
+and a JSON event log; and the run's record, :class:`~fxkit.results.PlaybookResult`. Every text
+passes through :meth:`Reporter.redact` first, so the values of secret variables (see
+:mod:`fxkit.redaction`) never reach the terminal, the log or the results.
 """
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 import json
 import threading
 import traceback
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, replace
 from typing import IO, Any
 
 from rich.console import Console, Group, RenderableType
@@ -19,42 +20,20 @@ from rich.text import Text
 
 from fxkit.ops.base import Result, Status
 from fxkit.redaction import maskable, redact
+from fxkit.results import UNREACHABLE, Counts, HostResult, Outcome, PlaybookResult, TaskResult
 
-UNREACHABLE = "unreachable"
 STYLE = {
     "ok": "green",
     "changed": "yellow",
     "failed": "bold red",
     "skipped": "cyan",
     UNREACHABLE: "bold magenta",
+    Outcome.INTERRUPTED: "bold red",
 }
 
 
-@dataclass
-class Event:
-    """One operation's outcome on one host (also host-level outcomes: unreachable, errors)."""
-
-    host: str
-    play: str
-    role: str | None
-    operation: str
-    status: str
-    msg: str
-    diff: str | None
-    duration_s: float
-
-
-@dataclass
-class Counts:
-    ok: int = 0
-    changed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    unreachable: int = 0
-
-
 class Reporter:
-    """Thread-safe: host threads report to one instance."""
+    """Thread-safe: host threads report to one instance, which records into :attr:`results`."""
 
     def __init__(
         self,
@@ -67,7 +46,7 @@ class Reporter:
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.show_diff = diff
         self.verbose = verbose
-        self.counts: dict[str, Counts] = {}
+        self.results = PlaybookResult()
         self._log = log_json
         self._secrets: list[str] = []
         self._current: dict[str, str] = {}
@@ -83,6 +62,16 @@ class Reporter:
 
     def redact(self, text: str) -> str:
         return redact(text, self._secrets)
+
+    def redact_data(self, value: Any) -> Any:
+        """``value`` (an operation's data) as plain JSON-able data, every string redacted."""
+        if isinstance(value, Mapping):
+            return {self.redact(str(k)): self.redact_data(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [self.redact_data(v) for v in value]
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        return self.redact(value if isinstance(value, str) else str(value))
 
     # -- live progress ---------------------------------------------------------------------
 
@@ -114,12 +103,17 @@ class Reporter:
     def _print(self, *renderables: RenderableType) -> None:
         self.console.print(Group(*renderables))
 
-    # -- what host threads report ----------------------------------------------------------
+    # -- what the runner and host threads report -------------------------------------------
+
+    def run_started(self, *, check: bool) -> None:
+        with self._lock:
+            self.results.check = check
+            self.results.start()
 
     def play_started(self, name: str, hosts: list[str]) -> None:
         with self._lock:
             for host in hosts:
-                self.counts.setdefault(host, Counts())
+                self._host(host)
             count = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
             self._print(Text(f"\nPLAY {self.redact(name)} ({count})", style="bold"))
 
@@ -127,16 +121,11 @@ class Reporter:
         with self._lock:
             self._current[host] = f"{role} / {operation}" if role else operation
 
-    def host_done(self, host: str) -> None:
-        with self._lock:
-            self._current.pop(host, None)
-
     def op_done(
         self, host: str, play: str, role: str | None, result: Result, duration_s: float
     ) -> None:
-        """Count, print (changes, failures, skips; all with verbose) and log one result."""
-        event = Event(
-            host=host,
+        """Record, log and print (changes, failures, skips; all with verbose) one result."""
+        task = TaskResult(
             play=play,
             role=role,
             operation=result.name,
@@ -144,8 +133,9 @@ class Reporter:
             msg=result.msg,
             diff=result.diff,
             duration_s=round(duration_s, 6),
+            data=result.data,
         )
-        self._record(event)
+        self._record(host, task)
 
     def host_unreachable(
         self,
@@ -156,11 +146,25 @@ class Reporter:
         operation: str = "connect",
     ) -> None:
         """The host could not be reached, or its link broke during ``role``'s ``operation``."""
-        self._record(Event(host, play, role, operation, UNREACHABLE, msg, None, 0.0))
+        self._record(host, TaskResult(play, role, operation, UNREACHABLE, msg))
 
     def host_error(self, host: str, play: str, role: str | None, msg: str) -> None:
         """A role or template error stopped the host (not an operation's result)."""
-        self._record(Event(host, play, role, "role", str(Status.FAILED), msg, None, 0.0))
+        self._record(host, TaskResult(play, role, "role", str(Status.FAILED), msg))
+
+    def host_done(self, host: str, outcome: Outcome) -> None:
+        """The host's thread is done with a play: how its part ended, so far."""
+        with self._lock:
+            self._current.pop(host, None)
+            self._host(host).outcome = outcome
+
+    def run_done(self, *, interrupted: bool) -> None:
+        """Every host thread has reported: the run's end, and one summary event per host."""
+        with self._lock:
+            self.results.interrupted = interrupted
+            self.results.end()
+            for host in self.results.hosts.values():
+                self._write({"event": "summary", **host.summary()})
 
     def note(self, msg: str, style: str = "bold") -> None:
         with self._lock:
@@ -172,66 +176,73 @@ class Reporter:
         with self._lock:
             self._print(Text(self.redact(text), style="dim"))
 
-    def _record(self, event: Event) -> None:
+    def _record(self, host: str, task: TaskResult) -> None:
         with self._lock:
-            event = self._redacted(event)
-            counts = self.counts.setdefault(event.host, Counts())
-            setattr(counts, event.status, getattr(counts, event.status) + 1)
-            if self._log:
-                self._log.write(json.dumps(asdict(event), default=str) + "\n")
-                self._log.flush()
-            if event.status != str(Status.OK) or self.verbose:
-                self._print(*self._lines(event))
+            record = self._host(host)
+            task = self._redacted(task)
+            record.tasks.append(task)
+            self._write({"event": "task", "host": record.name, **asdict(task)})
+            if task.status != str(Status.OK) or self.verbose:
+                self._print(*self._lines(record.name, task))
 
-    def _redacted(self, event: Event) -> Event:
-        fields: dict[str, Any] = asdict(event)
-        for key in ("host", "play", "role", "operation", "msg", "diff"):
-            if fields[key] is not None:
-                fields[key] = self.redact(str(fields[key]))
-        return Event(**fields)
+    def _host(self, name: str) -> HostResult:
+        return self.results.host(self.redact(name))
 
-    def _lines(self, event: Event) -> list[RenderableType]:
-        where = " | ".join(p for p in (event.host, event.role, event.operation) if p)
-        line = Text.assemble((f"{event.status:<11} ", STYLE.get(event.status, "")), where)
-        if event.msg:
-            line.append(f"  {event.msg}", style="dim")
+    def _write(self, event: dict[str, Any]) -> None:
+        if self._log:
+            self._log.write(json.dumps(event, default=str) + "\n")
+            self._log.flush()
+
+    def _redacted(self, task: TaskResult) -> TaskResult:
+        return replace(
+            task,
+            play=self.redact(task.play),
+            role=task.role and self.redact(task.role),
+            operation=self.redact(task.operation),
+            msg=self.redact(task.msg),
+            diff=task.diff and self.redact(task.diff),
+            data=self.redact_data(task.data),
+        )
+
+    def _lines(self, host: str, task: TaskResult) -> list[RenderableType]:
+        where = " | ".join(p for p in (host, task.role, task.operation) if p)
+        line = Text.assemble((f"{task.status:<11} ", STYLE.get(task.status, "")), where)
+        if task.msg:
+            line.append(f"  {task.msg}", style="dim")
         out: list[RenderableType] = [line]
-        if self.show_diff and event.diff:
-            out.append(_diff_text(event.diff))
+        if self.show_diff and task.diff:
+            out.append(_diff_text(task.diff))
         return out
 
     # -- the end ---------------------------------------------------------------------------
 
     def recap(self) -> None:
-        """The per-host table: ok, changed, failed, skipped, unreachable."""
+        """The per-host table (ok, changed, failed, skipped, unreachable), then the final notes:
+        the hosts an interruption stopped, and check mode."""
         table = Table(title="RECAP", title_justify="left", title_style="bold")
         table.add_column("host")
-        for column in ("ok", "changed", "failed", "skipped", "unreachable"):
+        for column in asdict(Counts()):
             table.add_column(column, justify="right")
         with self._lock:
-            for host, counts in self.counts.items():
+            for host in self.results.hosts.values():
                 cells = [
                     Text(str(n), style=STYLE[name] if n else "dim")
-                    for name, n in asdict(counts).items()
+                    for name, n in asdict(host.counts).items()
                 ]
-                table.add_row(Text(host, style=_host_style(counts)), *cells)
+                table.add_row(Text(host.name, style=_host_style(host)), *cells)
             self.console.print(table)
-
-    @property
-    def failed_hosts(self) -> list[str]:
-        return [h for h, c in self.counts.items() if c.failed]
-
-    @property
-    def unreachable_hosts(self) -> list[str]:
-        return [h for h, c in self.counts.items() if c.unreachable]
+            stopped = self.results.hosts_with(Outcome.INTERRUPTED)
+            if self.results.interrupted:
+                which = f": {', '.join(stopped)} did not finish" if stopped else ""
+                self.note(f"interrupted (Ctrl-C){which}", style="bold red")
+            if self.results.check:
+                self.note("check mode: nothing was changed", style="dim")
 
 
-def _host_style(counts: Counts) -> str:
-    if counts.unreachable:
-        return STYLE[UNREACHABLE]
-    if counts.failed:
-        return STYLE["failed"]
-    return STYLE["changed"] if counts.changed else STYLE["ok"]
+def _host_style(host: HostResult) -> str:
+    if host.outcome in (Outcome.UNREACHABLE, Outcome.FAILED, Outcome.INTERRUPTED):
+        return STYLE[host.outcome]
+    return STYLE["changed"] if host.counts.changed else STYLE["ok"]
 
 
 def _diff_text(diff: str) -> Text:

@@ -7,15 +7,20 @@ no further part in the run. When more than ``max_fail_percentage`` of a batch fa
 host of a batch failed, the run stops before the next batch. A host whose connection cannot be
 opened, or breaks, is unreachable. Each host's connection is opened once per run and closed at
 the end.
+
+Ctrl-C stops every host before its next operation; a second Ctrl-C cuts off the operations still
+running (their connections close). Either way the run ends once every host thread has reported,
+and only then comes the recap.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import traceback
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from fxkit.inventory import Inventory, InventoryHost
 from fxkit.ops.base import OpContext
 from fxkit.playbook import Play, Playbook, RoleRef
 from fxkit.report import Reporter
+from fxkit.results import Outcome, PlaybookResult
 from fxkit.role import (
     Host,
     HostFailed,
@@ -58,27 +64,38 @@ class RunOptions:
 
 def run_playbook(
     playbook: str | Path, inventory: str | Path, options: RunOptions, reporter: Reporter
-) -> int:
+) -> PlaybookResult:
     """What ``fxkit play`` does: load both (paths or built-in names), run, print the recap.
 
-    Returns the exit code: 0, 1 when a host failed or was unreachable, 130 when interrupted.
+    Returns the run's results (``.exit_code``: 0, 1 when a host failed or was unreachable, 130
+    when interrupted). Ctrl-C, even during the recap, never raises here: it interrupts the run.
     """
     book = Playbook.load(paths.resolve(playbook, "playbooks"))
     hosts = Inventory.load(paths.resolve(inventory, "inventories"))
-    try:
+    runner = Runner(book, hosts, options, reporter)
+    with _ctrl_c(runner.interrupt):
         with reporter:
-            code = Runner(book, hosts, options, reporter).run()
-    except KeyboardInterrupt:
-        reporter.note("interrupted: hosts stopped before their next operation", style="bold red")
-        code = 130
-    reporter.recap()
-    if options.check:
-        reporter.note("check mode: nothing was changed", style="dim")
-    return code
+            results = runner.run()
+        reporter.recap()
+    return results
+
+
+@contextlib.contextmanager
+def _ctrl_c(interrupt: Callable[[], None]) -> Iterator[None]:
+    """While inside, SIGINT calls ``interrupt`` instead of raising KeyboardInterrupt (which
+    could land anywhere: in the middle of the recap, or while host threads still report)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals go to the main thread only; nothing to catch here
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupt())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 class Runner:
-    """Runs one playbook against one inventory; :meth:`run` returns the exit code."""
+    """Runs one playbook against one inventory; :meth:`run` returns the results."""
 
     def __init__(
         self,
@@ -101,25 +118,54 @@ class Runner:
         self._facts: dict[str, FactCache] = {}
         #: Hosts that failed or were unreachable: they sit out the rest of the run.
         self._down: set[str] = set()
+        self._interrupts = 0
+        #: Set at the first Ctrl-C: hosts stop before their next operation.
         self._stop = threading.Event()
+        #: Set at the second: the operations still running are cut off.
+        self._abort = threading.Event()
 
-    def run(self) -> int:
-        """0 when no host failed or was unreachable, else 1."""
+    def run(self) -> PlaybookResult:
+        """Every play; returns once every host thread has reported (see the module docstring)."""
         for play in self.playbook.plays:  # mistakes show before any host is touched
             self._hosts(play)
             for ref in play.roles:
                 self.roles.load(ref.role, ref.where)
         if self.options.connect.become_password:
             self.reporter.add_secrets([self.options.connect.become_password])
+        self.reporter.run_started(check=self.options.check)
         try:
-            for play in self.playbook.plays:
-                if not self._play(play):
-                    break
+            with _ctrl_c(self.interrupt):
+                for play in self.playbook.plays:
+                    if not self._play(play):
+                        break
         finally:
-            for conn in self._connections.values():
-                with contextlib.suppress(Exception):  # closing a broken link must not hide results
-                    conn.close()
-        return 1 if self._down else 0
+            self._close()
+            self.reporter.run_done(interrupted=self._stop.is_set())
+        return self.reporter.results
+
+    def interrupt(self) -> None:
+        """Ctrl-C (safe in a signal handler: it only counts; the waiting runner acts on it)."""
+        self._interrupts += 1
+
+    def _react(self) -> None:
+        """Act on Ctrl-C: the first stops hosts before their next operation, the second closes
+        the connections, cutting off the operations still running."""
+        if self._interrupts and not self._stop.is_set():
+            self._stop.set()
+            self.reporter.note(
+                "interrupted: hosts stop after their current operation (Ctrl-C again to cut "
+                "them off)",
+                style="bold red",
+            )
+        if self._interrupts > 1 and not self._abort.is_set():
+            self._abort.set()
+            self.reporter.note("cutting off the running operations", style="bold red")
+            self._close()
+
+    def _close(self) -> None:
+        for conn in list(self._connections.values()):
+            with contextlib.suppress(Exception):  # closing a broken link must not hide results
+                conn.close()
 
     def _hosts(self, play: Play) -> list[InventoryHost]:
         hosts = self._select(play.hosts, f"{play.where} (hosts of play {play.name!r})")
@@ -139,24 +185,22 @@ class Runner:
         hosts = self._hosts(play)
         self.reporter.play_started(play.name, [h.name for h in hosts])
         if not hosts:
-            limit = f" within --limit {self.options.limit!r}" if self.options.limit else ""
-            self.reporter.note(f"  no hosts match {play.hosts!r}{limit}", style="dim")
+            within = f" within --limit {self.options.limit!r}" if self.options.limit else ""
+            self.reporter.note(f"  no hosts match {play.hosts!r}{within}", style="dim")
             return True
         batches = play.batches(hosts)
         for number, batch in enumerate(batches, 1):
+            self._react()
+            if self._stop.is_set():
+                return False
             workers = min(self.options.forks, len(batch))
-            pool = ThreadPoolExecutor(workers, thread_name_prefix="fxkit-host")
-            try:
+            with ThreadPoolExecutor(workers, thread_name_prefix="fxkit-host") as pool:
                 futures = [pool.submit(self._host, play, h) for h in batch]
-                while wait(futures, timeout=0.2).not_done:
-                    pass  # waking up lets Python run a Ctrl-C that a host thread received
+                self._wait(futures)
                 outcomes = [f.result() for f in futures]
-            except KeyboardInterrupt:  # hosts stop before their next operation
-                self._stop.set()
-                raise
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
-            failed = outcomes.count(False)
+            if self._stop.is_set():
+                return False
+            failed = len(batch) - outcomes.count(Outcome.OK)
             percent = 100.0 * failed / len(batch)
             limit = play.max_fail_percentage
             label = f"batch {number}/{len(batches)}" if len(batches) > 1 else "the play"
@@ -172,11 +216,19 @@ class Runner:
                 return False
         return True
 
-    def _host(self, play: Play, inv: InventoryHost) -> bool:
-        """Run the play's roles on one host; False when it failed or was unreachable."""
+    def _wait(self, futures: list[Future[Outcome]]) -> None:
+        """Until every host thread of the batch is done, acting on Ctrl-C meanwhile."""
+        while wait(futures, timeout=0.2).not_done:
+            self._react()
+
+    def _host(self, play: Play, inv: InventoryHost) -> Outcome:
+        """Run the play's roles on one host; how its part ended."""
         name = inv.name
         role: Role | None = None
+        outcome = Outcome.FAILED
         try:
+            if self._stop.is_set():  # Ctrl-C came before this host's turn
+                raise Interrupted
             ctx = self._context(play, inv)
             for ref in play.roles:
                 role_tags = {*play.tags, *ref.tags}
@@ -186,24 +238,33 @@ class Runner:
                     continue
                 role = self.roles.load(ref.role)
                 self._apply(play, ref, role, inv, ctx, role_tags)
-            return True
-        except HostFailed:
-            pass  # the failed operation is already reported
-        except Interrupted:
-            self.reporter.host_error(name, play.name, role and role.name, "interrupted")
-        except HostUnreachable as exc:
-            role_name = role and role.name
-            self.reporter.host_unreachable(name, play.name, str(exc), role_name, exc.operation)
-        except ConnectionFailed as exc:
-            self.reporter.host_unreachable(name, play.name, str(exc))
-        except FxkitError as exc:
-            self.reporter.host_error(name, play.name, role and role.name, str(exc))
+            outcome = Outcome.OK
         except Exception as exc:
-            self._crashed(play, name, role, exc)
+            outcome = self._stopped(play, name, role, exc)
         finally:
-            self.reporter.host_done(name)
-        self._down.add(name)
-        return False
+            self.reporter.host_done(name, outcome)
+        if outcome is not Outcome.OK:
+            self._down.add(name)
+        return outcome
+
+    def _stopped(self, play: Play, host: str, role: Role | None, exc: Exception) -> Outcome:
+        """Why a host stopped: reported (unless it already was), and its outcome."""
+        role_name = role.name if role else None
+        if isinstance(exc, Interrupted) or self._abort.is_set():
+            return Outcome.INTERRUPTED  # Ctrl-C, or what cutting off its connection raised
+        if isinstance(exc, HostFailed):
+            return Outcome.FAILED  # the failed operation is already reported
+        if isinstance(exc, HostUnreachable):
+            self.reporter.host_unreachable(host, play.name, str(exc), role_name, exc.operation)
+            return Outcome.UNREACHABLE
+        if isinstance(exc, ConnectionFailed):
+            self.reporter.host_unreachable(host, play.name, str(exc))
+            return Outcome.UNREACHABLE
+        if isinstance(exc, FxkitError):
+            self.reporter.host_error(host, play.name, role_name, str(exc))
+        else:
+            self._crashed(play, host, role, exc)
+        return Outcome.FAILED
 
     def _crashed(self, play: Play, host: str, role: Role | None, exc: Exception) -> None:
         """An exception escaped a role: the role's own bug (file:line), or fxkit's (traceback)."""
@@ -211,7 +272,7 @@ class Runner:
         in_role = [f for f in frames if role and Path(f.filename).is_relative_to(role.path)]
         where = f"{in_role[-1].filename}:{in_role[-1].lineno}: " if in_role else ""
         message = f"{where}{type(exc).__name__}: {exc}"
-        self.reporter.host_error(host, play.name, role and role.name, message)
+        self.reporter.host_error(host, play.name, role.name if role else None, message)
         if not (in_role and in_role[-1] == frames[-1]) and not isinstance(exc, UnknownOperation):
             self.reporter.traceback(exc)
 

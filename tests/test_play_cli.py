@@ -75,8 +75,11 @@ def site(
     log = tmp_path / "events.json"
     args = ["play", "site", "-i", str(tmp_path / "hosts.yml"), "-e", f"node_base_root={root}"]
     result = fxkit(*args, "--log-json", str(log), *extra)
-    events = [json.loads(line) for line in log.read_text().splitlines()]
-    return result.exit_code, result.output, events
+    return result.exit_code, result.output, [e for e in log_events(log) if e["event"] == "task"]
+
+
+def log_events(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
 
 
 def statuses(events: list[dict]) -> dict[str, int]:
@@ -176,6 +179,19 @@ def test_unreachable_host_fails_the_run(tmp_path: Path, root: Path) -> None:
     [event] = [e for e in events if e["host"] == "elsewhere"]
     assert event["status"] == "unreachable" and "unknown connection type" in event["msg"]
     assert statuses([e for e in events if e["host"] == "localhost"])["changed"] == 9
+
+
+def test_the_json_log_ends_with_one_summary_per_host(tmp_path: Path, root: Path) -> None:
+    inventory = LOCAL + "    elsewhere:\n      ansible_connection: carrier-pigeon\n"
+    code, _, tasks = site(tmp_path, root, inventory=inventory)
+    events = log_events(tmp_path / "events.json")
+    assert code == 1 and events[: len(tasks)] == tasks
+    assert events[len(tasks) :] == [
+        {"event": "summary", "host": "localhost", "outcome": "ok",
+         "ok": 3, "changed": 9, "failed": 0, "skipped": 0, "unreachable": 0},
+        {"event": "summary", "host": "elsewhere", "outcome": "unreachable",
+         "ok": 0, "changed": 0, "failed": 0, "skipped": 0, "unreachable": 1},
+    ]  # fmt: skip
 
 
 def test_limit_tags_and_skip_tags(tmp_path: Path, root: Path) -> None:

@@ -87,8 +87,7 @@ def fxkit_play(playbook: str | Path, inventory: Path, log: Path, *args: str, **k
         env={**os.environ, "COLUMNS": "160"},
         **kw,
     )
-    events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return Run(proc.returncode, proc.stdout + proc.stderr, events)
+    return Run(proc.returncode, proc.stdout + proc.stderr, task_events(log))
 
 
 def cli_play(playbook: str | Path, inventory: Path, log: Path, *args: str) -> Run:
@@ -100,8 +99,15 @@ def cli_play(playbook: str | Path, inventory: Path, log: Path, *args: str) -> Ru
         catch_exceptions=False,
         terminal_width=160,
     )
-    events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return Run(result.exit_code, result.output, events)
+    return Run(result.exit_code, result.output, task_events(log))
+
+
+def task_events(log: Path) -> list[dict]:
+    """The JSON log's operation events (the summary events after them are left out)."""
+    if not log.exists():
+        return []
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    return [e for e in events if e["event"] == "task"]
 
 
 def snapshot(fleet: Fleet, host: str) -> str:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
 import textwrap
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from fxkit.inventory import Inventory
 from fxkit.ops.base import OpContext, Result, changed, failed, ok
 from fxkit.playbook import Playbook
 from fxkit.report import Reporter
+from fxkit.results import Outcome, PlaybookResult
 from fxkit.role import Host, TagFilter, operation
 from fxkit.runner import Runner, RunOptions
 
@@ -41,6 +44,10 @@ class MemoryConnection(Connection):
         self.opens = self.closes = self.commands = 0
         self.unreachable = bool(hostvars.get("test_unreachable", False))
         self.break_after = hostvars.get("test_break_after")
+        #: Commands hang until the connection is closed (a slow command on a live link).
+        self.hang = bool(hostvars.get("test_hang", False))
+        self.running = threading.Event()
+        self.closed = threading.Event()
 
     def open(self) -> None:
         if self.unreachable:
@@ -51,6 +58,10 @@ class MemoryConnection(Connection):
         self.commands += 1
         if self.break_after is not None and self.commands > self.break_after:
             raise ConnectionFailed("connection reset by peer", where=f"host {self.name}")
+        if self.hang:
+            self.running.set()
+            self.closed.wait(timeout=30)
+            raise ConnectionFailed("connection closed", where=f"host {self.name}")
         return RunResult(command, 0, "", "")
 
     def get(self, path: str, *, become: bool = False) -> bytes | None:
@@ -61,6 +72,7 @@ class MemoryConnection(Connection):
 
     def close(self) -> None:
         self.closes += 1
+        self.closed.set()
 
 
 @dataclass
@@ -108,6 +120,11 @@ def shell(ctx: OpContext, cmd: str) -> Result:
     return changed(f"ran {cmd}")
 
 
+def echo(ctx: OpContext, text: str) -> Result:
+    """What a command returns: its output in ``data``, also nested."""
+    return ok(stdout=text, lines=[text, 7], nested={"out": (text,)})
+
+
 def count(ctx: OpContext, path: str) -> Result:
     """Add one to the number in path."""
     have = int(ctx.conn.get(path) or b"0")
@@ -131,7 +148,7 @@ def sync(ctx: OpContext, what: str) -> Result:
     return ok(what)
 
 
-OPS = {"put": put, "broken": broken, "shell": shell, "count": count, "sync": sync}
+OPS = {"put": put, "broken": broken, "shell": shell, "echo": echo, "count": count, "sync": sync}
 
 
 def host_class(ops: dict[str, Any]) -> type[Host]:
@@ -143,18 +160,24 @@ def host_class(ops: dict[str, Any]) -> type[Host]:
 
 
 @dataclass
-class Outcome:
-    code: int
+class Played:
+    results: PlaybookResult
     fleet: Fleet
     reporter: Reporter
     output: str
+    #: The JSON log: its task events, then its summary events (one per host).
     events: list[dict[str, Any]]
+    summaries: list[dict[str, Any]]
+
+    @property
+    def code(self) -> int:
+        return self.results.exit_code
 
     def file(self, host: str, path: str) -> str | None:
         return self.fleet.file(host, path)
 
     def counts(self, host: str) -> dict[str, int]:
-        return vars(self.reporter.counts[host])
+        return asdict(self.results.hosts[host].counts)
 
 
 def write(folder: Path, files: dict[str, str]) -> None:
@@ -171,7 +194,7 @@ def play(
     files: dict[str, str] | None = None,
     fleet: Fleet | None = None,
     **options: Any,
-) -> Outcome:
+) -> Played:
     write(tmp_path, {"site.yml": playbook, "hosts.yml": inventory, **(files or {})})
     fleet = fleet or Fleet()
     out, log = io.StringIO(), io.StringIO()
@@ -184,10 +207,13 @@ def play(
         connector=fleet,
         host_class=host_class(OPS),
     )
-    code = runner.run()
+    results = runner.run()
     reporter.recap()
     events = [json.loads(line) for line in log.getvalue().splitlines()]
-    return Outcome(code, fleet, reporter, out.getvalue(), events)
+    tasks = [e for e in events if e["event"] == "task"]
+    summaries = [e for e in events if e["event"] == "summary"]
+    assert events == tasks + summaries  # the summaries come last
+    return Played(results, fleet, reporter, out.getvalue(), tasks, summaries)
 
 
 THREE = """
@@ -235,7 +261,7 @@ def test_a_failing_host_stops_only_itself(tmp_path: Path) -> None:
     assert [out.file("h2", p) for p in ("/a", "/b", "/c", "/d")] == ["a", None, None, None]
     assert out.counts("h2")["failed"] == 1
     assert "disk on fire" in out.output
-    assert out.reporter.failed_hosts == ["h2"]
+    assert out.results.hosts_with(Outcome.FAILED) == ["h2"]
 
 
 def test_ignore_errors_keeps_going(tmp_path: Path) -> None:
@@ -264,6 +290,8 @@ def test_max_fail_percentage_stops_after_the_batch(tmp_path: Path, limit: int, s
     assert out.file("h2", "/b") == "b"  # same batch as the failed host: it finished
     if stops:  # 1 of 2 = 50% > 25%: the second batch never starts
         assert set(out.fleet.hosts) == {"h1", "h2"}
+        assert out.results.hosts_with(Outcome.NOT_RUN) == ["h3", "h4"]
+        assert [s["outcome"] for s in out.summaries] == ["failed", "ok", "not_run", "not_run"]
         assert "STOPPED: 1 of 2 hosts failed in batch 1/2 (50% > max_fail_percentage 25%)" in (
             out.output
         )
@@ -295,7 +323,7 @@ def test_unreachable_on_open(tmp_path: Path) -> None:
     assert out.file("h1", "/d") == "d"
     assert out.fleet.hosts["h2"].files == {}
     assert out.counts("h2") == dict(ok=0, changed=0, failed=0, skipped=0, unreachable=1)
-    assert out.reporter.unreachable_hosts == ["h2"]
+    assert out.results.hosts_with(Outcome.UNREACHABLE) == ["h2"]
     [event] = [e for e in out.events if e["host"] == "h2"]
     assert event["status"] == "unreachable" and "no route to host" in event["msg"]
 
@@ -335,7 +363,7 @@ def test_unreachable_while_a_role_gathers_a_fact(tmp_path: Path) -> None:
     out = play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, roles)
     assert out.file("h1", "/never") == "x"
     assert out.file("h2", "/never") is None
-    assert out.reporter.unreachable_hosts == ["h2"]
+    assert out.results.hosts_with(Outcome.UNREACHABLE) == ["h2"]
     # The event names the role and the fact being gathered, not "connect".
     [lost] = [e for e in out.events if e["host"] == "h2" and e["status"] == "unreachable"]
     assert (lost["role"], lost["operation"]) == ("first", "fact Kernel")
@@ -659,7 +687,7 @@ def test_a_bug_below_the_role_keeps_its_traceback(tmp_path: Path) -> None:
         out = play(tmp_path, book, THREE, files)
     finally:
         del OPS["crash"]
-    assert out.code == 1 and out.reporter.failed_hosts == ["h1", "h2", "h3"]
+    assert out.code == 1 and out.results.hosts_with(Outcome.FAILED) == ["h1", "h2", "h3"]
     assert "RuntimeError: a bug in an operation" in out.events[0]["msg"]
     assert "Traceback" in out.output and 'raise RuntimeError(f"a bug' in out.output
     assert SECRET not in out.output
@@ -695,6 +723,7 @@ def test_secrets_never_reach_output_or_log(tmp_path: Path) -> None:
                 host.put("/conf", "password=" + v.ansible_become_password)
                 host.put("/token", v.registry_token)
                 host.put("/dhchap", v.dhchap)
+                host.echo("token is " + v.registry_token)
                 host.broken("login failed for " + v.dhchap)
             """
     }
@@ -714,9 +743,16 @@ def test_secrets_never_reach_output_or_log(tmp_path: Path) -> None:
     )
     assert out.file("h1", "/conf") == f"password={SECRET}"  # the host gets the real value
     log = json.dumps(out.events)
+    results = json.dumps(out.results.to_json())
     for secret in (SECRET, "DHHC-1:00:zzz", "sudo-pw-42"):
-        assert secret not in out.output and secret not in log
+        assert secret not in out.output and secret not in log and secret not in results
     assert "********" in out.output and "********" in log
+    [echo] = [t for t in out.results.hosts["h1"].tasks if t.operation.startswith("echo")]
+    assert echo.data == {
+        "stdout": "token is ********",
+        "lines": ["token is ********", 7],
+        "nested": {"out": ["token is ********"]},
+    }
     assert out.fleet.options[0].become_password == "sudo-pw-42"
 
 
@@ -730,6 +766,7 @@ def test_json_log_has_one_event_per_operation(tmp_path: Path) -> None:
     ]
     for event in out.events:
         assert set(event) == {
+            "event",
             "host",
             "play",
             "role",
@@ -738,8 +775,56 @@ def test_json_log_has_one_event_per_operation(tmp_path: Path) -> None:
             "msg",
             "diff",
             "duration_s",
+            "data",
         }
-        assert event["duration_s"] >= 0
+        assert event["event"] == "task" and event["duration_s"] >= 0
+    assert out.summaries == [
+        {
+            "event": "summary",
+            "host": "h1",
+            "outcome": "ok",
+            "ok": 0,
+            "changed": 4,
+            "failed": 0,
+            "skipped": 0,
+            "unreachable": 0,
+        }
+    ]
+
+
+def test_results_hold_each_host_s_tasks_counts_outcome_and_the_run_s_timing(
+    tmp_path: Path,
+) -> None:
+    inventory = (
+        "all:\n  hosts:\n    h1: {}\n    h2: {broken: true}\n    h3: {test_unreachable: true}\n"
+    )
+    before = datetime.now(UTC)
+    out = play(tmp_path, TWO_ROLES, inventory, ROLES)
+    results = out.results
+    assert list(results.hosts) == ["h1", "h2", "h3"]  # inventory order
+    assert [(t.play, t.role, t.operation, t.status) for t in results.hosts["h2"].tasks] == [
+        ("two roles", "first", "put /a", "changed"),
+        ("two roles", "first", "broken disk on fire", "failed"),
+    ]
+    assert results.hosts["h2"].tasks[1].msg == "disk on fire"
+    assert [t.status for t in results.hosts["h3"].tasks] == ["unreachable"]
+    outcomes = {name: host.outcome for name, host in results.hosts.items()}
+    assert outcomes == {"h1": Outcome.OK, "h2": Outcome.FAILED, "h3": Outcome.UNREACHABLE}
+    assert asdict(results.counts) == dict(ok=0, changed=5, failed=1, skipped=0, unreachable=1)
+    assert results.exit_code == 1 and not results.interrupted
+    assert results.started and results.ended and before <= results.started <= results.ended
+    assert results.duration_s == (results.ended - results.started).total_seconds()
+    # The recap, the log's summaries and to_json() all say what the tasks say.
+    for summary in out.summaries:
+        counts = asdict(results.hosts[summary["host"]].counts)
+        assert summary == {"event": "summary", "host": summary["host"],
+                           "outcome": str(outcomes[summary["host"]]), **counts}  # fmt: skip
+        assert re.search(rf"{summary['host']}\s+" + r"\s+".join(map(str, counts.values())),
+                         out.output.replace("│", " "))  # fmt: skip
+    data = json.loads(json.dumps(results.to_json()))
+    assert data["exit_code"] == 1 and data["counts"]["changed"] == 5
+    assert data["hosts"]["h2"]["outcome"] == "failed" and data["hosts"]["h2"]["failed"] == 1
+    assert datetime.fromisoformat(data["started"]) == results.started
 
 
 def test_live_progress_shows_each_busy_host_s_role_and_operation(tmp_path: Path) -> None:
@@ -781,10 +866,16 @@ def test_a_bad_host_pattern_stops_before_any_host_is_touched(tmp_path: Path) -> 
 
 
 def interrupt(ctx: OpContext) -> Result:
-    """Ctrl-C while this operation runs (the main thread gets KeyboardInterrupt)."""
+    """Ctrl-C (SIGINT, what a terminal sends) while this operation runs."""
     signal.raise_signal(signal.SIGINT)
     time.sleep(1)
     return ok()
+
+
+def after_recap(out: Played) -> list[str]:
+    """The lines printed after the RECAP's table."""
+    assert out.output.count("RECAP") == 1
+    return out.output.split("RECAP", 1)[1].split("┘", 1)[1].strip().splitlines()
 
 
 def test_ctrl_c_stops_hosts_before_their_next_operation(tmp_path: Path) -> None:
@@ -798,11 +889,48 @@ def test_ctrl_c_stops_hosts_before_their_next_operation(tmp_path: Path) -> None:
     }
     fleet = Fleet()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            play(
-                tmp_path, "- hosts: all\n  roles: [first]\n", "all: {hosts: {h1: {}}}", files, fleet
-            )
+        out = play(
+            tmp_path, "- hosts: all\n  roles: [first]\n", "all: {hosts: {h1: {}}}", files, fleet
+        )
     finally:
         del OPS["interrupt"]
     assert fleet.hosts["h1"].files == {}  # the operation after Ctrl-C never ran
     assert (fleet.hosts["h1"].opens, fleet.hosts["h1"].closes) == (1, 1)
+    assert out.code == 130 and out.results.interrupted
+    assert out.results.hosts["h1"].outcome is Outcome.INTERRUPTED
+    assert [(e["operation"], e["status"]) for e in out.events] == [("interrupt", "ok")]
+    assert out.counts("h1") == dict(ok=1, changed=0, failed=0, skipped=0, unreachable=0)
+    assert [s["outcome"] for s in out.summaries] == ["interrupted"]
+    assert after_recap(out) == ["interrupted (Ctrl-C): h1 did not finish"]
+
+
+def test_a_second_ctrl_c_cuts_off_running_operations_then_the_recap_comes_once(
+    tmp_path: Path,
+) -> None:
+    """Issue 8: after a double Ctrl-C, host threads reported after the recap (their
+    connections closed under them: "unreachable"), and the recap missed them."""
+    files = {"roles/first/role.py": "def apply(host, v):\n    host.shell('sleep 60')\n"}
+    inventory = "all:\n  vars: {test_hang: true}\n  hosts: {h1: {}, h2: {}, h3: {}, h4: {}}\n"
+    fleet = Fleet()
+
+    def press_ctrl_c_twice() -> None:
+        while len(fleet.hosts) < 2 or not all(c.running.wait(10) for c in fleet.hosts.values()):
+            time.sleep(0.01)
+        signal.raise_signal(signal.SIGINT)  # hosts stop after their operation: it hangs
+        time.sleep(0.5)  # the runner acts on it; two signals at once would be one
+        signal.raise_signal(signal.SIGINT)  # cut off: their connections close
+
+    presser = threading.Thread(target=press_ctrl_c_twice)
+    presser.start()
+    out = play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, files, fleet, forks=2)
+    presser.join()
+    assert out.code == 130
+    assert set(fleet.hosts) == {"h1", "h2"}  # h3 and h4 never started
+    outcomes = {name: str(host.outcome) for name, host in out.results.hosts.items()}
+    assert outcomes == dict.fromkeys(["h1", "h2", "h3", "h4"], "interrupted")
+    assert out.events == []  # the cut-off operations are not "unreachable"
+    assert [(s["host"], s["outcome"], s["unreachable"]) for s in out.summaries] == [
+        (h, "interrupted", 0) for h in ("h1", "h2", "h3", "h4")
+    ]
+    assert "cutting off the running operations" in out.output.split("RECAP")[0]
+    assert after_recap(out) == ["interrupted (Ctrl-C): h1, h2, h3, h4 did not finish"]

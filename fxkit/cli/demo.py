@@ -2,7 +2,7 @@
 
 1. a lab fleet of real SSH hosts (``fxkit lab up``; idempotent);
 2. the example playbook in check mode with diffs, then converged, then run again: the second run
-   must change nothing, and the line saying so comes from that run's recap;
+   must change nothing, and the line saying so comes from that run's results;
 3. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
    plain loader does, e.g. from NFS) and by ``fxkit.loader.load``; every byte of every tensor is
    read in both, from a cold page cache, and compared.
@@ -28,6 +28,7 @@ from fxkit.connection import ConnectOptions
 from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
 from fxkit.lab.fleet import host_name
 from fxkit.report import Reporter
+from fxkit.results import Outcome, PlaybookResult
 from fxkit.runner import RunOptions, run_playbook
 
 console = Console(highlight=False, soft_wrap=True)
@@ -92,11 +93,11 @@ def demo(
     first = play(fleet, limit)
     step(4, "run again: nothing left to change")
     second = play(fleet, limit)
-    changed = sum(c.changed for c in second.counts.values())
-    broken = second.failed_hosts + second.unreachable_hosts
-    idempotent = changed == 0 and not broken and len(second.counts) == hosts
+    changed = second.counts.changed
+    finished = second.hosts_with(Outcome.OK)
+    idempotent = changed == 0 and second.exit_code == 0 and len(finished) == hosts
     console.print(
-        f"second run: {changed} changed on {len(second.counts)} hosts",
+        f"second run: {changed} changed on {len(finished)} hosts in {second.duration_s:.1f} s",
         style="bold green" if idempotent else "bold red",
     )
 
@@ -114,7 +115,7 @@ def demo(
             f"`fxkit play site -i {fleet.inventory} --check --diff`; stop it with "
             f"`fxkit lab down{where}`"
         )
-    if first.failed_hosts or first.unreachable_hosts or not idempotent:
+    if first.exit_code or not idempotent:
         sys.exit(1)
 
 
@@ -122,17 +123,15 @@ def step(number: int, title: str) -> None:
     console.rule(f"[bold]{number}. {title}", align="left")
 
 
-def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> Reporter:
-    """Run the built-in site playbook on the fleet; the reporter holds the recap's counts."""
-    reporter = Reporter(console, diff=diff)
+def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> PlaybookResult:
+    """Run the built-in site playbook on the fleet (the recap printed); its results."""
     options = RunOptions(
         check=check,
         diff=diff,
         limit=limit,
         connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
     )
-    run_playbook("site", fleet.inventory, options, reporter)
-    return reporter
+    return run_playbook("site", fleet.inventory, options, Reporter(console, diff=diff))
 
 
 # -- the loader -----------------------------------------------------------------------------

@@ -53,7 +53,7 @@ def _tags(values: tuple[str, ...]) -> frozenset[str]:
 @click.option(
     "--log-json",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write one JSON event per operation to FILE.",
+    help="Write one JSON event per operation, then one summary per host, to FILE.",
 )
 @click.option(
     "--roles-path",
@@ -141,8 +141,8 @@ def play(
     log = log_json.open("w", encoding="utf-8") if log_json else None
     try:
         reporter = Reporter(diff=diff, verbose=verbose, log_json=log)
-        code = run_playbook(playbook, inventory, options, reporter)
+        results = run_playbook(playbook, inventory, options, reporter)
     finally:
         if log:
             log.close()
-    sys.exit(code)
+    sys.exit(results.exit_code)
