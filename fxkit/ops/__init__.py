@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from fxkit.ops.base import OpContext, Operation, OpError, Result, Status
+from fxkit.ops.boot import reboot
 from fxkit.ops.commands import command
 from fxkit.ops.files import directory, file
 from fxkit.ops.kernel import kernel_cmdline, module, sysctl
 from fxkit.ops.lines import block, line
 from fxkit.ops.packages import packages
 from fxkit.ops.python import git, virtualenv
-from fxkit.ops.reboot import reboot
 from fxkit.ops.sysfs import attribute
 from fxkit.ops.systemd import dropin, service, unit
 from fxkit.ops.users import group, group_member, user

@@ -137,54 +137,65 @@ def _probe(
     kind = given[0]
     if (regex is not None and kind != "path") or (json is not None and kind != "url"):
         raise OpError("regex goes with path, json with url")
-    check_state(
-        state,
-        {"port": (None, "started", "stopped"), "path": (None, "present", "absent")}.get(
-            kind, (None,)
-        ),
-    )
+    check_state(state, _STATES.get(kind, (None,)))
     seconds = max(1.0, min(PROBE_TIMEOUT, timeout))
-    if port is not None:
-        return _tcp(ctx, host, port, state != "stopped", seconds)
-    if url is not None:
-        return _http(ctx, url, status, json, seconds)
+    if command is not None:
+        return Probe(f"`{command}` to succeed", f"sh -c {quote(command)}", _command_judge)
     if path is not None:
-        return _file(path, regex, state != "absent")
-    assert command is not None
-    return Probe(f"`{command}` to succeed", f"sh -c {quote(command)}", _command_judge)
+        return file_probe(path, regex, state != "absent")
+    if port is not None:
+        check_address(host, port)
+        tools = ctx.fact(Executables, *TCP_TOOLS)
+        if not tools:
+            return failed(
+                f"cannot probe TCP {host}:{port}: the host has none of {', '.join(TCP_TOOLS)}"
+            )
+        return tcp_probe(tools[0], host, port, state != "stopped", seconds)
+    assert url is not None
+    check_url(url)
+    tools = ctx.fact(Executables, *HTTP_TOOLS)
+    if not tools:
+        return failed(f"cannot probe {url}: the host has none of {', '.join(HTTP_TOOLS)}")
+    return http_probe(tools[0], url, status, json, seconds)
 
 
-def _tcp(ctx: OpContext, host: str, port: int, up: bool, seconds: float) -> Probe | Result:
+#: The commands that probe a TCP port, the first the host has is used; the same for HTTP.
+TCP_TOOLS = ("bash", "python3", "nc")
+HTTP_TOOLS = ("curl", "python3")
+_STATES = {"port": (None, "started", "stopped"), "path": (None, "present", "absent")}
+
+
+def check_address(host: str, port: int) -> None:
     if not isinstance(port, int) or not 0 < port < 65536 or not host or "/" in host:
-        raise OpError(
-            f"bad TCP address {host!r}:{port!r}", hint="a host name or address, port 1-65535"
-        )
-    tools = ctx.fact(Executables, "bash", "python3", "nc")
+        raise OpError(f"bad TCP address {host!r}:{port!r}", hint="a host or address, port 1-65535")
+
+
+def check_url(url: str) -> None:
+    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+        raise OpError(f"bad URL {url!r}", hint="an http:// or https:// URL")
+
+
+def tcp_probe(tool: str, host: str, port: int, up: bool, seconds: float) -> Probe:
+    """A connection to ``host:port`` with ``tool`` (one of :data:`TCP_TOOLS`)."""
     h, p = quote(host), str(port)
     commands = {
         "bash": f"timeout {seconds:g} bash -c 'exec 3<>\"/dev/tcp/$0/$1\"' {h} {p}",
         "python3": f"python3 -c {quote(_PY_TCP)} {h} {p} {seconds:g}",
         "nc": f"nc -z -w {max(1, int(seconds))} {h} {p}",
     }
-    if not tools:
-        return failed(f"cannot probe TCP {host}:{port}: the host has none of bash, python3, nc")
 
     def judge(result: RunResult) -> tuple[bool, str]:
-        is_open = result.ok
-        seen = "open" if is_open else _tail(result) or "closed"
-        return is_open == up, seen
+        seen = "open" if result.ok else _tail(result) or "closed"
+        return result.ok == up, seen
 
     what = f"TCP {host}:{port} to {'open' if up else 'close'}"
-    return Probe(what, f"{commands[tools[0]]} 2>&1", judge)
+    return Probe(what, f"{commands[tool]} 2>&1", judge)
 
 
-def _http(ctx: OpContext, url: str, status: int, json: Any, seconds: float) -> Probe | Result:
-    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
-        raise OpError(f"bad URL {url!r}", hint="an http:// or https:// URL")
-    tools = ctx.fact(Executables, "curl", "python3")
-    if not tools:
-        return failed(f"cannot probe {url}: the host has neither curl nor python3")
-    if tools[0] == "curl":
+def http_probe(tool: str, url: str, status: int, json: Any, seconds: float) -> Probe:
+    """A GET of ``url`` with ``tool`` (one of :data:`HTTP_TOOLS`); it prints the body, then the
+    status on a line of its own (0: no answer)."""
+    if tool == "curl":
         command = f"curl -sS -L --max-time {seconds:g} -w '\\n%{{http_code}}' -- {quote(url)}"
     else:
         command = f"python3 -c {quote(_PY_HTTP)} {quote(url)} {seconds:g}"
@@ -208,7 +219,8 @@ def _http(ctx: OpContext, url: str, status: int, json: Any, seconds: float) -> P
     return Probe(f"{url} to answer {expect}", command, judge)
 
 
-def _file(path: str, regex: str | None, present: bool) -> Probe:
+def file_probe(path: str, regex: str | None, present: bool) -> Probe:
+    """``path`` exists (with a line matching ``regex``) or is absent."""
     check_path(path)
     q = quote(path)
     test = (
