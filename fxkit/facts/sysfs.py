@@ -10,7 +10,8 @@ from fxkit.connection.base import RunResult
 from fxkit.facts.base import Fact, FactError
 
 #: ``none [mq-deadline] kyber``: a choice list with the selected word in brackets.
-_CHOICES = re.compile(r"(?:\S+\s+)*\[(\S+)\](?:\s+\S+)*")
+_WORD = r"[^\s\[\]]+"
+_CHOICES = re.compile(rf"(?:{_WORD}\s+)*\[({_WORD})\](?:\s+{_WORD})*")
 
 
 def normalize_attribute(text: str) -> str:
