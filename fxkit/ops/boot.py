@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from shlex import quote
 
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import ConnectionFailed
@@ -49,7 +50,7 @@ def reboot(
         return skipped(f"cannot reboot this host: {reason}")
     before = _boot_id(ctx)
     started = ctx.change(
-        f"nohup sh -c 'sleep 1; {command}' >/dev/null 2>&1 </dev/null &",
+        f"nohup sh -c {quote(f'sleep 1; {command}')} >/dev/null 2>&1 </dev/null &",
         would=f"reboot ({command})",
         done="reboot started",
     )

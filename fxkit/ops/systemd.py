@@ -178,7 +178,7 @@ def service(
     is_enabled, _, is_active = current.stdout.strip().partition("|")
     steps: list[tuple[str, str]] = []  # (systemctl verb, diff line)
     if _RELOAD in ctx.pending:
-        steps.append((_RELOAD, "daemon-reload: unit files changed\n"))
+        steps.append((_RELOAD, "daemon-reload: unit files changed"))
     if enabled is True and is_enabled not in _ENABLED:
         steps.append(("enable", f"enabled: {is_enabled or 'unknown'} -> enabled"))
     if enabled is False and is_enabled in ("enabled", "enabled-runtime"):
@@ -193,7 +193,7 @@ def service(
         return ok(f"{name} is {is_enabled or 'unknown'} and {is_active or 'unknown'}")
     ctx.pending.discard(_RELOAD)
     verbs = ", ".join(verb for verb, _ in steps)
-    diff = "".join(f"{line.rstrip()}\n" for _, line in steps)
+    diff = "".join(f"{line}\n" for _, line in steps)
     command = " && ".join(
         "systemctl daemon-reload" if verb == _RELOAD else f"systemctl {verb} -- {q}"
         for verb, _ in steps
