@@ -76,3 +76,17 @@ def test_write_compare_on_a_file_of_the_host(fleet: Fleet, root: Connection) -> 
         assert denied.msg == f"permission denied: cannot write {path}; run it as root (become)"
         converge(user, attribute, path, "tcp", become=True, state=lambda: root.get(path))
         assert root.get(path) == b"tcp"
+
+
+def test_a_write_only_attribute_is_written_every_time(fleet: Fleet, root: Connection) -> None:
+    password = fleet.become_password()
+    if password is None:
+        pytest.skip("sudo is not installed: lab hosts have no non-root user")
+    path = f"/home/{SUDO_USER}/apply"  # mode 0200 like a configfs trigger (bnxt_re cc/apply)
+    sh(root, f"install -m 0200 -o {SUDO_USER} /dev/null {path}")
+    with fleet.connect("lab01", ansible_user=SUDO_USER, ansible_become_password=password) as user:
+        for _ in range(2):
+            result = attribute(OpContext(user, FactCache(user), diff=True), path, 1)
+            assert result.changed and result.msg == f"set {path} to 1; it cannot be read back"
+            assert result.diff.startswith(f"{path}: unreadable (cat: {path}: Permission denied)")
+    assert root.get(path) == b"1"

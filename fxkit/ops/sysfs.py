@@ -20,7 +20,8 @@ def attribute(ctx: OpContext, path: str, value: str | int) -> Result:
     """Ensure the sysfs/configfs attribute ``path`` reads ``value``, writing it when it does
     not. Compared as the kernel prints it: without the trailing newline, and of a choice list
     such as ``none [mq-deadline] kyber`` only the selected word. After a write it is read back:
-    a kernel that kept another value fails the operation.
+    a kernel that kept another value fails the operation. An attribute that cannot be read (a
+    write-only trigger) is written every time.
 
     Example::
 
@@ -52,7 +53,9 @@ def attribute(ctx: OpContext, path: str, value: str | int) -> Result:
     if not result.changed or ctx.check:
         return result
     now = ctx.probe(Attribute, path)
-    if now.value != want:
+    if now.text is None:  # a write-only attribute (an "apply" trigger): written every run
+        result.msg += "; it cannot be read back"
+    elif now.value != want:
         return failed(
             f"wrote {want!r} to {path} but it reads {now.value!r}: the kernel stores this value "
             "differently, give it as it reads back",
