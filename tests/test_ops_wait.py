@@ -135,7 +135,10 @@ def test_port_opens_while_waiting_and_a_closed_one_times_out() -> None:
         closed = wait_for(make_ctx(), port=free_port(), timeout=1, interval=0.2)
         assert closed.failed and "Connection refused" in closed.msg, closed
         listener.close()
-        assert wait_for(make_ctx(), port=port, state="stopped", timeout=5).status is Status.OK
+        down = wait_for(make_ctx(), port=port, state="stopped", timeout=5)
+        assert down.status is Status.OK and down.msg.startswith(
+            f"TCP 127.0.0.1:{port} to close: closed"
+        )
     finally:
         listener.close()
 

@@ -185,7 +185,8 @@ def tcp_probe(tool: str, host: str, port: int, up: bool, seconds: float) -> Prob
     }
 
     def judge(result: RunResult) -> tuple[bool, str]:
-        seen = "open" if result.ok else _tail(result) or "closed"
+        # Why it is closed matters only while waiting for it to open.
+        seen = "open" if result.ok else (_tail(result) if up else "") or "closed"
         return result.ok == up, seen
 
     what = f"TCP {host}:{port} to {'open' if up else 'close'}"
