@@ -310,6 +310,12 @@ class Host:
     group_member = operation(ops.group_member)
     virtualenv = operation(ops.virtualenv)
     git = operation(ops.git)
+    dropin = operation(ops.dropin)
+    wait_for = operation(ops.wait_for)
+    reboot = operation(ops.reboot)
+    attribute = operation(ops.attribute)
+    group = operation(ops.group)
+    user = operation(ops.user)
 
     def __init__(
         self,

@@ -5,6 +5,7 @@
 # sudo + openssl: the lab hosts' non-root user that becomes root with a password (tests of become).
 # dpkg-dev: dpkg-scanpackages, for the local apt repository of the packages tests on lab hosts.
 # libfuse3-dev + pkg-config: the latency FUSE passthrough (bench/latency_fuse/) is compiled here.
+# python3-minimal: a system python3 for the lab hosts (the HTTP server of the wait_for tests).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -18,6 +19,7 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v dpkg-scanpackages >/dev/null || need+=(dpkg-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -e /usr/include/fuse3/fuse.h ] || need+=(libfuse3-dev)
+[ -x /usr/bin/python3 ] || need+=(python3-minimal)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing Debian packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from fxkit.ops.base import OpContext, Operation, OpError, Result, Status
+from fxkit.ops.boot import reboot
 from fxkit.ops.commands import command
 from fxkit.ops.files import directory, file
 from fxkit.ops.kernel import kernel_cmdline, module, sysctl
 from fxkit.ops.lines import block, line
 from fxkit.ops.packages import packages
 from fxkit.ops.python import git, virtualenv
-from fxkit.ops.systemd import service, unit
-from fxkit.ops.users import group_member
+from fxkit.ops.sysfs import attribute
+from fxkit.ops.systemd import dropin, service, unit
+from fxkit.ops.users import group, group_member, user
+from fxkit.ops.wait import wait_for
 
 #: Every operation by the name a role calls it with.
 OPERATIONS: dict[str, Operation] = {
@@ -30,6 +33,12 @@ OPERATIONS: dict[str, Operation] = {
         group_member,
         virtualenv,
         git,
+        dropin,
+        wait_for,
+        reboot,
+        attribute,
+        group,
+        user,
     )
 }
 

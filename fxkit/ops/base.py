@@ -117,6 +117,9 @@ class OpContext:
     diff: bool = False
     #: Run privileged steps through sudo (``ansible_become``).
     become: bool = False
+    #: Host-wide steps an operation left for a later one (``"daemon-reload"`` after a unit file
+    #: changed with ``daemon_reload=False``); one set, shared by the views ``Host.task`` makes.
+    pending: set[str] = field(default_factory=set)
 
     # -- reads: they run in check mode too ------------------------------------------------
 
