@@ -46,6 +46,12 @@ CASES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "group_member": (("fxkit", ["adm"]), {}),
     "virtualenv": (("/opt/fxkit-check-venv", ["pip"]), {}),
     "git": (("/srv/fxkit-check.git", "/opt/fxkit-check-src", "main"), {}),
+    "dropin": (("vllm@.service", "limits", "[Service]\nLimitMEMLOCK=infinity\n"), {}),
+    "wait_for": ((), {"path": "/root/never", "timeout": 5}),
+    "reboot": ((), {}),
+    "attribute": (("/sys/kernel/mm/transparent_hugepage/enabled", "never"), {}),
+    "group": (("render",), {"gid": 4242, "system": True}),
+    "user": (("vllm",), {"groups": ["adm"], "shell": "/bin/sh"}),
 }
 
 
