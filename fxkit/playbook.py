@@ -36,7 +36,7 @@ from pydantic import (
 
 from fxkit.errors import FxkitError, PlaybookError
 from fxkit.variables import load_vars_file
-from fxkit.yamlfile import Marked, line_at, plain, read_yaml, type_name
+from fxkit.yamlfile import line_at, plain, read_yaml, type_name
 
 T = TypeVar("T")
 
@@ -213,7 +213,7 @@ def _play(path: Path, plays: list[Any], index: int) -> Play:
     return play
 
 
-def _validation_error(exc: ValidationError, label: str, data: Marked, path: Path) -> PlaybookError:
+def _validation_error(exc: ValidationError, label: str, data: Any, path: Path) -> PlaybookError:
     """The first validation error, placed at its YAML line, with a hint (did you mean ...?)."""
     errors = exc.errors()
     first = errors[0]
