@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from fxkit import paths
+from fxkit import paths, reference
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import PlaybookError
 from fxkit.facts.base import FactCache
@@ -286,3 +286,8 @@ def test_fail_stops_the_host_with_a_message(host_api) -> None:
     with pytest.raises(HostFailed):
         host.fail("needs 8 GPUs, found 4")
     assert host.events()[0]["msg"] == "needs 8 GPUs, found 4"
+
+
+def test_the_operations_reference_in_the_docs_is_current() -> None:
+    doc = reference.DOC.read_text()
+    assert reference.updated(doc) == doc, "run `python -m fxkit.reference` and commit the doc"

@@ -225,7 +225,7 @@ def file(
 
     Example::
 
-        host.file("/etc/modprobe.d/amdgpu.conf", content="options amdgpu noretry=0\n")
+        host.file("/etc/modprobe.d/amdgpu.conf", content="options amdgpu noretry=0\\n")
     """
     check_state(state, ("present", "absent"))
     check_path(path)

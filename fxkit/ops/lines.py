@@ -100,7 +100,7 @@ def block(
 
     Example::
 
-        host.block("/etc/hosts", "10.0.0.1 fx100-a\n10.0.0.2 fx100-b")
+        host.block("/etc/hosts", "10.0.0.1 fx100-a\\n10.0.0.2 fx100-b")
     """
     check_state(state, ("present", "absent"))
     if "{mark}" not in marker:
