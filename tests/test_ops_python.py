@@ -42,10 +42,10 @@ def build_wheel(folder: Path, name: str, version: str) -> None:
 
 
 @pytest.mark.timeout(120)
-
 def commits(result: Result) -> tuple[str | None, str | None]:
     """The commits a git result reports, before and after."""
     return result.data["before"], result.data["after"]
+
 
 def test_virtualenv_pins(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
