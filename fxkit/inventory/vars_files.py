@@ -1,8 +1,10 @@
 """``group_vars/`` and ``host_vars/`` beside the inventory file, found as Ansible finds them.
 
 For a group or host NAME the first of ``NAME``, ``NAME.yml``, ``NAME.yaml``, ``NAME.json`` that
-exists is used; if it is a directory, every such file inside it (recursively, sorted by path,
-hidden files skipped) is read and merged, later files winning.
+exists is used; if it is a directory, every file inside it with one of these suffixes or none
+is read and merged, later files winning: entries sorted by name, a subdirectory without a
+suffix read the same way where it sorts, hidden entries and backups (``name~``) skipped, as
+Ansible's ``host_group_vars`` plugin does.
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ def _files_for(folder: Path, name: str) -> list[Path]:
     for extension in EXTENSIONS:
         path = folder / f"{name}{extension}"
         if path.is_dir():
-            return sorted(
-                child
-                for child in path.rglob("*")
-                if child.is_file()
-                and child.suffix in EXTENSIONS
-                and not any(part.startswith(".") for part in child.relative_to(path).parts)
-            )
-        if path.is_file():
+            return _files_in(path)
+        if path.exists():
             return [path]
     return []
+
+
+def _files_in(folder: Path) -> list[Path]:
+    found = []
+    for entry in sorted(folder.iterdir(), key=lambda path: path.name):
+        if entry.name.startswith(".") or entry.name.endswith("~"):
+            continue
+        if entry.is_dir() and not entry.suffix:
+            found += _files_in(entry)
+        elif entry.is_file() and entry.suffix in EXTENSIONS:
+            found.append(entry)
+    return found
