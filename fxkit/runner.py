@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,15 +56,24 @@ class RunOptions:
     connect: ConnectOptions = field(default_factory=ConnectOptions)
 
 
+def load_inventory(sources: str | Path | Sequence[str | Path]) -> Inventory:
+    """The inventory of ``-i`` sources (paths or built-in names), merged in order."""
+    sources = [sources] if isinstance(sources, str | Path) else sources
+    return Inventory.load([paths.resolve(source, "inventories") for source in sources])
+
+
 def run_playbook(
-    playbook: str | Path, inventory: str | Path, options: RunOptions, reporter: Reporter
+    playbook: str | Path,
+    inventory: str | Path | Sequence[str | Path],
+    options: RunOptions,
+    reporter: Reporter,
 ) -> int:
     """What ``fxkit play`` does: load both (paths or built-in names), run, print the recap.
 
     Returns the exit code: 0, 1 when a host failed or was unreachable, 130 when interrupted.
     """
     book = Playbook.load(paths.resolve(playbook, "playbooks"))
-    hosts = Inventory.load(paths.resolve(inventory, "inventories"))
+    hosts = load_inventory(inventory)
     try:
         with reporter:
             code = Runner(book, hosts, options, reporter).run()

@@ -33,7 +33,7 @@ IGNORED_SUFFIXES = (
 
 def is_host_list(source: str | Path) -> bool:
     """``-i 'gpu01,gpu02:2222'`` (a comma, and no such path): a list of hosts."""
-    return isinstance(source, str) and "," in source and not os.path.exists(source)
+    return "," in str(source) and not os.path.exists(source)
 
 
 def vars_folder(source: str | Path) -> Path | None:
@@ -57,12 +57,30 @@ def read_source(draft: Draft, source: str | Path) -> None:
             where=str(path),
             hint="pass an inventory file or directory with -i, e.g. -i inventory/mi308x.yml",
         )
-    if path.is_dir():
-        for entry in sorted(os.listdir(path)):
-            if not _ignored(entry):
-                read_source(draft, path / entry)
-    else:
+    if not path.is_dir():
         _read_file(draft, path)
+    elif not _read_directory(draft, path):
+        raise InventoryError(
+            "no inventory file in this directory",
+            where=str(path),
+            hint="put YAML or INI inventory files in it (hidden files, group_vars/, host_vars/ "
+            f"and names ending in {', '.join(IGNORED_SUFFIXES)} are not read)",
+        )
+
+
+def _read_directory(draft: Draft, folder: Path) -> int:
+    """Read the inventory files in ``folder`` and its subdirectories; how many there were."""
+    count = 0
+    for entry in sorted(os.listdir(folder)):
+        path = folder / entry
+        if _ignored(entry):
+            continue
+        if path.is_dir():
+            count += _read_directory(draft, path)
+        else:
+            _read_file(draft, path)
+            count += 1
+    return count
 
 
 def _ignored(name: str) -> bool:
