@@ -168,7 +168,8 @@ def _list_hosts(playbook: str, inventory: tuple[str, ...], limit: str | None) ->
     click.echo(f"\nplaybook: {book.path}")
     for number, play in enumerate(book.plays, 1):
         selected = hosts.select(play.hosts, limit)
-        click.echo(f"\n  play #{number} ({play.hosts}): {play.name}")
-        click.echo(f"    pattern: {play.hosts}\n    hosts ({len(selected)}):")
+        tags = ",".join(play.tags)
+        click.echo(f"\n  play #{number} ({play.hosts}): {play.name or play.hosts}\tTAGS: [{tags}]")
+        click.echo(f"    pattern: {[play.hosts]!r}\n    hosts ({len(selected)}):")
         for host in selected:
             click.echo(f"      {host.name}")
