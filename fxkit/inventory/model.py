@@ -141,17 +141,11 @@ class Inventory:
     @classmethod
     def _build(cls, draft: Draft, folders: list[Path]) -> Inventory:
         groups = _link_groups(draft)
+        read = cache(read_vars)
 
-        @cache
         def files(kind: str, name: str) -> dict[str, Any]:
-            merged: dict[str, Any] = {}
-            for folder in folders:
-                merged.update(read_vars(folder / kind, name))
-            return merged
-
-        @cache
-        def group_file(folder: Path, name: str) -> dict[str, Any]:
-            return read_vars(folder / "group_vars", name)
+            """``kind/name`` of every source, later sources winning."""
+            return {k: v for folder in folders for k, v in read(folder / kind, name).items()}
 
         for name, group in groups.items():
             group.vars = {**draft.groups[name].vars, **files("group_vars", name)}
@@ -159,21 +153,21 @@ class Inventory:
         for group in groups.values():
             for host in group.hosts:
                 direct[host].append(group.name)
-        base = {**draft.groups["all"].vars, **files("group_vars", "all")}
+        all_vars = {**draft.groups["all"].vars, **files("group_vars", "all")}
         hosts = {}
         for name, inline in draft.hosts.items():
             order = _merge_order(groups, direct[name])
             merged = dict(draft.groups["all"].vars)
-            for group in order[1:]:
-                merged.update(draft.groups[group].vars)
+            for other in order[1:]:
+                merged.update(draft.groups[other].vars)
             merged.update(files("group_vars", "all"))
-            for folder in folders:
-                for group in order[1:]:
-                    merged.update(group_file(folder, group))
+            for folder in folders:  # source by source, and in each the groups in order
+                for other in order[1:]:
+                    merged.update(read(folder / "group_vars", other))
             merged.update(inline)
             merged.update(files("host_vars", name))
             hosts[name] = InventoryHost(name, merged, order)
-        implicit = {**base, "ansible_connection": "local", **files("host_vars", "localhost")}
+        implicit = {**all_vars, "ansible_connection": "local", **files("host_vars", "localhost")}
         return cls(hosts, groups, draft.localhost, implicit)
 
 
