@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from fxkit.errors import InventoryError
 from fxkit.inventory.draft import Draft
 from fxkit.inventory.patterns import select
 from fxkit.inventory.sources import read_source, vars_folder
-from fxkit.inventory.vars_files import read_vars
+from fxkit.inventory.vars_files import VarsFiles
 
 UNGROUPED = ("all", "ungrouped")
 Source = str | Path
@@ -141,33 +140,34 @@ class Inventory:
     @classmethod
     def _build(cls, draft: Draft, folders: list[Path]) -> Inventory:
         groups = _link_groups(draft)
-        read = cache(read_vars)
+        group_vars = [VarsFiles(folder / "group_vars") for folder in folders]
+        host_vars = [VarsFiles(folder / "host_vars") for folder in folders]
 
-        def files(kind: str, name: str) -> dict[str, Any]:
-            """``kind/name`` of every source, later sources winning."""
-            return {k: v for folder in folders for k, v in read(folder / kind, name).items()}
+        def files(kind: list[VarsFiles], name: str) -> dict[str, Any]:
+            """The files for ``name`` of every source, later sources winning."""
+            return {k: v for source in kind for k, v in source.read(name).items()}
 
         for name, group in groups.items():
-            group.vars = {**draft.groups[name].vars, **files("group_vars", name)}
+            group.vars = {**draft.groups[name].vars, **files(group_vars, name)}
         direct: dict[str, list[str]] = {name: [] for name in draft.hosts}
         for group in groups.values():
             for host in group.hosts:
                 direct[host].append(group.name)
-        all_vars = {**draft.groups["all"].vars, **files("group_vars", "all")}
+        all_vars = {**draft.groups["all"].vars, **files(group_vars, "all")}
         hosts = {}
         for name, inline in draft.hosts.items():
             order = _merge_order(groups, direct[name])
             merged = dict(draft.groups["all"].vars)
             for other in order[1:]:
                 merged.update(draft.groups[other].vars)
-            merged.update(files("group_vars", "all"))
-            for folder in folders:  # source by source, and in each the groups in order
+            merged.update(files(group_vars, "all"))
+            for source in group_vars:  # source by source, and in each the groups in order
                 for other in order[1:]:
-                    merged.update(read(folder / "group_vars", other))
+                    merged.update(source.read(other))
             merged.update(inline)
-            merged.update(files("host_vars", name))
+            merged.update(files(host_vars, name))
             hosts[name] = InventoryHost(name, merged, order)
-        implicit = {**all_vars, "ansible_connection": "local", **files("host_vars", "localhost")}
+        implicit = {**all_vars, "ansible_connection": "local", **files(host_vars, "localhost")}
         return cls(hosts, groups, draft.localhost, implicit)
 
 
