@@ -192,3 +192,12 @@ def sections(text: str) -> list[tuple[str, frozenset[str]]]:
         )
         for play in plays
     ]
+
+
+def test_play_merges_several_inventories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(CASES)
+    book = write(tmp_path, "site.yml", "- hosts: gpu:!rack2\n")
+    args = ["play", str(book), "-i", "multi/a/hosts.ini", "-i", "multi/b/hosts.yml"]
+    result = CliRunner().invoke(cli, [*args, "--list-hosts"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith("    hosts (2):\n      gpu1\n      gpu3\n")
