@@ -19,7 +19,7 @@ import contextlib
 import signal
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,8 +62,17 @@ class RunOptions:
     connect: ConnectOptions = field(default_factory=ConnectOptions)
 
 
+def load_inventory(sources: str | Path | Sequence[str | Path]) -> Inventory:
+    """The inventory of ``-i`` sources (paths or built-in names), merged in order."""
+    sources = [sources] if isinstance(sources, str | Path) else sources
+    return Inventory.load([paths.resolve(source, "inventories") for source in sources])
+
+
 def run_playbook(
-    playbook: str | Path, inventory: str | Path, options: RunOptions, reporter: Reporter
+    playbook: str | Path,
+    inventory: str | Path | Sequence[str | Path],
+    options: RunOptions,
+    reporter: Reporter,
 ) -> PlaybookResult:
     """What ``fxkit play`` does: load both (paths or built-in names), run, print the recap.
 
@@ -71,8 +80,7 @@ def run_playbook(
     when interrupted). Ctrl-C, even during the recap, never raises here: it interrupts the run.
     """
     book = Playbook.load(paths.resolve(playbook, "playbooks"))
-    hosts = Inventory.load(paths.resolve(inventory, "inventories"))
-    runner = Runner(book, hosts, options, reporter)
+    runner = Runner(book, load_inventory(inventory), options, reporter)
     with _ctrl_c(runner.interrupt):
         with reporter:
             results = runner.run()

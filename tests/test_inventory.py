@@ -42,6 +42,9 @@ def test_yaml_and_ini_give_the_same_hosts_vars_and_groups() -> None:
     yml, ini = Inventory.load(FLEET / "fleet.yml"), Inventory.load(FLEET / "fleet.ini")
     assert list(yml.hosts) == ["bastion", "gpu01", "gpu02", "gpu03", "nvme-tgt01"]
     assert yml.hosts == ini.hosts
+    # bastion is under all: hosts in YAML, before any section in INI: ungrouped in both
+    assert yml.groups["all"].hosts == ["bastion"] and ini.groups["all"].hosts == []
+    yml.groups["all"].hosts.clear()
     assert {n: (g.hosts, g.children) for n, g in yml.groups.items()} == {
         n: (g.hosts, g.children) for n, g in ini.groups.items()
     }

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from inventory_helpers import ANSIBLE, FLEET, REPO, write
 
 from fxkit.cli import cli
+from fxkit.inventory import Inventory
 
 FLEET_YML = str(FLEET / "fleet.yml")
 
@@ -137,3 +138,66 @@ def test_secret_variables_are_masked_unless_asked_for(tmp_path: Path) -> None:
     assert shown["registry_token"] == "tok-3141592"
     listed = json.loads(fxkit("-i", path, "--list", "--show-secrets"))
     assert listed["_meta"]["hostvars"]["gpu01"]["registry_token"] == "tok-3141592"
+
+
+CASES = Path(__file__).resolve().parent / "data" / "inventory" / "cases"
+
+
+def test_list_hosts_prints_what_ansible_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Source: ansible 'dc:!east' -i ini_tree/hosts.ini --limit '!w2' --list-hosts
+    # (ansible-core 2.19.14, cases/ansible/ini_tree/list-hosts.txt)
+    monkeypatch.chdir(CASES)
+    shown = fxkit("-i", "ini_tree/hosts.ini", "--list-hosts", "dc:!east", "--limit", "!w2")
+    assert shown == (CASES / "ansible" / "ini_tree" / "list-hosts.txt").read_text()
+
+
+def test_list_hosts_of_several_sources_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(CASES)
+    shown = fxkit("-i", "multi/b/hosts.yml", "-i", "multi/a", "--list-hosts", "gpu[1:],storage")
+    assert shown == "  hosts (4):\n    gpu3\n    gpu2\n    gpu1\n    nas1\n"
+
+
+def test_list_hosts_that_match_nothing_warns(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["inventory", "-i", FLEET_YML, "--list-hosts", "nosuch"])
+    assert result.exit_code == 0 and "  hosts (0):" in result.output
+    assert "no hosts matched 'nosuch'" in result.output
+
+
+def test_play_list_hosts_prints_what_ansible_playbook_prints(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Source: ansible-playbook playbook/site.yml -i ini_tree/hosts.ini --limit 'e*,w*,east'
+    # --list-hosts (ansible-core 2.19.14, cases/ansible/ini_tree/play-list-hosts.txt).
+    # Play 1's 'east' is the host east (a plain host name wins), play 2's '!east' the group.
+    # ansible-playbook prints each play's hosts as a Python set (in no set order); fxkit prints
+    # them in the order the run takes them, which is Ansible's order for the pattern.
+    monkeypatch.chdir(CASES)
+    args = ["play", "playbook/site.yml", "-i", "ini_tree/hosts.ini", "--limit", "e*,w*,east"]
+    result = CliRunner().invoke(cli, [*args, "--list-hosts"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    expected = (CASES / "ansible" / "ini_tree" / "play-list-hosts.txt").read_text()
+    assert sections(result.output) == sections(expected)
+    inv = Inventory.load(CASES / "ini_tree" / "hosts.ini")
+    hosts = [h.name for h in inv.select("all:!east", "e*,w*,east")]
+    assert result.output.endswith("    hosts (4):\n" + "".join(f"      {h}\n" for h in hosts))
+
+
+def sections(text: str) -> list[tuple[str, frozenset[str]]]:
+    """Each play's heading lines and its set of host lines."""
+    plays = text.split("\n\n")
+    return [
+        (
+            "\n".join(line for line in play.splitlines() if not line.startswith("      ")),
+            frozenset(line.strip() for line in play.splitlines() if line.startswith("      ")),
+        )
+        for play in plays
+    ]
+
+
+def test_play_merges_several_inventories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(CASES)
+    book = write(tmp_path, "site.yml", "- hosts: gpu:!rack2\n")
+    args = ["play", str(book), "-i", "multi/a/hosts.ini", "-i", "multi/b/hosts.yml"]
+    result = CliRunner().invoke(cli, [*args, "--list-hosts"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith("    hosts (2):\n      gpu1\n      gpu3\n")

@@ -135,14 +135,34 @@ def test_ini_mistakes(tmp_path: Path, case: str) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(InventoryError, match="inventory file not found") as err:
+    with pytest.raises(InventoryError, match="inventory not found") as err:
         Inventory.load(tmp_path / "nope.yml")
     assert err.value.where == str(tmp_path / "nope.yml") and err.value.hint
 
 
-def test_directory_instead_of_file(tmp_path: Path) -> None:
-    with pytest.raises(InventoryError, match="is a directory"):
+def test_directory_without_inventory_files(tmp_path: Path) -> None:
+    # Ansible warns "No inventory was parsed" and goes on with no hosts; fxkit refuses.
+    write(tmp_path, "README.md", "[web]\nweb1\n")
+    write(tmp_path, "group_vars/all.yml", "x: 1\n")
+    with pytest.raises(InventoryError, match="no inventory file in this directory") as err:
         Inventory.load(tmp_path)
+    assert err.value.where == str(tmp_path) and ".md" in str(err.value.hint)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("aws_ec2.yml", "plugin: amazon.aws.aws_ec2\n", "inventory plugin 'amazon.aws.aws_ec2'"),
+        ("hosts.toml", "[web.hosts]\n", "TOML inventories are not supported"),
+        ("ec2.py", "#!/usr/bin/env python3\n", "executable inventory scripts"),
+    ],
+)
+def test_sources_fxkit_does_not_read(tmp_path: Path, name: str, text: str, message: str) -> None:
+    path = write(tmp_path, name, text)
+    path.chmod(0o755)
+    with pytest.raises(InventoryError, match=message) as err:
+        Inventory.load(tmp_path)
+    assert str(err.value).startswith(str(path)) and err.value.hint
 
 
 def test_group_vars_file_not_a_mapping(tmp_path: Path) -> None:
@@ -163,5 +183,6 @@ def test_host_vars_file_syntax_error(tmp_path: Path) -> None:
 
 def test_bad_group_priority(tmp_path: Path) -> None:
     inv = write(tmp_path, "hosts.ini", "[gpu]\ngpu01\n[gpu:vars]\nansible_group_priority=high\n")
-    with pytest.raises(InventoryError, match="ansible_group_priority of group 'gpu'"):
+    with pytest.raises(InventoryError, match="ansible_group_priority of group 'gpu'") as err:
         Inventory.load(inv)
+    assert err.value.where == f"{inv}:4" and err.value.hint

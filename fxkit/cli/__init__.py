@@ -27,7 +27,7 @@ def cli() -> None:
 
     \b
     Provisioning:  fxkit play PLAYBOOK -i INVENTORY [--check] [--diff]
-    Inventories:   fxkit inventory -i INVENTORY --list | --graph
+    Inventories:   fxkit inventory -i INVENTORY [-i ...] --list | --graph | --list-hosts P
     Lab fleet:     fxkit lab up N | status | down
     Models:        fxkit load MODEL; fxkit bench load MODEL; fxkit make-checkpoint DIR
     Demo:          fxkit demo (both halves on a lab fleet, as root)

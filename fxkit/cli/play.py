@@ -8,10 +8,12 @@ from pathlib import Path
 
 import click
 
+from fxkit import paths
 from fxkit.connection import ConnectOptions
+from fxkit.playbook import Playbook
 from fxkit.report import Reporter
 from fxkit.role import TagFilter
-from fxkit.runner import RunOptions, run_playbook
+from fxkit.runner import RunOptions, load_inventory, run_playbook
 from fxkit.variables import parse_extra_vars
 
 
@@ -22,10 +24,17 @@ def _tags(values: tuple[str, ...]) -> frozenset[str]:
 @click.command(context_settings={"max_content_width": 100})
 @click.argument("playbook")
 @click.option(
-    "-i", "--inventory", required=True, help="Inventory file (YAML or INI) or a built-in name."
+    "-i",
+    "--inventory",
+    required=True,
+    multiple=True,
+    help="Inventory file (YAML or INI), directory, or a built-in name; repeat to merge several.",
 )
 @click.option(
     "-l", "--limit", metavar="PATTERN", help="Only hosts matching PATTERN (a:b, a:&b, a:!b)."
+)
+@click.option(
+    "--list-hosts", is_flag=True, help="Only list the hosts each play would run on, in order."
 )
 @click.option("-C", "--check", is_flag=True, help="Change nothing; report what would change.")
 @click.option("-D", "--diff", is_flag=True, help="Show diffs of what changes (or would change).")
@@ -87,8 +96,9 @@ def _tags(values: tuple[str, ...]) -> frozenset[str]:
 )
 def play(
     playbook: str,
-    inventory: str,
+    inventory: tuple[str, ...],
     limit: str | None,
+    list_hosts: bool,
     check: bool,
     diff: bool,
     tags: tuple[str, ...],
@@ -116,6 +126,9 @@ def play(
     Exit code: 0 when no host failed or was unreachable, 1 otherwise, 2 for a mistake in the
     command line, inventory, playbook or roles, 130 when interrupted (Ctrl-C).
     """
+    if list_hosts:
+        _list_hosts(playbook, inventory, limit)
+        return
     become_password = os.environ.get("FXKIT_BECOME_PASSWORD")
     if become_password_file:
         become_password = become_password_file.read_text().rstrip("\n")
@@ -146,3 +159,17 @@ def play(
         if log:
             log.close()
     sys.exit(results.exit_code)
+
+
+def _list_hosts(playbook: str, inventory: tuple[str, ...], limit: str | None) -> None:
+    """``--list-hosts``: each play's hosts, as ``ansible-playbook --list-hosts`` shows them."""
+    book = Playbook.load(paths.resolve(playbook, "playbooks"))
+    hosts = load_inventory(inventory)
+    click.echo(f"\nplaybook: {book.path}")
+    for number, play in enumerate(book.plays, 1):
+        selected = hosts.select(play.hosts, limit)
+        tags = ",".join(play.tags)
+        click.echo(f"\n  play #{number} ({play.hosts}): {play.name or play.hosts}\tTAGS: [{tags}]")
+        click.echo(f"    pattern: {[play.hosts]!r}\n    hosts ({len(selected)}):")
+        for host in selected:
+            click.echo(f"      {host.name}")

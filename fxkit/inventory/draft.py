@@ -1,12 +1,22 @@
-"""What an inventory file declares, before variables are merged: the parsers fill a Draft."""
+"""What inventory sources declare, before variables are merged: the parsers fill one Draft.
+
+Several sources (``-i a -i b``, the files of an inventory directory) fill the same Draft in
+order, as Ansible fills one ``InventoryData``: a host or group named again gets the later
+variables, and keeps its first position.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fxkit.errors import InventoryError
 from fxkit.inventory.hostnames import expand, split_port
+
+#: Names Ansible treats as the controller itself (its implicit localhost).
+LOCALHOST = ("127.0.0.1", "localhost", "::1")
+PRIORITY = "ansible_group_priority"
 
 
 @dataclass
@@ -19,20 +29,23 @@ class DraftGroup:
     children: list[str] = field(default_factory=list)
     #: child name -> file:line of the line that made it a child (for cycle errors)
     child_where: dict[str, str] = field(default_factory=dict)
+    priority: int = 1
 
 
 @dataclass
 class Draft:
-    """Groups and hosts in declaration order; ``all`` and ``ungrouped`` always exist."""
+    """Groups and hosts in the order Ansible creates them; ``all`` and ``ungrouped`` always
+    exist, ``ungrouped`` as the first child of ``all``."""
 
-    source: str
     groups: dict[str, DraftGroup] = field(default_factory=dict)
-    #: host name -> inline host vars (a host named twice gets both sets, the later one winning)
+    #: host name -> its inline variables
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the first host named like the controller (localhost, 127.0.0.1, ::1), if any
+    localhost: str | None = None
 
     def __post_init__(self) -> None:
-        self.group("all", self.source)
-        self.add_child("all", "ungrouped", self.source)
+        self.group("all", "<inventory>")
+        self.add_child("all", "ungrouped", "<inventory>")
 
     def group(self, name: str, where: str) -> DraftGroup:
         """The group called ``name``, created on first mention."""
@@ -47,8 +60,19 @@ class Draft:
             group.children.append(child)
             group.child_where[child] = where
 
-    def add_hosts(self, group: str, pattern: str, hostvars: dict[str, Any], where: str) -> None:
-        """Add the host(s) ``pattern`` names (``node[01:08]``, ``gpu01:2222``) to ``group``."""
+    def set_group_var(self, group: str, key: str, value: Any, where: str) -> None:
+        """A group variable from the inventory itself; ``ansible_group_priority`` sets the
+        group's priority instead, as in Ansible, and is no variable."""
+        target = self.groups[group]
+        if key == PRIORITY:
+            target.priority = priority(value, f"group {group!r}", where)
+        else:
+            target.vars[key] = value
+
+    def add_hosts(self, group: str, pattern: str, hostvars: Mapping[str, Any], where: str) -> None:
+        """Add the host(s) ``pattern`` names (``node[01:08]``, ``gpu01:2222``,
+        ``[2001:db8::12]:2222``) to ``group``. As in Ansible, ``:port`` is the port of a host
+        seen for the first time, and an ``ansible_port`` variable beats it."""
         name, port = split_port(pattern)
         try:
             names = expand(name)
@@ -56,10 +80,41 @@ class Draft:
             raise InventoryError(
                 f"bad host range in {pattern!r}: {exc}",
                 where=where,
-                hint="write ranges as name[01:08] or name[a:f], optionally name[01:08:2]",
+                hint="write ranges as name[01:08] (both ends as wide), name[a:f] or "
+                "name[1:9:2]; an IPv6 address with a port as [2001:db8::12]:2222",
             ) from None
-        extra = {"ansible_port": port} if port is not None else {}
-        target = self.group(group, where)
         for host in names:
-            self.hosts.setdefault(host, {}).update(hostvars, **extra)
-            target.hosts[host] = None
+            self.add_host(group, host, port, hostvars, where)
+
+    def add_host(
+        self,
+        group: str,
+        host: str,
+        port: int | None = None,
+        hostvars: Mapping[str, Any] | None = None,
+        where: str = "<host list>",
+    ) -> None:
+        """Add one host (no ranges) to ``group``. As in Ansible, the variables of a host that
+        has the name of an existing group go to that group."""
+        if host not in self.hosts:
+            self.hosts[host] = {} if port is None else {"ansible_port": port}
+            if host in LOCALHOST and self.localhost is None:
+                self.localhost = host
+        for key, value in (hostvars or {}).items():
+            if host in self.groups:
+                self.set_group_var(host, key, value, where)
+            else:
+                self.hosts[host][key] = value
+        self.group(group, where).hosts[host] = None
+
+
+def priority(value: Any, whose: str, where: str) -> int:
+    """``ansible_group_priority`` as Ansible reads it: ``int(value)``."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InventoryError(
+            f"ansible_group_priority of {whose} must be an integer, got {value!r}",
+            where=where,
+            hint="set ansible_group_priority to a number, e.g. 10 (higher wins)",
+        ) from None

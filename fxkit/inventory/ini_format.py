@@ -27,47 +27,66 @@ from typing import Any
 
 from fxkit.errors import InventoryError
 from fxkit.inventory.draft import Draft
+from fxkit.inventory.hostnames import split_port
 
-_SECTION = re.compile(r"^\[([^\[\]:\s]+)(?::(\w+))?\]\s*(?:[#;].*)?$")
+_SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 
 
-def parse_ini(path: Path, text: str) -> Draft:
-    """Parse the INI inventory ``text`` read from ``path``."""
-    draft = Draft(str(path))
+def parse_ini(draft: Draft, path: Path, text: str) -> None:
+    """Add the INI inventory ``text`` read from ``path`` to ``draft``.
+
+    As in Ansible, a group is defined by a ``[group]`` or ``[group:children]`` section (in this
+    file or an earlier source); a ``:children`` entry or a ``[group:vars]`` section for a group
+    never defined is an error. A child named before its own section joins its parents when
+    that section comes."""
     group, kind = "ungrouped", "hosts"
-    defined = {"all", "ungrouped"}
-    #: groups named in [x:vars] sections: each must be defined somewhere in the file
-    vars_sections: dict[str, str] = {}
+    #: group -> (kind of the first mention, file:line, parents waiting for it)
+    pending: dict[str, tuple[str, str, list[str]]] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         where = f"{path}:{number}"
         if not line or line[0] in "#;":
             continue
-        if line.startswith("["):
+        if _SECTION.match(line) or (line[0] == "[" and (line[-1] == "]" or "]" not in line)):
             group, kind = _section(line, where)
-            if kind == "vars":
-                vars_sections.setdefault(group, where)
-            else:
-                draft.group(group, where)
-                defined.add(group)
+            if group not in draft.groups and kind == "vars" and group not in pending:
+                pending[group] = ("vars", where, [])
+            draft.group(group, where)
+            if group in pending and kind != "vars":
+                _resolve(draft, group, pending)
         elif kind == "hosts":
             pattern, hostvars = _host_line(line, where)
             draft.add_hosts(group, pattern, hostvars, where)
         elif kind == "children":
             child = _child_line(line, where)
-            draft.add_child(group, child, where)
-            defined.add(child)
+            if child in draft.groups:
+                draft.add_child(group, child, where)
+            else:
+                pending.setdefault(child, ("children", where, []))[2].append(group)
         else:
             key, value = _assignment(line, where)
-            draft.group(group, where).vars[key] = value
-    for name, where in vars_sections.items():
-        if name not in defined:
+            draft.set_group_var(group, key, value, where)
+    for name, (kind, where, parents) in pending.items():
+        if kind == "vars":
             raise InventoryError(
                 f"section [{name}:vars] is for a group that is never defined",
                 where=where,
                 hint=f"add a [{name}] or [{name}:children] section, or fix the group name",
             )
-    return draft
+        raise InventoryError(
+            f"section [{parents[-1]}:children] names group {name!r}, which is never defined",
+            where=where,
+            hint=f"add a [{name}] section (it may be empty), or fix the group name",
+        )
+
+
+def _resolve(draft: Draft, group: str, pending: dict[str, tuple[str, str, list[str]]]) -> None:
+    """``group`` is now defined: it joins the parents that named it, and so on up."""
+    _, where, parents = pending.pop(group)
+    for parent in parents:
+        draft.add_child(parent, group, where)
+        if parent in pending and pending[parent][0] == "children":
+            _resolve(draft, parent, pending)
 
 
 def _section(line: str, where: str) -> tuple[str, str]:
@@ -99,6 +118,12 @@ def _tokens(line: str, where: str) -> list[str]:
 
 def _host_line(line: str, where: str) -> tuple[str, dict[str, Any]]:
     pattern, *assignments = _tokens(line, where)
+    if pattern.endswith(":") and split_port(pattern)[1] is None:
+        raise InventoryError(
+            f"host {pattern!r} ends in ':' without a port",
+            where=where,
+            hint="write the port after the colon (gpu01:2222), or remove the colon",
+        )
     hostvars = {}
     for token in assignments:
         key, sep, value = token.partition("=")
@@ -135,8 +160,21 @@ def _assignment(line: str, where: str) -> tuple[str, Any]:
 
 
 def _value(text: str) -> Any:
-    """A Python literal (``8``, ``True``, ``[1, 2]``) where ``text`` is one, else the string."""
+    """A Python literal (``8``, ``True``, ``[1, 2]``) where ``text`` is one, else the string;
+    as Ansible, tuples and sets become lists, bytes, complex numbers and ``...`` strings."""
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return _plain(ast.literal_eval(text))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return text
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list | tuple | set):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {_plain(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, complex) or value is Ellipsis:
+        return "..." if value is Ellipsis else str(value)
+    return value

@@ -6,35 +6,34 @@ default order:
 1. inline vars of group ``all`` (``all: vars:`` in YAML, ``[all:vars]`` in INI);
 2. inline vars of the host's other groups, shallow groups before deeper ones (a group's depth
    is its longest path from ``all``, so a child group beats its parent); groups of equal depth
-   go by ``ansible_group_priority`` (default 1), then alphabetically;
-3. ``group_vars/all`` beside the inventory file;
-4. ``group_vars/<group>`` for the other groups, in the order of step 2;
+   go by ``ansible_group_priority`` (default 1, higher wins), then alphabetically;
+3. ``group_vars/all`` of each ``-i`` source in turn;
+4. ``group_vars/<group>`` of each source in turn, for the other groups in the order of step 2;
 5. inline host vars (a host listed in several places gets all of them, the later one winning);
-6. ``host_vars/<host>``.
+6. ``host_vars/<host>`` of each source in turn.
 
 So a file in ``group_vars/`` beats any inline group variable and a ``host_vars/`` file beats an
-inline host variable. Connection variables (``ansible_host``, ``ansible_port``, ``ansible_user``,
-``ansible_ssh_private_key_file``, ``ansible_become``, ``ansible_become_password``,
-``ansible_connection``) are ordinary variables here and pass through unchanged.
+inline host variable. ``ansible_group_priority`` set inline is the group's priority and no
+variable; in a ``group_vars/`` file it is an ordinary variable that changes no order (as in
+Ansible 2.19). Connection variables (``ansible_host``, ``ansible_port``, ``ansible_user``, ...)
+are ordinary variables here and pass through unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fxkit.errors import InventoryError
 from fxkit.inventory.draft import Draft
-from fxkit.inventory.ini_format import parse_ini
 from fxkit.inventory.patterns import select
-from fxkit.inventory.vars_files import read_vars
-from fxkit.inventory.yaml_format import parse_yaml
-from fxkit.yamlfile import Marked, read_yaml
+from fxkit.inventory.sources import read_source, vars_folder
+from fxkit.inventory.vars_files import VarsFiles
 
-YAML_SUFFIXES = (".yml", ".yaml", ".json")
 UNGROUPED = ("all", "ungrouped")
+Source = str | Path
 
 
 @dataclass
@@ -50,7 +49,7 @@ class InventoryHost:
 @dataclass
 class InventoryGroup:
     """One group as declared: its own hosts and child groups, and its own variables (inline,
-    then its ``group_vars`` file)."""
+    then its ``group_vars`` files)."""
 
     name: str
     hosts: list[str] = field(default_factory=list)
@@ -58,89 +57,118 @@ class InventoryGroup:
     parents: list[str] = field(default_factory=list)
     vars: dict[str, Any] = field(default_factory=dict)
     depth: int = 0
+    priority: int = 1
 
 
 class Inventory:
-    """Hosts (in inventory order) and groups read from an Ansible YAML or INI inventory."""
+    """Hosts (in the order they were declared) and groups read from Ansible inventory sources."""
 
-    def __init__(self, hosts: dict[str, InventoryHost], groups: dict[str, InventoryGroup]):
+    def __init__(
+        self,
+        hosts: dict[str, InventoryHost],
+        groups: dict[str, InventoryGroup],
+        localhost: str | None = None,
+        implicit_vars: dict[str, Any] | None = None,
+    ):
         self.hosts = hosts
         self.groups = groups
+        #: the inventory's first host named localhost, 127.0.0.1 or ::1, if any
+        self._localhost = localhost
+        self._implicit_vars = implicit_vars or {"ansible_connection": "local"}
+        self._implicit: InventoryHost | None = None
+        self._group_hosts: dict[str, list[InventoryHost]] = {}
 
     @classmethod
-    def load(cls, path: str | Path) -> Inventory:
-        """Read an inventory file (YAML: .yml/.yaml/.json; anything else: INI, or YAML when it
-        parses as a mapping) with ``group_vars/`` and ``host_vars/`` beside it."""
-        path = Path(path)
-        if not path.exists():
-            raise InventoryError(
-                "inventory file not found",
-                where=str(path),
-                hint="pass the inventory file with -i, e.g. -i inventory/mi308x.yml",
-            )
-        if path.is_dir():
-            raise InventoryError(
-                "the inventory is a directory",
-                where=str(path),
-                hint="pass the inventory file inside it, e.g. -i inventory/mi308x.yml",
-            )
-        return cls._build(_parse(path), path.parent)
+    def load(cls, sources: Source | Sequence[Source]) -> Inventory:
+        """Read inventory sources in order, as repeated ``-i`` options: YAML or INI files,
+        inventory directories, or ``host1,host2`` lists (see :mod:`fxkit.inventory.sources`),
+        each with the ``group_vars/`` and ``host_vars/`` that belong to it."""
+        sources = [sources] if isinstance(sources, str | Path) else list(sources)
+        if not sources:
+            raise InventoryError("no inventory given", hint="pass one with -i")
+        draft = Draft()
+        for source in sources:
+            read_source(draft, source)
+        folders = [folder for folder in map(vars_folder, sources) if folder is not None]
+        return cls._build(draft, folders)
 
     @classmethod
     def from_hosts(cls, names: Iterable[str]) -> Inventory:
         """An inventory of ungrouped hosts without variables, for ad-hoc runs (``localhost``)."""
-        draft = Draft("<host list>")
+        draft = Draft()
         for name in names:
             draft.add_hosts("ungrouped", name, {}, "<host list>")
-        return cls._build(draft, None)
+        return cls._build(draft, [])
 
-    def select(self, pattern: str) -> list[InventoryHost]:
-        """Hosts matching an Ansible host pattern, in inventory order (see ``patterns``)."""
-        return select(self, pattern)
+    def select(self, pattern: str, limit: str | None = None) -> list[InventoryHost]:
+        """Hosts matching an Ansible host pattern, in Ansible's order, narrowed to those that
+        ``limit`` (``--limit``) matches (see :mod:`fxkit.inventory.patterns`)."""
+        hosts = select(self, pattern)
+        if limit is None:
+            return hosts
+        allowed = {host.name for host in select(self, limit)}
+        return [host for host in hosts if host.name in allowed]
+
+    def localhost(self, name: str) -> InventoryHost:
+        """What the pattern ``localhost`` (``127.0.0.1``, ``::1``) stands for when it matches
+        nothing else, as in Ansible: the inventory's first such host, else an implicit host
+        with ``ansible_connection: local`` (and the vars of ``all``), in no group, so not in
+        ``all``, and named as the pattern that first asked for it."""
+        if self._localhost is not None:
+            return self.hosts[self._localhost]
+        if self._implicit is None:
+            self._implicit = InventoryHost(name, dict(self._implicit_vars), [])
+        return self._implicit
+
+    def group_hosts(self, name: str) -> list[InventoryHost]:
+        """The hosts of group ``name`` and of its descendants in Ansible's order: the group's
+        own hosts, then those of its children, of their children, and so on, level by level;
+        each host once."""
+        if name in self._group_hosts:
+            return self._group_hosts[name]
+        order: dict[str, None] = {}
+        level, seen = [name], {name}
+        while level:
+            for group in level:
+                order.update(dict.fromkeys(self.groups[group].hosts))
+            level = [c for g in level for c in self.groups[g].children if c not in seen]
+            level = list(dict.fromkeys(level))
+            seen.update(level)
+        self._group_hosts[name] = [self.hosts[host] for host in order]
+        return self._group_hosts[name]
 
     @classmethod
-    def _build(cls, draft: Draft, folder: Path | None) -> Inventory:
+    def _build(cls, draft: Draft, folders: list[Path]) -> Inventory:
         groups = _link_groups(draft)
-        group_files = {name: _vars_from(folder, "group_vars", name) for name in groups}
+        group_vars = [VarsFiles(folder / "group_vars") for folder in folders]
+        host_vars = [VarsFiles(folder / "host_vars") for folder in folders]
+
+        def files(kind: list[VarsFiles], name: str) -> dict[str, Any]:
+            """The files for ``name`` of every source, later sources winning."""
+            return {k: v for source in kind for k, v in source.read(name).items()}
+
         for name, group in groups.items():
-            group.vars = {**draft.groups[name].vars, **group_files[name]}
+            group.vars = {**draft.groups[name].vars, **files(group_vars, name)}
         direct: dict[str, list[str]] = {name: [] for name in draft.hosts}
         for group in groups.values():
             for host in group.hosts:
                 direct[host].append(group.name)
+        all_vars = {**draft.groups["all"].vars, **files(group_vars, "all")}
         hosts = {}
         for name, inline in draft.hosts.items():
             order = _merge_order(groups, direct[name])
-            merged: dict[str, Any] = {}
-            for group in order:
-                merged.update(draft.groups[group].vars)
-            for group in order:
-                merged.update(group_files[group])
+            merged = dict(draft.groups["all"].vars)
+            for other in order[1:]:
+                merged.update(draft.groups[other].vars)
+            merged.update(files(group_vars, "all"))
+            for source in group_vars:  # source by source, and in each the groups in order
+                for other in order[1:]:
+                    merged.update(source.read(other))
             merged.update(inline)
-            merged.update(_vars_from(folder, "host_vars", name))
+            merged.update(files(host_vars, name))
             hosts[name] = InventoryHost(name, merged, order)
-        return cls(hosts, groups)
-
-
-def _parse(path: Path) -> Draft:
-    if path.suffix in YAML_SUFFIXES:
-        return parse_yaml(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"cannot read: {exc}", where=str(path)) from None
-    if not path.suffix and not text.lstrip().startswith("["):
-        try:
-            data = read_yaml(path, InventoryError)
-        except InventoryError:
-            data = None
-        if isinstance(data, Marked):
-            return parse_yaml(path, data)
-    return parse_ini(path, text)
-
-
-def _vars_from(folder: Path | None, kind: str, name: str) -> dict[str, Any]:
-    return read_vars(folder / kind, name) if folder else {}
+        implicit = {**all_vars, "ansible_connection": "local", **files(host_vars, "localhost")}
+        return cls(hosts, groups, draft.localhost, implicit)
 
 
 def _link_groups(draft: Draft) -> dict[str, InventoryGroup]:
@@ -152,10 +180,9 @@ def _link_groups(draft: Draft) -> dict[str, InventoryGroup]:
     other = {h for name, g in draft.groups.items() if name not in UNGROUPED for h in g.hosts}
     ungrouped = draft.groups["ungrouped"]
     ungrouped.hosts = dict.fromkeys(h for h in [*ungrouped.hosts, *draft.hosts] if h not in other)
-    draft.groups["all"].hosts.clear()
 
     groups = {
-        name: InventoryGroup(name, list(g.hosts), list(g.children))
+        name: InventoryGroup(name, list(g.hosts), list(g.children), priority=g.priority)
         for name, g in draft.groups.items()
     }
     for name, group in groups.items():
@@ -198,13 +225,6 @@ def _merge_order(groups: dict[str, InventoryGroup], direct: list[str]) -> list[s
     found.discard("all")
 
     def key(name: str) -> tuple[int, int, str]:
-        priority = groups[name].vars.get("ansible_group_priority", 1)
-        if not isinstance(priority, int):
-            raise InventoryError(
-                f"ansible_group_priority of group {name!r} must be an integer, got {priority!r}",
-                where=f"group {name}",
-                hint="set ansible_group_priority to a number, e.g. 10 (higher wins)",
-            )
-        return groups[name].depth, priority, name
+        return groups[name].depth, groups[name].priority, name
 
     return ["all", *sorted(found, key=key)]

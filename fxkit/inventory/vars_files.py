@@ -1,12 +1,15 @@
-"""``group_vars/`` and ``host_vars/`` beside the inventory file, found as Ansible finds them.
+"""``group_vars/`` and ``host_vars/`` of an inventory source, found as Ansible finds them.
 
 For a group or host NAME the first of ``NAME``, ``NAME.yml``, ``NAME.yaml``, ``NAME.json`` that
-exists is used; if it is a directory, every such file inside it (recursively, sorted by path,
-hidden files skipped) is read and merged, later files winning.
+exists is used; if it is a directory, every file inside it with one of these suffixes or none
+is read and merged, later files winning: entries sorted by name, a subdirectory without a
+suffix read the same way where it sorts, hidden entries and backups (``name~``) skipped, as
+Ansible's ``host_group_vars`` plugin does.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,27 +19,39 @@ from fxkit.variables import load_vars_file
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
 
 
-def read_vars(folder: Path, name: str) -> dict[str, Any]:
-    """Merged variables for ``name`` from ``folder`` (``group_vars`` or ``host_vars``)."""
-    merged: dict[str, Any] = {}
-    for path in _files_for(folder, name):
-        merged.update(load_vars_file(path, InventoryError))
-    return merged
+class VarsFiles:
+    """The ``group_vars`` or ``host_vars`` folder of one source, for one inventory load: listed
+    once, each file read once, however many hosts and groups ask."""
 
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._names = set(os.listdir(folder)) if folder.is_dir() else set()
+        self._read: dict[str, dict[str, Any]] = {}
 
-def _files_for(folder: Path, name: str) -> list[Path]:
-    if not folder.is_dir():
+    def read(self, name: str) -> dict[str, Any]:
+        """Merged variables for group or host ``name``."""
+        if name not in self._read:
+            merged: dict[str, Any] = {}
+            for path in self._files_for(name):
+                merged.update(load_vars_file(path, InventoryError))
+            self._read[name] = merged
+        return self._read[name]
+
+    def _files_for(self, name: str) -> list[Path]:
+        for extension in EXTENSIONS:
+            if f"{name}{extension}" in self._names:
+                path = self.folder / f"{name}{extension}"
+                return _files_in(path) if path.is_dir() else [path]
         return []
-    for extension in EXTENSIONS:
-        path = folder / f"{name}{extension}"
-        if path.is_dir():
-            return sorted(
-                child
-                for child in path.rglob("*")
-                if child.is_file()
-                and child.suffix in EXTENSIONS
-                and not any(part.startswith(".") for part in child.relative_to(path).parts)
-            )
-        if path.is_file():
-            return [path]
-    return []
+
+
+def _files_in(folder: Path) -> list[Path]:
+    found = []
+    for entry in sorted(folder.iterdir(), key=lambda path: path.name):
+        if entry.name.startswith(".") or entry.name.endswith("~"):
+            continue
+        if entry.is_dir() and not entry.suffix:
+            found += _files_in(entry)
+        elif entry.is_file() and entry.suffix in EXTENSIONS:
+            found.append(entry)
+    return found

@@ -22,7 +22,7 @@ def as_list(
     result: dict[str, Any] = {"_meta": {"hostvars": {k: v for k, v in hostvars.items() if v}}}
     for name, group in inventory.groups.items():
         entry = {
-            "hosts": [h for h in group.hosts if h in keep],
+            "hosts": [h for h in group.hosts if h in keep and name != "all"],
             "children": list(group.children),
         }
         entry = {key: value for key, value in entry.items() if value}
@@ -41,7 +41,8 @@ def _graph(inventory: Inventory, name: str, depth: int) -> list[str]:
     lines = [_indent(f"@{name}:", depth)]
     for child in group.children:
         lines += _graph(inventory, child, depth + 1)
-    lines += [_indent(host, depth + 1) for host in group.hosts]
+    if name != "all":  # hosts declared under all: are shown in ungrouped, as Ansible does
+        lines += [_indent(host, depth + 1) for host in group.hosts]
     return lines
 
 

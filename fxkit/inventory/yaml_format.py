@@ -25,21 +25,27 @@ from fxkit.yamlfile import Marked, plain, read_yaml, type_name
 GROUP_KEYS = ("hosts", "vars", "children")
 
 
-def parse_yaml(path: Path, data: Any = None) -> Draft:
-    """Read a YAML inventory (``data`` when the caller has parsed it already)."""
+def parse_yaml(draft: Draft, path: Path, data: Any = None) -> None:
+    """Add a YAML inventory to ``draft`` (``data`` when the caller has parsed it already)."""
     data = read_yaml(path, InventoryError) if data is None else data
-    draft = Draft(str(path))
     if data is None:
-        return draft
+        return
     if not isinstance(data, Marked):
         raise InventoryError(
             "a YAML inventory must be a mapping of group names (usually just 'all')",
             where=f"{path}:1",
             hint="start the file with 'all:' and put 'hosts:', 'vars:' or 'children:' under it",
         )
+    if data.get("plugin"):
+        raise InventoryError(
+            f"this is the configuration of Ansible's inventory plugin {data['plugin']!r}, "
+            "not an inventory",
+            where=f"{path}:{data.line_of('plugin')}",
+            hint="fxkit reads YAML and INI inventories; write the hosts out (e.g. with "
+            "ansible-inventory -i THIS --list --yaml > hosts.yml)",
+        )
     for name, body in data.items():
         _parse_group(draft, path, name, body, f"{path}:{data.line_of(name)}")
-    return draft
 
 
 def _parse_group(draft: Draft, path: Path, name: Any, body: Any, where: str) -> None:
@@ -64,29 +70,40 @@ def _parse_group(draft: Draft, path: Path, name: Any, body: Any, where: str) -> 
                 "a host belongs under 'hosts:', a subgroup under 'children:'",
             )
         section = body[key]
-        if section is None:
+        if isinstance(section, str):  # Ansible reads 'hosts: gpu01' as one host
+            section = {section: None}
+        if not section:
             continue
-        if not isinstance(section, Marked):
+        if not isinstance(section, dict):
             raise InventoryError(
                 f"'{key}' of group {name!r} must be a mapping, not {type_name(section)}",
                 where=here,
                 hint=_SECTION_HINTS[key],
             )
         if key == "vars":
-            draft.groups[name].vars.update(plain(section))
+            for var, value in plain(section).items():
+                draft.set_group_var(name, var, value, f"{path}:{_line(section, var)}")
         elif key == "hosts":
             for host, hostvars in section.items():
-                _parse_host(draft, name, host, hostvars, f"{path}:{section.line_of(host)}")
+                _parse_host(draft, name, host, hostvars, f"{path}:{_line(section, host)}")
         else:
             for child, child_body in section.items():
-                child_where = f"{path}:{section.line_of(child)}"
+                child_where = f"{path}:{_line(section, child)}"
                 _parse_group(draft, path, child, child_body, child_where)
                 draft.add_child(name, child, child_where)
 
 
+def _line(section: dict[Any, Any], key: Any) -> int | str:
+    return section.line_of(key) if isinstance(section, Marked) else "?"
+
+
 def _parse_host(draft: Draft, group: str, host: Any, hostvars: Any, where: str) -> None:
-    if not isinstance(host, str | int) or isinstance(host, bool) or host == "":
-        raise InventoryError(f"host name {host!r} must be a non-empty string", where=where)
+    if not isinstance(host, str) or host == "":
+        raise InventoryError(
+            f"host name {host!r} must be a non-empty string",
+            where=where,
+            hint="quote a host name that YAML reads as a number: '10':",
+        )
     if hostvars is not None and not isinstance(hostvars, Marked):
         raise InventoryError(
             f"the vars of host '{host}' in group {group!r} must be a mapping, "
@@ -94,7 +111,7 @@ def _parse_host(draft: Draft, group: str, host: Any, hostvars: Any, where: str) 
             where=where,
             hint=f"write '{host}:' alone, or with 'key: value' lines indented under it",
         )
-    draft.add_hosts(group, str(host), plain(hostvars or {}), where)
+    draft.add_hosts(group, host, plain(hostvars or {}), where)
 
 
 _SECTION_HINTS = {
