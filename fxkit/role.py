@@ -310,6 +310,12 @@ class Host:
     group_member = operation(ops.group_member)
     virtualenv = operation(ops.virtualenv)
     git = operation(ops.git)
+    apt_repository = operation(ops.apt_repository)
+    apt_pin = operation(ops.apt_pin)
+    package_hold = operation(ops.package_hold)
+    copy = operation(ops.copy)
+    download = operation(ops.download)
+    mount = operation(ops.mount)
 
     def __init__(
         self,

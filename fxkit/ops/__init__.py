@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from fxkit.ops.apt import apt_pin, apt_repository, package_hold
 from fxkit.ops.base import OpContext, Operation, OpError, Result, Status
 from fxkit.ops.commands import command
 from fxkit.ops.files import directory, file
 from fxkit.ops.kernel import kernel_cmdline, module, sysctl
 from fxkit.ops.lines import block, line
+from fxkit.ops.mounts import mount
 from fxkit.ops.packages import packages
 from fxkit.ops.python import git, virtualenv
 from fxkit.ops.systemd import service, unit
+from fxkit.ops.transfer import copy, download
 from fxkit.ops.users import group_member
 
 #: Every operation by the name a role calls it with.
@@ -30,6 +33,12 @@ OPERATIONS: dict[str, Operation] = {
         group_member,
         virtualenv,
         git,
+        apt_repository,
+        apt_pin,
+        package_hold,
+        copy,
+        download,
+        mount,
     )
 }
 
