@@ -130,9 +130,9 @@ def mount(
 
 def _live(ctx: OpContext, path: str, state: str, remount: bool) -> Result:
     """Mount or unmount ``path`` now, as ``state`` wants."""
-    mounted = any(m.path == path for m in ctx.probe(Mounts))
     if state == "present":
         return ok("")
+    mounted = any(m.path == path for m in ctx.probe(Mounts))
     q = quote(path)
     if state == "mounted":
         if mounted and not remount:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import posixpath
 import re
 import stat
 from collections.abc import Iterator
@@ -50,16 +51,17 @@ def check_sha256(digest: str) -> str:
 def local_file(src: str) -> Iterator[bytes]:
     """The content of the controller's file ``src``, mapped read-only (no copy in memory)."""
     try:
-        f = open(src, "rb")  # noqa: SIM115 (closed by the with below)
+        regular = stat.S_ISREG(os.stat(src).st_mode)
+        f = open(src, "rb") if regular else None  # noqa: SIM115 (closed by the with below)
     except OSError as exc:
         raise OpError(
             f"cannot read {src} on the controller: {exc.strerror}",
             hint="give the path of a file on the controller (relative to the directory fxkit "
             "runs in)",
         ) from None
+    if f is None:
+        raise OpError(f"{src} on the controller is not a regular file")
     with f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OpError(f"{src} on the controller is not a regular file")
         if os.fstat(f.fileno()).st_size == 0:
             yield b""
             return
@@ -71,11 +73,18 @@ def local_file(src: str) -> Iterator[bytes]:
 def _as_wanted(
     ctx: OpContext, dest: str, info: FileInfo, digest: str, mode: Mode, owner: Owner, group: Owner
 ) -> Result | None:
-    """The result when ``dest`` already has the content: its attributes managed; else None."""
+    """The result when ``dest`` has the content (its attributes then managed) or cannot get it;
+    None when it is to be written."""
     if info.exists and info.type not in ("file", "link"):
         return failed(f"{dest} exists and is a {info.type}, not a file: move it away first")
     if info.type == "file" and info.sha256 == digest:
         return file(ctx, dest, mode=mode, owner=owner, group=group)
+    parent = posixpath.dirname(dest) or "/"
+    if not info.exists and not ctx.read(f"test -d {quote(parent)}").ok:
+        return failed(
+            f"cannot write {dest}: {parent} is not a directory on the host; create it first "
+            "(host.directory)"
+        )
     return None
 
 
