@@ -189,7 +189,8 @@ def apt_repository(
     ``keyring`` without ``key`` names one already on the host. ``options`` are further fields by
     their deb822 names (``{"Trusted": "yes"}``). A source of the other style with the same name is
     removed. After a change ``data["apt_update_needed"]`` is true, or with ``update=True`` apt's
-    index of this source alone is refreshed. ``state="absent"`` removes the source file and the
+    index of this source alone is refreshed (a warning, such as a bad signature, fails it:
+    apt-get would keep the old index and exit 0). ``state="absent"`` removes the source file and the
     default keyring (a keyring given by path may be shared, and stays).
 
     Example::
@@ -253,8 +254,8 @@ def apt_repository(
         result.data["apt_update_needed"] = True
         return result
     refresh = ctx.change(
-        f"apt-get update -q -o Dir::Etc::SourceList={quote(path)} "
-        "-o Dir::Etc::SourceParts=- -o APT::Get::List-Cleanup=0",
+        f"apt-get update -q -o Dir::Etc::SourceList={quote(path)} -o Dir::Etc::SourceParts=- "
+        "-o APT::Get::List-Cleanup=0 -o APT::Update::Error-Mode=any",
         would=f"refresh apt's index of {name}",
         done=f"refreshed apt's index of {name}",
         timeout=600,
