@@ -236,16 +236,17 @@ def apt_repository(
     path, other_path = f"{SOURCES}/{name}{suffix}", f"{SOURCES}/{name}{other}"
     if state == "absent":
         steps = [file(ctx, path, state="absent"), file(ctx, other_path, state="absent")]
-        if keyring == f"{KEYRINGS}/{name}.gpg" or (keyring is None and key is None):
+        if keyring in (None, f"{KEYRINGS}/{name}.gpg"):
             steps.append(file(ctx, f"{KEYRINGS}/{name}.gpg", state="absent"))
         return _summary(steps, f"apt source {name} absent")
 
     steps = []
     if keyring and keyring_data is not None:
         steps.append(_config_file(ctx, keyring, keyring_data))
-    content = render_source(style, kinds, uri_list, suite_list, component_list, fields)
-    steps.append(_config_file(ctx, path, content.encode()))
-    steps.append(file(ctx, other_path, state="absent"))
+    if not (steps and steps[0].failed):  # a source signed by a keyring that is not there: no
+        content = render_source(style, kinds, uri_list, suite_list, component_list, fields)
+        steps.append(_config_file(ctx, path, content.encode()))
+        steps.append(file(ctx, other_path, state="absent"))
     result = _summary(steps, f"apt source {name} as wanted")
     if not result.changed or result.failed:
         result.data["apt_update_needed"] = False
