@@ -107,7 +107,7 @@ def mount(
     if state != "absent":
         if not src or not fstype:
             raise OpError(f"mount {path}: state={state} needs src and fstype")
-        if not _OPTION.fullmatch(fstype) or "\0" in src or not src.strip():
+        if not re.fullmatch(r"\S+", fstype) or "\0" in src or not src.strip():
             raise OpError(f"mount {path}: bad src {src!r} or fstype {fstype!r}")
         for name, value in (("dump", dump), ("passno", passno)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

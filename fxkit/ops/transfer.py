@@ -17,6 +17,7 @@ import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from shlex import quote
 from typing import cast
 
@@ -48,7 +49,7 @@ def check_sha256(digest: str) -> str:
 
 
 @contextmanager
-def local_file(src: str) -> Iterator[bytes]:
+def local_file(src: str | Path) -> Iterator[bytes]:
     """The content of the controller's file ``src``, mapped read-only (no copy in memory)."""
     try:
         regular = stat.S_ISREG(os.stat(src).st_mode)
@@ -106,7 +107,7 @@ def _content_diff(
 
 def copy(
     ctx: OpContext,
-    src: str,
+    src: str | Path,
     dest: str,
     mode: Mode = None,
     owner: Owner = None,
@@ -161,7 +162,7 @@ def download_command(
     fetch = (
         f'curl -fsSL --retry 2 -o "$t" -- {quote(url)}'
         if tool == "curl"
-        else f'wget -q -O "$t" -- {quote(url)}'
+        else f'wget -nv -O "$t" -- {quote(url)}'
     )
     attributes = attribute_command('"$t"', mode, owner, group)
     return "; ".join(
