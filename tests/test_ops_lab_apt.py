@@ -173,3 +173,36 @@ def test_one_line_style_replaces_the_stanza_and_a_wrong_key_fails(
     _, applied, again = converge(root, removed, state=lambda: files(root))
     assert applied.msg == f"removed {LIST}; removed {KEYRING}" and files(root) == (None,) * 3
     assert again.msg == "apt source fxkit-lab absent"
+
+
+def test_a_dnf_host_skips_apt_steps(root: Connection) -> None:
+    """The host's own /etc/os-release says Rocky Linux 9 (its /etc is an overlay of its own)."""
+    saved = sh(root, "readlink /etc/os-release || true").strip()
+    content = root.get("/etc/os-release")
+    root.run("rm -f /etc/os-release")
+    root.put(
+        "/etc/os-release",
+        b'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.3"\n'
+        b'PRETTY_NAME="Rocky Linux 9.3 (Blue Onyx)"\n',
+    )
+    try:
+        for check in (True, False):
+            ctx = OpContext(root, FactCache(root), check=check)
+            rocky = "apt hosts only, and this one is Rocky Linux 9.3 (Blue Onyx)"
+            hold = package_hold(ctx, "rocm")
+            assert hold.status is Status.SKIPPED
+            assert hold.msg == f"package holds: {rocky} (dnf: use the versionlock plugin)"
+            repo = apt_repository(
+                ctx, "rocm", "https://repo.radeon.com/rocm/apt/7.2", "noble", "main"
+            )
+            assert repo.status is Status.SKIPPED and repo.msg == f"apt source rocm: {rocky}"
+            pin = apt_pin(ctx, "rocm", "origin repo.radeon.com", 600)
+            assert pin.status is Status.SKIPPED and pin.msg == f"apt pin rocm: {rocky}"
+        assert root.get("/etc/apt/sources.list.d/rocm.sources") is None
+        assert root.get("/etc/apt/preferences.d/rocm") is None
+    finally:
+        root.run("rm -f /etc/os-release")
+        if saved:
+            sh(root, f"ln -s {saved} /etc/os-release")
+        elif content is not None:
+            root.put("/etc/os-release", content)
