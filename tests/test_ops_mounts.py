@@ -98,7 +98,7 @@ def test_a_mounted_path_with_a_changed_entry_is_remounted(tmp_path: Path) -> Non
     result = mount(ctx, "/proc", "proc", "proc", opts="defaults", fstab=str(fstab))
     if CAP_SYS_ADMIN in ctx.fact(Capabilities):
         assert result.msg == f"would create {fstab}; would remount /proc"
-        assert result.data["commands"][-1] == "mount -o remount -- /proc"
+        assert result.data["commands"][-1] == f"mount --fstab {fstab} -o remount -- /proc"
     else:
         assert result.status is Status.CHANGED and result.msg.startswith(f"would create {fstab}; ")
         assert "remount /proc skipped: this host lacks CAP_SYS_ADMIN" in result.msg

@@ -91,9 +91,9 @@ def mount(
 ) -> Result:
     """Ensure ``fstab`` mounts ``src`` (``UUID=...``, a device, ``server:/export``) at ``path``
     with ``fstype`` and ``opts``, and the filesystem's state now: ``mounted`` (the mount point
-    made and mounted; remounted when mounted and the entry changed), ``present`` (the entry
-    only), ``unmounted`` (the entry kept, unmounted now) or ``absent`` (the entry removed,
-    unmounted now).
+    made and mounted; remounted when mounted and the entry changed, which applies new options,
+    not a new source or type: unmount for those), ``present`` (the entry only), ``unmounted``
+    (the entry kept, unmounted now) or ``absent`` (the entry removed, unmounted now).
 
     Example::
 
@@ -124,21 +124,24 @@ def mount(
         return persisted
     if persisted.status is Status.OK:
         persisted.msg = f"{fstab} entry {'absent' if entry is None else 'as wanted'}"
-    live = _live(ctx, path, state, remount=persisted.changed)
+    live = _live(ctx, path, state, fstab, remount=persisted.changed)
     return combine(persisted, live)
 
 
-def _live(ctx: OpContext, path: str, state: str, remount: bool) -> Result:
-    """Mount or unmount ``path`` now, as ``state`` wants."""
+def _live(ctx: OpContext, path: str, state: str, fstab: str, remount: bool) -> Result:
+    """Mount or unmount ``path`` now, as ``state`` wants (mount reads the entry from ``fstab``)."""
     if state == "present":
         return ok("")
     mounted = any(m.path == path for m in ctx.probe(Mounts))
     q = quote(path)
+    table = "" if fstab == "/etc/fstab" else f"--fstab {quote(fstab)} "
     if state == "mounted":
         if mounted and not remount:
             return ok(f"{path} mounted")
         command, verb = (
-            (f"mount -o remount -- {q}", "remount") if mounted else (f"mount -- {q}", "mount")
+            (f"mount {table}-o remount -- {q}", "remount")
+            if mounted
+            else (f"mount {table}-- {q}", "mount")
         )
     else:
         if not mounted:
