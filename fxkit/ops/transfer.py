@@ -89,7 +89,7 @@ def _as_wanted(
     return None
 
 
-def _content_diff(
+def _digest_diff(
     info: FileInfo,
     dest: str,
     digest: str,
@@ -138,7 +138,7 @@ def copy(
         done = _as_wanted(ctx, dest, info, digest, mode, owner, group)
         if done is not None:
             return done
-        diff = _content_diff(
+        diff = _digest_diff(
             info, dest, digest, want_mode, owner, group, f"{len(data)} bytes from {src}"
         )
         return _put(
@@ -224,6 +224,6 @@ def download(
         download_command(url, dest, digest, tool, want_mode, owner, group),
         would=f"download {url} to {dest}",
         done=f"downloaded {url} to {dest}",
-        diff=_content_diff(info, dest, digest, want_mode, owner, group, url),
+        diff=_digest_diff(info, dest, digest, want_mode, owner, group, url),
         timeout=timeout,
     )
