@@ -316,6 +316,12 @@ class Host:
     attribute = operation(ops.attribute)
     group = operation(ops.group)
     user = operation(ops.user)
+    apt_repository = operation(ops.apt_repository)
+    apt_pin = operation(ops.apt_pin)
+    package_hold = operation(ops.package_hold)
+    copy = operation(ops.copy)
+    download = operation(ops.download)
+    mount = operation(ops.mount)
 
     def __init__(
         self,

@@ -52,6 +52,18 @@ CASES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "attribute": (("/sys/kernel/mm/transparent_hugepage/enabled", "never"), {}),
     "group": (("render",), {"gid": 4242, "system": True}),
     "user": (("vllm",), {"groups": ["adm"], "shell": "/bin/sh"}),
+    "apt_repository": (
+        ("rocm", "https://repo.radeon.com/rocm/apt/7.2.2", "noble", "main"),
+        {"keyring": "/etc/apt/keyrings/rocm.gpg", "architectures": "amd64", "update": True},
+    ),
+    "apt_pin": (("rocm-pin-600", "release o=repo.radeon.com", 600), {}),
+    "package_hold": ((["openssh-server"],), {}),
+    "copy": ((__file__, "/opt/fxkit-check-copy.py"), {"mode": "0600"}),
+    "download": (("file:///etc/os-release", "/opt/fxkit-check-download", "0" * 64), {}),
+    "mount": (
+        ("/srv/fxkit-check-mnt", "UUID=0b3c4f5e-8d4a-4c7e-9f1a-2a6e3c1d9b7f", "xfs"),
+        {"opts": "defaults,_netdev,nofail"},
+    ),
 }
 
 

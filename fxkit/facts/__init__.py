@@ -1,6 +1,8 @@
 """Facts about hosts: a command plus a parser, cached per host per run."""
 
+from fxkit.facts.apt import HeldPackages
 from fxkit.facts.base import Fact, FactCache, FactError
+from fxkit.facts.capabilities import CAP_SYS_ADMIN, Capabilities
 from fxkit.facts.commands import CommandJSON, CommandOutput
 from fxkit.facts.files import FileInfo, FileStat
 from fxkit.facts.kernel import ModuleInfo, ModuleState, SysctlInfo, SysctlState
@@ -10,6 +12,8 @@ from fxkit.facts.system import Cpu, InitSystem, Kernel, Memory, Mounts, OsReleas
 from fxkit.facts.users import GroupMembership
 
 __all__ = [
+    "CAP_SYS_ADMIN",
+    "Capabilities",
     "CommandJSON",
     "CommandOutput",
     "Cpu",
@@ -19,6 +23,7 @@ __all__ = [
     "FileInfo",
     "FileStat",
     "GroupMembership",
+    "HeldPackages",
     "InitSystem",
     "InstalledPackages",
     "Kernel",

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from fxkit.ops.apt import apt_pin, apt_repository, package_hold
 from fxkit.ops.base import OpContext, Operation, OpError, Result, Status
 from fxkit.ops.boot import reboot
 from fxkit.ops.commands import command
 from fxkit.ops.files import directory, file
 from fxkit.ops.kernel import kernel_cmdline, module, sysctl
 from fxkit.ops.lines import block, line
+from fxkit.ops.mounts import mount
 from fxkit.ops.packages import packages
 from fxkit.ops.python import git, virtualenv
 from fxkit.ops.sysfs import attribute
 from fxkit.ops.systemd import dropin, service, unit
+from fxkit.ops.transfer import copy, download
 from fxkit.ops.users import group, group_member, user
 from fxkit.ops.wait import wait_for
 
@@ -39,6 +42,12 @@ OPERATIONS: dict[str, Operation] = {
         attribute,
         group,
         user,
+        apt_repository,
+        apt_pin,
+        package_hold,
+        copy,
+        download,
+        mount,
     )
 }
 
