@@ -313,6 +313,8 @@ class Run:
     hosts_cpu_s: float
     changed: int
     changed_hosts: int
+    #: Peak resident memory of the tool's largest process (fxkit: its only one), MiB.
+    controller_peak_mib: float = 0.0
 
     @property
     def host_tasks(self) -> int:
@@ -373,18 +375,23 @@ def measure(
         (workdir / "cp").mkdir()
         env = {**os.environ, **{k: v.format(workdir=workdir) for k, v in tool.env.items()}}
         cpu0, hosts0 = children_cpu(), hosts_cpu(sshds)
-        start = time.perf_counter()
-        done = subprocess.run(
-            tool.argv(inventory, workdir), cwd=workdir, env=env, capture_output=True, text=True
-        )
-        wall = time.perf_counter() - start
+        with open(workdir / "output", "w+") as out:
+            start = time.perf_counter()
+            proc = subprocess.Popen(
+                tool.argv(inventory, workdir), cwd=workdir, env=env, stdout=out, stderr=out
+            )
+            # wait4: this child's own rusage, so ru_maxrss is the peak of this run alone.
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - start
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            out.seek(0)
+            output = out.read()
         tool.teardown(workdir)
         reap_orphans(keep)
         wait_sessions_closed(sshds)
         cpu, hosts = children_cpu() - cpu0, hosts_cpu(sshds) - hosts0
-        output = done.stdout + done.stderr
-        if done.returncode:
-            raise BenchError(f"{tool.name} exited {done.returncode}:\n{output[-3000:]}")
+        if proc.returncode:
+            raise BenchError(f"{tool.name} exited {proc.returncode}:\n{output[-3000:]}")
         counts = tool.parse(output, workdir)
     if counts.failed:
         raise BenchError(f"{tool.name} reported {counts.failed} failures:\n{output[-3000:]}")
@@ -394,7 +401,7 @@ def measure(
     if phase == "second" and counts.changed:
         raise BenchError(f"{tool.name}'s second run changed {counts.changed} things:\n{output}")
     return Run(tool.name, len(names), round_, phase, wall, cpu, hosts, counts.changed,
-               len(counts.changed_hosts))  # fmt: skip
+               len(counts.changed_hosts), round(usage.ru_maxrss / 1024, 1))  # fmt: skip
 
 
 # -- the benchmark --------------------------------------------------------------------------
@@ -461,6 +468,7 @@ def summarize(runs: list[Run], tools: Sequence[str]) -> list[dict]:
                 "controller_cpu_s": round(cpu, 3),
                 "controller_cpu_ms_per_host_task": round(1000 * cpu / (hosts * TASKS_PER_HOST), 2),
                 "hosts_cpu_ms_per_host_task": round(1000 * host_cpu / (hosts * TASKS_PER_HOST), 2),
+                "controller_peak_mib": statistics.median(r.controller_peak_mib for r in chosen),
             })  # fmt: skip
     return rows
 
@@ -479,7 +487,7 @@ def targets(rows: list[dict], hosts: int = 32) -> dict[str, bool | None]:
 
 
 COLUMNS = ("hosts", "run", "tool", "wall s", "rounds", "x fxkit", "ctl CPU-s", "ctl ms/task",
-           "hosts ms/task")  # fmt: skip
+           "hosts ms/task", "ctl peak MiB")  # fmt: skip
 
 
 def render(rows: list[dict], goals: dict[str, bool | None]) -> None:
@@ -496,7 +504,7 @@ def render(rows: list[dict], goals: dict[str, bool | None]) -> None:
             " ".join(f"{w:.2f}" for w in row["wall_s_all"]),
             "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}",
             f"{row['controller_cpu_s']:.2f}", f"{row['controller_cpu_ms_per_host_task']:.1f}",
-            f"{row['hosts_cpu_ms_per_host_task']:.1f}",
+            f"{row['hosts_cpu_ms_per_host_task']:.1f}", f"{row.get('controller_peak_mib', 0):.0f}",
         )  # fmt: skip
     console.print(table)
     for goal, met in goals.items():
@@ -559,15 +567,15 @@ def scaling(rows: list[dict]) -> list[dict]:
 def markdown(report: dict) -> str:
     """The result tables as Markdown, for docs/BENCHMARKS.md."""
     lines = ["| hosts | run | tool | wall s (median) | all rounds | × fxkit | controller CPU-s "
-             "| controller CPU ms / host-task | hosts CPU ms / host-task |",
-             "|---:|---|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+             "| controller CPU ms / host-task | hosts CPU ms / host-task | controller peak MiB |",
+             "|---:|---|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for row in report["summary"]:
         ratio = "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}"
         lines.append(
             f"| {row['hosts']} | {row['phase']} | {row['tool']} | {row['wall_s_median']:.2f} "
             f"| {' '.join(f'{w:.2f}' for w in row['wall_s_all'])} | {ratio} "
             f"| {row['controller_cpu_s']:.2f} | {row['controller_cpu_ms_per_host_task']:.1f} "
-            f"| {row['hosts_cpu_ms_per_host_task']:.1f} |"
+            f"| {row['hosts_cpu_ms_per_host_task']:.1f} | {row.get('controller_peak_mib', 0):.0f} |"
         )
     growth = scaling(report["summary"])
     if growth:
