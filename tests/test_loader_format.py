@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from fxkit.loader import LoaderError, load, open_checkpoint
-from fxkit.loader.format import INDEX_NAME, MAX_HEADER_SIZE, read_header
+from fxkit.loader.files import INDEX_NAME
+from fxkit.loader.format import MAX_HEADER_SIZE, read_header
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
