@@ -12,8 +12,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,36 +19,8 @@ import pytest
 import torch
 from fxkit.loader import LoaderError, bench, load, open_checkpoint
 from fxkit.loader.files import INDEX_NAME, model_files
+from loader_helpers import make_fifo, returns_at_once
 from safetensors.torch import save_file
-
-WAIT = 10.0  # seconds: far more than a refusal takes, far less than "hangs"
-
-
-def returns_at_once(call: Callable[[], Any], fifo: Path | None = None) -> Any:
-    """``call()``, which must return (or raise) within WAIT seconds.
-
-    A call stuck opening ``fifo`` (open(2) of a FIFO waits for a writer) is released by opening
-    the FIFO for writing, so that a failing test ends instead of hanging the run.
-    """
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:  # handed to the test below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(WAIT)
-    if thread.is_alive():
-        if fifo is not None:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        thread.join(WAIT)
-        pytest.fail(f"still waiting after {WAIT} s (on {fifo})")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -82,11 +52,6 @@ def assert_loads(model: Any, want: dict[str, torch.Tensor]) -> None:
 
 
 # --- not a regular file: refused at once, before anything opens it --------------------------------
-
-
-def make_fifo(path: Path) -> Path:
-    os.mkfifo(path)
-    return path
 
 
 def make_socket(path: Path) -> Path:
