@@ -69,19 +69,28 @@ def _kind(path: Path, mode: int) -> str:
     return f"is {kind}, not a regular file"
 
 
-def _stat_failed(path: Path, exc: OSError) -> tuple[str, str]:
-    """What is wrong with ``path`` whose ``stat`` failed, and what to do."""
-    if exc.errno == errno.ELOOP:
+def _stat_failed(path: Path, exc: OSError | ValueError, named_by: Path | None) -> tuple[str, str]:
+    """What is wrong with ``path``, whose ``stat`` failed, and what to do."""
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, ValueError):  # os.stat refuses a NUL byte in a name
+        return "has a NUL byte in its name", "check the path"
+    if code == errno.ELOOP:
         return f"is a symlink loop ({exc.strerror})", "point the link at the real file"
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):
+    if code in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):
         return (
             f"is a dangling symlink (to {os.readlink(path)}, which does not exist)",
             "restore the file it points to (for a Hugging Face cache, download the model "
             "again), or remove the link",
         )
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return "does not exist", "check the path"
+    if code in (errno.ENOENT, errno.ENOTDIR) and named_by is not None:
+        return f"does not exist in {named_by.parent}", "add the file, or fix the index"
+    if code in (errno.ENOENT, errno.ENOTDIR):
+        return "no such file or directory", "check the path"
     return f"cannot be read: {exc.strerror or exc}", "check the file's permissions"
+
+
+def _named(path: Path, named_by: Path) -> str:
+    return repr(str(path.relative_to(named_by.parent)))
 
 
 def check_file(path: Path, named_by: Path | None = None) -> os.stat_result:
@@ -91,20 +100,15 @@ def check_file(path: Path, named_by: Path | None = None) -> os.stat_result:
     """
     try:
         info = os.stat(path)
-    except OSError as exc:
-        problem, hint = _stat_failed(path, exc)
+    except (OSError, ValueError) as exc:
+        problem, hint = _stat_failed(path, exc, named_by)
     else:
         if stat.S_ISREG(info.st_mode):
             return info
         problem, hint = _kind(path, info.st_mode), NOT_REGULAR_HINT
     if named_by is None:
-        if problem == "does not exist":
-            problem = "no such file or directory"
         raise LoaderError(f"{path}: {problem}", hint=hint)
-    if problem == "does not exist":
-        problem, hint = f"does not exist in {named_by.parent}", "add the file, or fix the index"
-    name = str(path.relative_to(named_by.parent))
-    raise LoaderError(f"{named_by}: names {name!r}, which {problem}", hint=hint)
+    raise LoaderError(f"{named_by}: names {_named(path, named_by)}, which {problem}", hint=hint)
 
 
 def open_regular(path: Path, flags: int = 0) -> int:
@@ -133,9 +137,13 @@ def _once(files: list[Path], named_by: Path | None = None) -> list[Path]:
         info = check_file(file, named_by)
         first = seen.setdefault((info.st_dev, info.st_ino), file)
         if first is not file:
-            where = f"{named_by}: names {file}, which" if named_by else f"{file}:"
+            if named_by is None:
+                what = f"{file}: is the same file as {first}"
+            else:
+                what = f"{named_by}: names {_named(file, named_by)}, which is the same file as "
+                what += _named(first, named_by)
             raise LoaderError(
-                f"{where} is the same file as {first} (each file is loaded once)",
+                f"{what} (each file is loaded once)",
                 hint="name each file once: remove the repeated entry or the extra link",
             )
     return files

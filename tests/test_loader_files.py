@@ -322,3 +322,8 @@ def test_model_files_stats_each_file_once(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(found.files) == 3 and len(found.weight_map or {}) == 3000
     assert sorted(calls) == sorted([str(tmp_path), str(tmp_path / INDEX_NAME),
                                     *(str(f) for f in found.files)])  # fmt: skip
+
+
+def test_a_nul_byte_in_a_given_name_is_a_loader_error(tmp_path: Path) -> None:
+    with pytest.raises(LoaderError, match="NUL byte"):
+        open_checkpoint(f"{tmp_path}/a\0b.safetensors")
