@@ -124,6 +124,20 @@ def test_a_non_regular_file_is_refused_at_once(
     assert "hint:" in message
 
 
+@pytest.mark.parametrize("direct_io", ["auto", "off", "on"])
+def test_a_file_swapped_for_a_fifo_after_opening_is_refused_at_once(
+    tmp_path: Path, direct_io: str
+) -> None:
+    """The readers check again on the file they opened (without waiting on a FIFO)."""
+    shard(tmp_path / "a.safetensors", 1)
+    checkpoint = open_checkpoint(tmp_path)
+    fifo = make_fifo(tmp_path / "swap.pipe")
+    fifo.rename(tmp_path / "a.safetensors")
+    fifo = tmp_path / "a.safetensors"
+    with pytest.raises(LoaderError, match=f"{fifo}: is a FIFO, not a regular file"):
+        returns_at_once(lambda: load(checkpoint, direct_io=direct_io), fifo)
+
+
 def test_cli_load_refuses_a_fifo_without_hanging(tmp_path: Path) -> None:
     """``fxkit load`` on a directory with a FIFO named like a shard: exit 2, one clear line."""
     shard(tmp_path / "a.safetensors", 1)
