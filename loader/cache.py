@@ -64,7 +64,8 @@ def _resident_pages(path: Path, windows: int | None) -> tuple[int, int]:
                 if _libc.mincore(addr + first * PAGE_SIZE, length, vec) != 0:
                     raise _oserror("mincore", path)
                 # Bit 0 of each byte says whether the page is resident; the others are reserved.
-                resident += int(numpy.count_nonzero(numpy.frombuffer(vec, numpy.uint8) & 1))
+                flags = numpy.frombuffer(memoryview(vec), numpy.uint8)
+                resident += int(numpy.count_nonzero(flags & 1))
                 examined += count
         finally:
             _libc.munmap(addr, size)

@@ -71,9 +71,9 @@ def _kind(path: Path, mode: int) -> str:
 
 def _stat_failed(path: Path, exc: OSError | ValueError, named_by: Path | None) -> tuple[str, str]:
     """What is wrong with ``path``, whose ``stat`` failed, and what to do."""
-    code = getattr(exc, "errno", None)
     if isinstance(exc, ValueError):  # os.stat refuses a NUL byte in a name
         return "has a NUL byte in its name", "check the path"
+    code = exc.errno
     if code == errno.ELOOP:
         return f"is a symlink loop ({exc.strerror})", "point the link at the real file"
     if code in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):

@@ -83,8 +83,9 @@ class FileReader:
         got = 0
         while got < need:
             direct = self.direct
+            fd = self._fd_direct if direct and self._fd_direct is not None else self._fd
             try:
-                n = os.preadv(self._fd_direct if direct else self._fd, [view[got:]], offset + got)
+                n = os.preadv(fd, [view[got:]], offset + got)
             except OSError as exc:
                 if direct and exc.errno == errno.EINVAL:
                     self.direct = False  # refused: read this file buffered from now on
