@@ -238,9 +238,7 @@ def open_checkpoint(path: ModelPath) -> Checkpoint:
     if model.index is not None and model.weight_map is not None:
         for name, file in model.weight_map.items():
             found = locations.get(name)
-            listed = f"lists {name!r} in {model.shown(file)!r}"
-            if found is None:
-                raise _fail(model.index, f"{listed}, but no file holds it")
-            if found.path != file:
-                raise _fail(model.index, f"{listed}, but it is in {model.shown(found.path)!r}")
+            if found is None or found.path != file:
+                where = f"it is in {model.shown(found.path)!r}" if found else "no file holds it"
+                raise _fail(model.index, f"lists {name!r} in {model.shown(file)!r}, but {where}")
     return Checkpoint(headers, locations)
