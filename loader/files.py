@@ -187,10 +187,13 @@ def _indexed(directory: Path, index: Path) -> ModelFiles:
             f"{index}: weight_map is empty: the index names no tensors",
             hint="fix the index, or remove it to load every *.safetensors",
         )
-    paths = {name: _member(directory, index, name) for name in dict.fromkeys(weight_map.values())}
-    files = list(dict.fromkeys(paths.values()))
+    files: dict[Path, Path] = {}  # one Path object per file, however often and however named
+    paths = {}
+    for name in dict.fromkeys(weight_map.values()):
+        path = _member(directory, index, name)
+        paths[name] = files.setdefault(path, path)
     return ModelFiles(
-        _once(files, index), index, {t: paths[name] for t, name in weight_map.items()}
+        _once(list(files), index), index, {t: paths[name] for t, name in weight_map.items()}
     )
 
 

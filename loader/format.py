@@ -236,9 +236,10 @@ def open_checkpoint(path: ModelPath) -> Checkpoint:
                 )
             locations[tensor.name] = header
     if model.index is not None and model.weight_map is not None:
+        header_of = dict(zip(model.files, headers, strict=True))
         for name, file in model.weight_map.items():
             found = locations.get(name)
-            if found is None or found.path != file:
+            if found is None or found is not header_of[file]:
                 where = f"it is in {model.shown(found.path)!r}" if found else "no file holds it"
                 raise _fail(model.index, f"lists {name!r} in {model.shown(file)!r}, but {where}")
     return Checkpoint(headers, locations)
