@@ -6,7 +6,6 @@ queued behind the current one's; tensors are handed out in file order as soon as
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,13 +16,13 @@ from typing import Any, Literal
 
 from fxkit.loader.cache import resident_fraction
 from fxkit.loader.errors import LoaderError
+from fxkit.loader.files import ModelPath
 from fxkit.loader.format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
 from fxkit.loader.plan import FilePlan, normalise_chunk_size, plan_file
 from fxkit.loader.read import FileReader, MappedFile
 from fxkit.loader.sinks import HostSink, make_sink
 
 DirectIO = Literal["auto", "on", "off"] | bool
-ModelPath = str | os.PathLike | list[str | os.PathLike]
 
 DEFAULT_THREADS = 8
 #: ``direct_io="auto"``: O_DIRECT below this fraction of a file in the page cache, mapping from

@@ -32,6 +32,7 @@ from typing import Any
 
 from fxkit.loader import cache
 from fxkit.loader.errors import LoaderError
+from fxkit.loader.files import model_files
 
 GB = 1e9
 PREFETCH_THREADS = 8
@@ -55,26 +56,10 @@ class Checkpoint:
 
     @classmethod
     def find(cls, path: str | os.PathLike[str]) -> Checkpoint:
-        """A ``.safetensors`` file, or a directory (shards named by its index.json, else all)."""
-        path = Path(path)
-        if path.is_file():
-            return cls(path, (path,))
-        if not path.is_dir():
-            raise LoaderError(f"{path}: no such file or directory")
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            try:
-                names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (ValueError, KeyError, AttributeError) as exc:
-                raise LoaderError(f"{index}: not a safetensors index ({exc})") from exc
-            files = tuple(path / name for name in names)
-        else:
-            files = tuple(sorted(path.glob("*.safetensors")))
-        if not files:
-            raise LoaderError(f"{path}: no .safetensors files")
-        if missing := [str(f) for f in files if not f.is_file()]:
-            raise LoaderError(f"{index}: names shards that do not exist: {', '.join(missing)}")
-        return cls(path, files)
+        """A ``.safetensors`` file or a model directory, its files found as the loader finds them
+        (:func:`fxkit.loader.files.model_files`: the index's shards, else every file; the same
+        rule on symlinks and non-regular files)."""
+        return cls(Path(path), tuple(model_files(path).files))
 
 
 # -- the methods -----------------------------------------------------------------------------------

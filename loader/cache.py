@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy
+from fxkit.loader.files import open_regular
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _WARM_READ = 16 << 20
@@ -43,15 +44,15 @@ def _oserror(call: str, path: Path) -> OSError:
 
 def _resident_pages(path: Path, windows: int | None) -> tuple[int, int]:
     """(resident, examined) pages of ``path``: every page, or ``windows`` spread-out windows."""
-    size = path.stat().st_size
-    pages = (size + PAGE_SIZE - 1) // PAGE_SIZE
-    if windows is None or windows * _WINDOW_PAGES >= pages:
-        spans = [(0, pages)]
-    else:
-        step = pages // windows
-        spans = [(i * step, _WINDOW_PAGES) for i in range(windows)]
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
+        size = os.fstat(fd).st_size
+        pages = (size + PAGE_SIZE - 1) // PAGE_SIZE
+        if windows is None or windows * _WINDOW_PAGES >= pages:
+            spans = [(0, pages)]
+        else:
+            step = pages // windows
+            spans = [(i * step, _WINDOW_PAGES) for i in range(windows)]
         addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr == _MAP_FAILED:
             raise _oserror("mmap", path)
@@ -63,7 +64,8 @@ def _resident_pages(path: Path, windows: int | None) -> tuple[int, int]:
                 if _libc.mincore(addr + first * PAGE_SIZE, length, vec) != 0:
                     raise _oserror("mincore", path)
                 # Bit 0 of each byte says whether the page is resident; the others are reserved.
-                resident += int(numpy.count_nonzero(numpy.frombuffer(vec, numpy.uint8) & 1))
+                flags = numpy.frombuffer(memoryview(vec), numpy.uint8)
+                resident += int(numpy.count_nonzero(flags & 1))
                 examined += count
         finally:
             _libc.munmap(addr, size)
@@ -98,7 +100,7 @@ def resident_fraction(path: str | os.PathLike[str], windows: int | None = None) 
 
 def evict(path: str | os.PathLike[str]) -> None:
     """Write back and drop the cached pages of ``path`` (a hint the kernel may partly ignore)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(Path(path))
     try:
         try:
             os.fsync(fd)
@@ -131,7 +133,7 @@ def warm(paths: Iterable[str | os.PathLike[str]]) -> dict[str, int]:
     buf = bytearray(_WARM_READ)
     missing = {}
     for path in paths:
-        with open(path, "rb", buffering=0) as f:
+        with open(open_regular(Path(path)), "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
         size = os.path.getsize(path)

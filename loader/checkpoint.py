@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fxkit.loader.errors import LoaderError
-from fxkit.loader.format import INDEX_NAME
+from fxkit.loader.files import INDEX_NAME
 
 POOL_ELEMENTS = 1 << 22
 SHARD_TARGET = 1_500_000_000

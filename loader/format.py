@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from fxkit.loader.errors import LoaderError
+from fxkit.loader.files import ModelPath, model_files, open_regular
 
 MAX_HEADER_SIZE = 100_000_000
 U64_MAX = 2**64 - 1
-INDEX_NAME = "model.safetensors.index.json"
 
 #: safetensors dtype -> (bits per element, torch dtype name or None where torch has none).
 DTYPES: dict[str, tuple[int, str | None]] = {
@@ -176,7 +176,7 @@ def read_header(path: Path | str) -> FileHeader:
     """Read and validate the header of one safetensors file."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open(open_regular(path), "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
             if file_size < 8:
                 raise _fail(path, f"file is {file_size} bytes, too small for a safetensors header")
@@ -191,50 +191,6 @@ def read_header(path: Path | str) -> FileHeader:
     if len(raw) != size:
         raise _fail(path, "file shrank while reading its header")
     return parse_header(path, raw, file_size)
-
-
-def _index_files(directory: Path) -> tuple[list[Path], dict[str, str]]:
-    index = directory / INDEX_NAME
-    try:
-        doc = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise _fail(index, f"cannot read the index: {exc}") from None
-    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-    ):
-        raise _fail(index, "weight_map must be an object of tensor names to file names")
-    if not weight_map:
-        raise _fail(index, "weight_map is empty: the index names no tensors")
-    files = []
-    for name in dict.fromkeys(weight_map.values()):
-        file = directory / name
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise _fail(index, f"file {name!r} must be a plain name inside {directory}")
-        if not file.is_file():
-            raise _fail(index, f"names {name!r}, which does not exist in {directory}")
-        files.append(file)
-    return files, weight_map
-
-
-def resolve_files(path: Path | str | list[Path | str]) -> tuple[list[Path], dict[str, str] | None]:
-    """The files of a model (a file, a list of files, or a directory) and its index's weight_map."""
-    if isinstance(path, (list, tuple)):
-        files = [Path(p) for p in path]
-        if not files:
-            raise LoaderError("no files given")
-        return files, None
-    path = Path(path)
-    if path.is_dir():
-        if (path / INDEX_NAME).is_file():
-            return _index_files(path)
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise _fail(path, f"no *.safetensors files and no {INDEX_NAME}")
-        return files, None
-    if not path.exists():
-        raise _fail(path, "no such file or directory")
-    return [path], None
 
 
 @dataclass
@@ -264,10 +220,13 @@ class Checkpoint:
         return len(self.locations)
 
 
-def open_checkpoint(path: Path | str | list[Path | str]) -> Checkpoint:
-    """Validate a model's headers (and its index, when there is one) without reading tensor data."""
-    files, weight_map = resolve_files(path)
-    headers = [read_header(f) for f in files]
+def open_checkpoint(path: ModelPath) -> Checkpoint:
+    """Validate a model's headers (and its index, when there is one) without reading tensor data.
+
+    Its files are found by :func:`fxkit.loader.files.model_files` (and its rule on symlinks).
+    """
+    model = model_files(path)
+    headers = [read_header(f) for f in model.files]
     locations: dict[str, FileHeader] = {}
     for header in headers:
         for tensor in header.tensors:
@@ -276,12 +235,11 @@ def open_checkpoint(path: Path | str | list[Path | str]) -> Checkpoint:
                     header.path, f"also in {locations[tensor.name].path} (duplicate)", tensor.name
                 )
             locations[tensor.name] = header
-    if weight_map is not None:
-        index = files[0].parent / INDEX_NAME
-        for name, file in weight_map.items():
+    if model.index is not None and model.weight_map is not None:
+        header_of = dict(zip(model.files, headers, strict=True))
+        for name, file in model.weight_map.items():
             found = locations.get(name)
-            if found is None:
-                raise _fail(index, f"lists {name!r} in {file!r}, but no file holds it")
-            if found.path.name != file:
-                raise _fail(index, f"lists {name!r} in {file!r}, but it is in {found.path.name!r}")
+            if found is None or found is not header_of[file]:
+                where = f"it is in {model.shown(found.path)!r}" if found else "no file holds it"
+                raise _fail(model.index, f"lists {name!r} in {model.shown(file)!r}, but {where}")
     return Checkpoint(headers, locations)

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from fxkit.loader.errors import LoaderError
+from fxkit.loader.files import open_regular
 
 HUGE_PAGE = 2 * 2**20
 THP_DEFRAG = Path("/sys/kernel/mm/transparent_hugepage/defrag")
@@ -66,10 +67,10 @@ class FileReader:
         self.direct = False
         self._fd_direct: int | None = None
         try:
-            self._fd = os.open(path, os.O_RDONLY)
+            self._fd = open_regular(path)
             if direct and hasattr(os, "O_DIRECT"):
                 try:
-                    self._fd_direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
+                    self._fd_direct = open_regular(path, os.O_DIRECT)
                     self.direct = True
                 except OSError as exc:
                     if exc.errno != errno.EINVAL:
@@ -82,8 +83,9 @@ class FileReader:
         got = 0
         while got < need:
             direct = self.direct
+            fd = self._fd_direct if direct and self._fd_direct is not None else self._fd
             try:
-                n = os.preadv(self._fd_direct if direct else self._fd, [view[got:]], offset + got)
+                n = os.preadv(fd, [view[got:]], offset + got)
             except OSError as exc:
                 if direct and exc.errno == errno.EINVAL:
                     self.direct = False  # refused: read this file buffered from now on
@@ -122,7 +124,7 @@ class MappedFile:
 
         self.path = path
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path)
             try:
                 if os.fstat(fd).st_size < size:
                     raise LoaderError(

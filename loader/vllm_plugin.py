@@ -5,6 +5,9 @@ registers vLLM's own ``DefaultModelLoader`` (file discovery, download, prefixes,
 with one part replaced: the weights iterator, which becomes ``iter_tensors``. Options come from
 ``--model-loader-extra-config '{"threads": 16, "chunk_size": 33554432}'``; the other keys there
 go to vLLM's loader as usual. Nothing from vLLM is imported until ``register()`` runs.
+
+vLLM chooses the files (download, patterns, index); fxkit checks that list with the loader's own
+rule (:mod:`fxkit.loader.files`: regular files only, symlinks to regular files, each file once).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from fxkit.loader import LoaderError, load, open_checkpoint
-from fxkit.loader.format import INDEX_NAME, MAX_HEADER_SIZE, read_header
+from fxkit.loader.files import INDEX_NAME
+from fxkit.loader.format import MAX_HEADER_SIZE, read_header
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -197,7 +198,7 @@ def test_directory_with_index_reads_only_indexed_files(tmp_path: Path) -> None:
         ({"x": "a.safetensors", "y": "missing.safetensors"}, "'missing.safetensors', which"),
         ({"x": "a.safetensors", "z": "a.safetensors"}, "lists 'z' in 'a.safetensors', but no file"),
         ({"x": "a.safetensors", "y": "a.safetensors", "w": "b.safetensors"}, "but it is in 'b"),
-        ({"x": "../a.safetensors"}, "plain name"),
+        ({"x": "../a.safetensors"}, "must be a relative path inside"),
         (["x"], "weight_map must be"),
         ({"x": 3}, "weight_map must be"),
         ({}, "weight_map is empty"),

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from fxkit.loader import vllm_plugin
+from fxkit.loader import LoaderError, vllm_plugin
+from loader_helpers import make_fifo, returns_at_once
 from safetensors.torch import load_file, save_file
 
 
@@ -150,6 +151,34 @@ def test_registers_load_format_and_loads_through_vllms_loader(
     assert list(model.params) == ["a", "b", "c"]
     for name, tensor in want.items():
         assert torch.equal(model.params[name], tensor) and model.params[name].dtype == tensor.dtype
+
+
+def test_vllms_file_list_meets_the_loaders_file_rule(
+    fake_vllm: types.ModuleType, model_dir: Path
+) -> None:
+    """vLLM globs ``*.safetensors``; a FIFO among them is refused at once, not waited on."""
+    fifo = make_fifo(model_dir / "model-3.safetensors")
+    vllm_plugin.register()
+    loader = fake_vllm.get_model_loader(LoadConfig("fxkit"))
+    weights = loader.get_all_weights(types.SimpleNamespace(model=str(model_dir)), None)
+    with pytest.raises(LoaderError, match=f"{fifo}: is a FIFO, not a regular file"):
+        returns_at_once(lambda: next(weights), fifo)
+
+
+def test_hugging_face_style_symlinks_load_through_vllm(
+    fake_vllm: types.ModuleType, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A snapshot of links into a blob store elsewhere (the symlink policy: followed)."""
+    snapshot = tmp_path_factory.mktemp("snapshot")
+    for shard in model_dir.glob("*.safetensors"):
+        (snapshot / shard.name).symlink_to(shard)
+    vllm_plugin.register()
+    model = FakeModel()
+    fake_vllm.get_model_loader(LoadConfig("fxkit")).load_weights(
+        model, types.SimpleNamespace(model=str(snapshot))
+    )
+    assert sorted(model.params) == ["a", "b", "c"]
+    assert torch.equal(model.params["c"], load_file(model_dir / "model-2.safetensors")["c"])
 
 
 def test_register_is_idempotent(fake_vllm: types.ModuleType) -> None:
