@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fxkit.connection import ConnectOptions, connect
-from fxkit.connection.ssh import JumpHost, SSHArgs, SSHConnection
+from fxkit.connection.ssh import SSHArgs, SSHConnection
 from fxkit.errors import ConnectionFailed, FxkitError, HostKeyError
 from fxkit.lab import SUDO_USER
 from fxkit.redaction import REDACTED
@@ -305,17 +305,22 @@ def test_shell_metacharacters_execute_nothing(sudo_fleet, become):
 def test_ssh_args_parsing():
     args = SSHArgs.parse(
         "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/a/kh "
-        "-o 'UserKnownHostsFile /b/kh /c/kh' -oProxyJump=bob@jump:2222"
+        "-o 'UserKnownHostsFile /b/kh /c/kh' -oProxyJump=bob@jump:2222 -C -F ~/my_config "
+        "-i /k -p 2200 -lalice -J j1,j2"
     )
-    assert args.known_hosts_files == ["/a/kh", "/b/kh", "/c/kh"]
-    assert args.proxy_jump == "bob@jump:2222"
-    assert SSHArgs.parse("-J jump").proxy_jump == "jump"
-    assert JumpHost.parse("bob@jump:2222", "here") == JumpHost("jump", 2222, "bob")
-    assert JumpHost.parse("jump", "here") == JumpHost("jump", 22, None)
-    with pytest.raises(ConnectionFailed, match="only one jump host"):
-        JumpHost.parse("a,b", "here")
-    with pytest.raises(ConnectionFailed, match="bad jump host"):
-        JumpHost.parse("bob@jump:ssh", "here")
+    assert args.config_file == "~/my_config"
+    assert args.options == [
+        "StrictHostKeyChecking no",
+        "UserKnownHostsFile /a/kh",
+        "UserKnownHostsFile /b/kh /c/kh",
+        "ProxyJump bob@jump:2222",
+        "IdentityFile /k",
+        "Port 2200",
+        "User alice",
+        "ProxyJump j1,j2",
+    ]
+    with pytest.raises(ConnectionFailed, match="cannot parse the ssh arguments"):
+        SSHArgs.parse("-o 'unbalanced", "host x")
 
 
 def test_known_hosts_lines_are_well_formed(lab_fleet):

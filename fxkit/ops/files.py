@@ -13,6 +13,7 @@ import posixpath
 from collections.abc import Callable
 from shlex import quote
 
+from fxkit.connection.atomic import replace_command
 from fxkit.facts.files import FileInfo, FileStat
 from fxkit.ops.base import (
     OpContext,
@@ -108,28 +109,24 @@ def write_content(
 ) -> tuple[bool, str]:
     """Atomically replace ``path`` with ``data`` in one command; returns (ok, backup or error).
 
-    The temp file takes the old file's mode and owner (or :data:`DEFAULT_FILE_MODE`) unless
-    ``mode``/``owner``/``group`` say otherwise; ``backup`` keeps a copy ``path.<time>~``.
+    The host verifies size and sha256 before the rename: a broken transfer leaves the old file
+    (see :mod:`fxkit.connection.atomic`). The new file takes the old file's mode and owner (or
+    :data:`DEFAULT_FILE_MODE`) unless ``mode``/``owner``/``group`` say otherwise; ``backup``
+    keeps a copy ``path.<time>~``.
     """
     steps = [
-        f"p={quote(path)}",
-        'd=$(dirname -- "$p")',
-        't=$(mktemp -- "$d/.${p##*/}.fxkit.XXXXXX") || exit 1',
-        "trap 'rm -f -- \"$t\"' EXIT",
-        'cat > "$t" && '
         'if [ -e "$p" ]; then chmod --reference="$p" -- "$t" && chown --reference="$p" -- "$t"; '
-        f'else chmod {DEFAULT_FILE_MODE:o} -- "$t"; fi',
+        f'else chmod {DEFAULT_FILE_MODE:o} -- "$t"; fi'
     ]
     attributes = attribute_command('"$t"', mode, owner, group)
     if attributes:
-        steps[-1] += f" && {attributes}"
+        steps.append(attributes)
     if backup:
-        steps[-1] += (
-            ' && { [ ! -e "$p" ] || { b="$p.$(date +%Y-%m-%d@%H:%M:%S)~" && '
+        steps.append(
+            '{ [ ! -e "$p" ] || { b="$p.$(date +%Y-%m-%d@%H:%M:%S)~" && '
             'cp -p -- "$p" "$b" && echo "$b"; }; }'
         )
-    steps[-1] += ' && mv -f -- "$t" "$p"'
-    result = ctx.run("; ".join(steps), stdin=data)
+    result = ctx.run(replace_command(path, data, before_rename=" && ".join(steps)), stdin=data)
     if not result.ok:
         return False, result.stderr.strip()[-500:] or f"rc={result.rc}"
     return True, result.stdout.strip()
