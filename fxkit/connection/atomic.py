@@ -39,7 +39,9 @@ def replace_command(path: str, data: bytes, *, before_rename: str = "") -> str:
         'got=$(wc -c < "$t")',
         f'[ "$got" -eq {size} ] || {{ echo "fxkit: the transfer broke off after $got of {size} '
         'bytes; $p is unchanged" >&2; exit 1; }',
-        'sum=$(sha256sum < "$t")',
+        # openssl's sha256 (SHA-NI where the CPU has it) is 5-8x faster than coreutils'.
+        'if command -v openssl >/dev/null; then sum=$(openssl dgst -sha256 -r < "$t"); '
+        'else sum=$(sha256sum < "$t"); fi',
         f'[ "${{sum%% *}}" = {digest} ] || {{ echo "fxkit: the content arrived corrupted '
         '(sha256 differs); $p is unchanged" >&2; exit 1; }',
     ]
