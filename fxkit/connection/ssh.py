@@ -338,7 +338,7 @@ class SSHConnection(Connection):
         """Kill the process group of the command's shell ``pid`` (over another channel)."""
         script = (
             f'read -r s < /proc/{pid}/stat || exit 0; set -- ${{s##*") "}}; '
-            '[ "$3" -gt 1 ] && kill -KILL -- "-$3"'
+            '[ "$3" -gt 1 ] && kill -s KILL -- "-$3"'
         )
         try:
             rc, _, _ = self._exec(
