@@ -107,10 +107,11 @@ def _sums(fleet, names: list[str]) -> dict[str, str]:
     return sums
 
 
-def _upload_progress(fleet) -> int:
-    """Bytes in lab01's temp file of /srv/big.bin (0 when there is none)."""
-    with fleet.connect("lab01") as conn:
-        out = conn.run(f"stat -c %s /srv/.big.bin{TEMP_MARK}* 2>/dev/null").stdout.split()
+def _upload_progress(probe) -> int:
+    """Bytes of the new file on the host: in its temp file, or all once it was renamed."""
+    out = probe.run(
+        f"stat -c %s /srv/.big.bin{TEMP_MARK}* 2>/dev/null; stat -c %s /srv/big.bin"
+    ).stdout.split()
     return max(map(int, out), default=0)
 
 
@@ -135,16 +136,16 @@ def test_sigkill_during_a_100mb_upload_leaves_old_or_new_files(lab_fleet, tmp_pa
             assert conn.run(f"rm -f /srv/.big.bin{TEMP_MARK}*").ok
     outcomes = []
     for fraction in (0.1, 0.5, 0.9):
-        proc = subprocess.Popen(
-            command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        deadline = time.monotonic() + 30
-        while _upload_progress(fleet) < fraction * SIZE and proc.poll() is None:
-            assert time.monotonic() < deadline, "the upload never got that far"
-            time.sleep(0.02)
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
+        with fleet.connect("lab01") as probe:
+            while _upload_progress(probe) < fraction * SIZE and proc.poll() is None:
+                time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        time.sleep(0.5)  # the host's shells see the end of their input and clean up
+        # The hosts' shells see their input end and remove their temp files right away.
+        deadline = time.monotonic() + 10
+        while TEMP_MARK in "".join(_sums(fleet, HOSTS).values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
         for name, listing in _sums(fleet, HOSTS).items():
             digest = listing.split()[0]
             assert digest in (old_sum, new_sum), f"{name} has a partial file after SIGKILL"

@@ -380,13 +380,14 @@ def test_a_timeout_kills_the_command_and_its_children_on_the_host(sudo_fleet, be
 
 
 def _host_block(fleet, alias: str, name: str, **extra: str) -> str:
+    """An ssh config block for a lab host, made of its inventory variables."""
     hv = fleet.hostvars(name)
     lines = {
-        "HostName": fleet.address(name),
-        "User": "root",
-        "Port": str(fleet.port),
+        "HostName": str(hv["ansible_host"]),
+        "User": str(hv["ansible_user"]),
+        "Port": str(hv["ansible_port"]),
         "IdentityFile": str(hv["ansible_ssh_private_key_file"]),
-        "UserKnownHostsFile": str(fleet.known_hosts),
+        **dict(o.split(" ", 1) for o in SSHArgs.parse(str(hv["ansible_ssh_common_args"])).options),
         **extra,
     }
     return f"Host {alias}\n" + "".join(f"    {k} {v}\n" for k, v in lines.items() if v)
@@ -408,7 +409,9 @@ def test_inventory_variables_beat_the_ssh_config(lab_fleet, tmp_path):
     fleet = lab_fleet(2)
     config = tmp_path / "config"
     wrong = {"User": "nobody", "Port": "1", "IdentityFile": str(tmp_path / "no-such-key")}
-    config.write_text(_host_block(fleet, fleet.address("lab01"), "lab01", **wrong))
+    config.write_text(
+        _host_block(fleet, str(fleet.hostvars("lab01")["ansible_host"]), "lab01", **wrong)
+    )
     hostvars = {**fleet.hostvars("lab01"), "ansible_ssh_common_args": f"-F {config}"}
     with connect("lab01", hostvars, ConnectOptions(known_hosts=str(fleet.known_hosts))) as conn:
         assert conn.run("id -un; hostname").stdout.split() == ["root", "lab01"]
@@ -443,6 +446,18 @@ def test_a_proxy_jump_from_the_ssh_config(lab_fleet, tmp_path):
         conn.put("/tmp/via-config-bastion", b"ok")
         assert conn.get("/tmp/via-config-bastion") == b"ok"
     assert _logins(fleet, "lab01") == before + 1
+
+
+def test_a_jump_host_with_an_unknown_key_is_refused(lab_fleet, tmp_path):
+    """Fabric's own connections accept any host key; every hop fxkit opens verifies it."""
+    fleet = lab_fleet(2)
+    config = tmp_path / "config"
+    config.write_text(
+        _host_block(fleet, "bastion", "lab01", UserKnownHostsFile="/dev/null")
+        + _host_block(fleet, "inner", "lab02", ProxyJump="bastion")
+    )
+    with pytest.raises(HostKeyError, match="unknown ssh-ed25519 host key"):
+        connect("inner", {}, ConnectOptions(ssh_config=str(config))).open()
 
 
 @pytest.mark.parametrize(
