@@ -93,6 +93,7 @@ class _Process:
     def __init__(self, proc: subprocess.Popen, deadline: float | None):
         self.proc, self.deadline = proc, deadline
         self.out, self.err = bytearray(), bytearray()
+        assert proc.stdout is not None and proc.stderr is not None
         self._selector = selectors.DefaultSelector()
         self._selector.register(proc.stdout, selectors.EVENT_READ, self.out)
         self._selector.register(proc.stderr, selectors.EVENT_READ, self.err)
@@ -129,6 +130,7 @@ class _Process:
         return False
 
     def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None  # sudo's commands always get a pipe
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
 
@@ -139,7 +141,7 @@ class _Process:
 def _kill(proc: subprocess.Popen) -> None:
     """Kill the command's whole process group (it runs in a session of its own), children that
     outlived the shell included."""
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or sudo's own
         os.killpg(proc.pid, signal.SIGKILL)
 
 

@@ -266,12 +266,16 @@ class SSHConnection(Connection):
                 # Small packets go out at once: without this each command waits ~40 ms (Nagle).
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def _transport(self) -> paramiko.Transport:
+    def _opened(self) -> fabric.Connection:
+        """The open connection (opened now if need be) whose transport is alive."""
         self.open()
-        transport = self._connected.transport if self._connected else None
-        if transport is None or not transport.is_active():
+        conn = self._connected
+        if conn is None or conn.transport is None or not conn.transport.is_active():
             raise self._lost("the connection was closed")
-        return transport
+        return conn
+
+    def _transport(self) -> paramiko.Transport:
+        return self._opened().transport
 
     def close(self) -> None:
         with self._lock:
@@ -328,7 +332,11 @@ class SSHConnection(Connection):
                     session.drain()  # the output it wrote before it was killed
                 except (_Timeout, *_LINK_ERRORS):
                     pass
-            return TIMEOUT_RC, bytes(session.out), bytes(session.err) + timed_out(timeout, killed)
+            return (
+                TIMEOUT_RC,
+                bytes(session.out),
+                bytes(session.err) + timed_out(timeout or 0, killed),
+            )
         except _LINK_ERRORS as exc:
             raise self._lost(_describe(exc)) from None
         finally:
@@ -353,16 +361,15 @@ class SSHConnection(Connection):
     def get(self, path: str, *, become: bool = False) -> bytes | None:
         if self.needs_sudo(become):
             return self.read_as_root(path)
-        self._transport()
+        conn = self._opened()
         try:
-            with self._connected.sftp().open(path, "rb") as f:
+            with conn.sftp().open(path, "rb") as f:
                 f.prefetch()
                 return f.read()
         except FileNotFoundError:
             return None
         except _LINK_ERRORS as exc:
-            transport = self._connected.transport if self._connected else None
-            if transport is None or not transport.is_active():
+            if not conn.transport.is_active():
                 raise self._lost(_describe(exc)) from None
             raise self.file_error(
                 "read", path, getattr(exc, "strerror", None) or _describe(exc)
