@@ -27,6 +27,7 @@ def no_personal_known_hosts(tmp_path, monkeypatch):
     """Keep the user's own ~/.ssh/known_hosts and fxkit's default file out of these tests."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FXKIT_KNOWN_HOSTS", str(tmp_path / "fxkit_known_hosts"))
+    monkeypatch.delenv("FXKIT_SSH_CONFIG", raising=False)
 
 
 def _logins(fleet, name: str) -> int:

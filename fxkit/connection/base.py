@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fxkit.connection.atomic import replace_command
@@ -53,7 +54,7 @@ class Connection(ABC):
     user: str
     become_user: str = "root"
     #: Values masked in every result and error (passwords), longest first.
-    secrets: list[str]
+    secrets: Sequence[str] = ()
 
     @abstractmethod
     def open(self) -> None:
