@@ -131,8 +131,9 @@ class _Process:
 
     def send(self, data: bytes) -> None:
         assert self.proc.stdin is not None  # sudo's commands always get a pipe
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+        with contextlib.suppress(BrokenPipeError):  # it ended: its exit status says why
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
 
     def exit_status(self) -> int:
         return self.proc.wait(self.time_left())
