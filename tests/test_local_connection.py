@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fxkit.connection.local import TIMEOUT_RC, LocalConnection
+from fxkit.connection.base import TIMEOUT_RC
+from fxkit.connection.local import LocalConnection
 from fxkit.errors import FxkitError
 
 
@@ -32,7 +33,7 @@ def test_timeout_kills_the_whole_process_group(conn: LocalConnection, tmp_path: 
     marker = tmp_path / "late"
     start = time.monotonic()
     result = conn.run(f"(sleep 2; touch {marker}) & sleep 5", timeout=0.5)
-    assert result.rc == TIMEOUT_RC and "timed out after 0.5s" in result.stderr
+    assert result.rc == TIMEOUT_RC and "timed out after 0.5 s; it was killed" in result.stderr
     assert time.monotonic() - start < 2
     time.sleep(2.2)
     assert not marker.exists()

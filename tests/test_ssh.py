@@ -9,10 +9,12 @@ import socket
 import threading
 import time
 
+import paramiko
 import pytest
 
 from fxkit.connection import ConnectOptions, connect
-from fxkit.connection.ssh import JumpHost, SSHArgs, SSHConnection
+from fxkit.connection.base import TIMEOUT_RC
+from fxkit.connection.ssh import SSHArgs, SSHConnection
 from fxkit.errors import ConnectionFailed, FxkitError, HostKeyError
 from fxkit.lab import SUDO_USER
 from fxkit.redaction import REDACTED
@@ -25,6 +27,7 @@ def no_personal_known_hosts(tmp_path, monkeypatch):
     """Keep the user's own ~/.ssh/known_hosts and fxkit's default file out of these tests."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FXKIT_KNOWN_HOSTS", str(tmp_path / "fxkit_known_hosts"))
+    monkeypatch.delenv("FXKIT_SSH_CONFIG", raising=False)
 
 
 def _logins(fleet, name: str) -> int:
@@ -305,17 +308,22 @@ def test_shell_metacharacters_execute_nothing(sudo_fleet, become):
 def test_ssh_args_parsing():
     args = SSHArgs.parse(
         "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/a/kh "
-        "-o 'UserKnownHostsFile /b/kh /c/kh' -oProxyJump=bob@jump:2222"
+        "-o 'UserKnownHostsFile /b/kh /c/kh' -oProxyJump=bob@jump:2222 -C -F ~/my_config "
+        "-i /k -p 2200 -lalice -J j1,j2"
     )
-    assert args.known_hosts_files == ["/a/kh", "/b/kh", "/c/kh"]
-    assert args.proxy_jump == "bob@jump:2222"
-    assert SSHArgs.parse("-J jump").proxy_jump == "jump"
-    assert JumpHost.parse("bob@jump:2222", "here") == JumpHost("jump", 2222, "bob")
-    assert JumpHost.parse("jump", "here") == JumpHost("jump", 22, None)
-    with pytest.raises(ConnectionFailed, match="only one jump host"):
-        JumpHost.parse("a,b", "here")
-    with pytest.raises(ConnectionFailed, match="bad jump host"):
-        JumpHost.parse("bob@jump:ssh", "here")
+    assert args.config_file == "~/my_config"
+    assert args.options == [
+        "StrictHostKeyChecking no",
+        "UserKnownHostsFile /a/kh",
+        "UserKnownHostsFile /b/kh /c/kh",
+        "ProxyJump bob@jump:2222",
+        "IdentityFile /k",
+        "Port 2200",
+        "User alice",
+        "ProxyJump j1,j2",
+    ]
+    with pytest.raises(ConnectionFailed, match="cannot parse the ssh arguments"):
+        SSHArgs.parse("-o 'unbalanced", "host x")
 
 
 def test_known_hosts_lines_are_well_formed(lab_fleet):
@@ -339,3 +347,154 @@ def test_a_host_that_never_answers_times_out(tmp_path):
             SSHConnection("hung", hostvars, options).open()
         assert time.monotonic() - started < 5
         assert "connect timeout 1 s" in info.value.hint
+
+
+# -- timeouts ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("become", [False, True])
+def test_a_timeout_kills_the_command_and_its_children_on_the_host(sudo_fleet, become):
+    fleet = sudo_fleet
+    with fleet.connect(
+        "lab01", ansible_user=SUDO_USER, ansible_become_password=fleet.become_password()
+    ) as conn:
+        pids = f"/tmp/timeout-pids-{become}"
+        started = time.monotonic()
+        result = conn.run(
+            f"echo $$ > {pids}; sleep 300 & echo $! >> {pids}; (sleep 301; :) & echo $! >> {pids}; "
+            "echo started; wait",
+            become=become,
+            timeout=1,
+        )
+        assert time.monotonic() - started < 5
+        assert result.rc == TIMEOUT_RC and result.stdout == "started\n"
+        assert "timed out after 1 s; it was killed" in result.stderr
+        listed = conn.run(f"cat {pids}", become=True).stdout.split()
+        assert len(listed) == 3
+        check = " ".join(f"/proc/{pid}/stat" for pid in listed)
+        # Gone (or a zombie an instant before the host's init reaps it), not running on.
+        states = conn.run(f"cat {check} 2>/dev/null", become=True).stdout
+        assert all(line.split(") ")[1][0] in "ZX" for line in states.splitlines()), states
+
+
+# -- ~/.ssh/config -----------------------------------------------------------------------------
+
+
+def _host_block(fleet, alias: str, name: str, **extra: str) -> str:
+    """An ssh config block for a lab host, made of its inventory variables."""
+    hv = fleet.hostvars(name)
+    lines = {
+        "HostName": str(hv["ansible_host"]),
+        "User": str(hv["ansible_user"]),
+        "Port": str(hv["ansible_port"]),
+        "IdentityFile": str(hv["ansible_ssh_private_key_file"]),
+        **dict(o.split(" ", 1) for o in SSHArgs.parse(str(hv["ansible_ssh_common_args"])).options),
+        **extra,
+    }
+    return f"Host {alias}\n" + "".join(f"    {k} {v}\n" for k, v in lines.items() if v)
+
+
+def test_the_users_ssh_config_names_the_host(lab_fleet, tmp_path):
+    fleet = lab_fleet(2)
+    config = tmp_path / "home" / ".ssh" / "config"  # HOME is tmp_path/home here
+    config.parent.mkdir(parents=True)
+    config.write_text(_host_block(fleet, "web", "lab02"))
+    with connect("web", {}, ConnectOptions()) as conn:  # alias, address, user, port, key, keys
+        assert conn.run("hostname").stdout.strip() == "lab02"
+    # The alias applies to ansible_host too, as with ssh.
+    with connect("db", {"ansible_host": "web"}, ConnectOptions()) as conn:
+        assert conn.run("hostname").stdout.strip() == "lab02"
+
+
+def test_inventory_variables_beat_the_ssh_config(lab_fleet, tmp_path):
+    fleet = lab_fleet(2)
+    config = tmp_path / "config"
+    wrong = {"User": "nobody", "Port": "1", "IdentityFile": str(tmp_path / "no-such-key")}
+    config.write_text(
+        _host_block(fleet, str(fleet.hostvars("lab01")["ansible_host"]), "lab01", **wrong)
+    )
+    hostvars = {**fleet.hostvars("lab01"), "ansible_ssh_common_args": f"-F {config}"}
+    with connect("lab01", hostvars, ConnectOptions(known_hosts=str(fleet.known_hosts))) as conn:
+        assert conn.run("id -un; hostname").stdout.split() == ["root", "lab01"]
+
+
+def test_a_config_file_given_by_option_or_environment_replaces_the_users(
+    lab_fleet, tmp_path, monkeypatch
+):
+    fleet = lab_fleet(2)
+    home_config = tmp_path / "home" / ".ssh" / "config"
+    home_config.parent.mkdir(parents=True)
+    home_config.write_text(_host_block(fleet, "web", "lab01"))
+    mine = tmp_path / "mine"
+    mine.write_text(_host_block(fleet, "web", "lab02"))
+    with connect("web", {}, ConnectOptions(ssh_config=str(mine))) as conn:
+        assert conn.run("hostname").stdout.strip() == "lab02"
+    monkeypatch.setenv("FXKIT_SSH_CONFIG", str(mine))
+    with connect("web", {}, ConnectOptions()) as conn:
+        assert conn.run("hostname").stdout.strip() == "lab02"
+
+
+def test_a_proxy_jump_from_the_ssh_config(lab_fleet, tmp_path):
+    fleet = lab_fleet(2)
+    before = _logins(fleet, "lab01")
+    config = tmp_path / "config"
+    config.write_text(
+        _host_block(fleet, "bastion", "lab01")
+        + _host_block(fleet, "inner", "lab02", ProxyJump="bastion")
+    )
+    with connect("inner", {}, ConnectOptions(ssh_config=str(config))) as conn:
+        assert conn.run("hostname").stdout.strip() == "lab02"
+        conn.put("/tmp/via-config-bastion", b"ok")
+        assert conn.get("/tmp/via-config-bastion") == b"ok"
+    assert _logins(fleet, "lab01") == before + 1
+
+
+def test_a_jump_host_with_an_unknown_key_is_refused(lab_fleet, tmp_path):
+    """Fabric's own connections accept any host key; every hop fxkit opens verifies it."""
+    fleet = lab_fleet(2)
+    config = tmp_path / "config"
+    config.write_text(
+        _host_block(fleet, "bastion", "lab01", UserKnownHostsFile="/dev/null")
+        + _host_block(fleet, "inner", "lab02", ProxyJump="bastion")
+    )
+    with pytest.raises(HostKeyError, match="unknown ssh-ed25519 host key"):
+        connect("inner", {}, ConnectOptions(ssh_config=str(config))).open()
+
+
+@pytest.mark.parametrize(
+    ("hostvars", "config", "message", "where"),
+    [
+        ({"ansible_port": "22x"}, "", "bad port '22x'", "host h, variable ansible_port"),
+        ({"ansible_port": 70000}, "", "bad port 70000", "host h, variable ansible_port"),
+        ({}, "Host h\n    Port ssh\n", "cannot resolve the host", "host h"),
+        ({}, "Host h\n  = broken\n", "cannot read the ssh config", "host h"),
+        ({"ansible_ssh_private_key_file": "/no/key"}, "", "/no/key does not exist", "host h"),
+        ({"ansible_ssh_common_args": "-F /no/config"}, "", "/no/config does not exist", "host h"),
+    ],
+)
+def test_bad_connection_settings_are_clear_errors(tmp_path, hostvars, config, message, where):
+    path = tmp_path / "config"
+    path.write_text(config)
+    with pytest.raises(ConnectionFailed, match=re.escape(message)) as info:
+        connect("h", hostvars, ConnectOptions(ssh_config=str(path)))
+    assert info.value.where.startswith(where)
+
+
+def test_stdin_goes_out_in_linear_time(lab_fleet, monkeypatch):
+    """paramiko's sendall re-slices a bytes object for every 32 KiB packet (quadratic time):
+    every packet must be a slice of one memoryview over the caller's data, never a copy."""
+    fleet = lab_fleet(1)
+    sent: list[object] = []
+    original = paramiko.Channel.send
+
+    def spy(chan, data):  # type: ignore[no-untyped-def]
+        sent.append(data)
+        return original(chan, data)
+
+    monkeypatch.setattr(paramiko.Channel, "send", spy)
+    payload = bytes(range(256)) * 32768  # 8 MiB
+    with fleet.connect("lab01") as conn:
+        result = conn.run("sha256sum", stdin=payload)
+    assert result.stdout.split()[0] == hashlib.sha256(payload).hexdigest()
+    assert len(sent) >= 8 * 2**20 // 32768
+    assert all(isinstance(s, memoryview) and s.obj is payload for s in sent)

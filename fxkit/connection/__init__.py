@@ -28,15 +28,20 @@ class ConnectOptions:
     become_password: str | None = field(default=None, repr=False)
     #: Further attempts to connect (with backoff: 0.5 s, 1 s, 2 s...); commands are never retried.
     connect_retries: int = 2
+    #: The ssh config file to read instead of ~/.ssh/config and /etc/ssh/ssh_config (``ssh -F``);
+    #: ``$FXKIT_SSH_CONFIG`` when not given; ``-F`` in a host's ssh arguments wins.
+    ssh_config: str | None = None
 
 
 def connect(name: str, hostvars: Mapping[str, Any], options: ConnectOptions) -> Connection:
     """Return an unopened connection for inventory host ``name`` with its merged variables."""
     kind = hostvars.get("ansible_connection") or ("local" if name in LOCAL_NAMES else "ssh")
     if kind == "local":
+        from fxkit.connection.become import become_settings
         from fxkit.connection.local import LocalConnection
 
-        return LocalConnection(name, become_password=options.become_password)
+        user, password = become_settings(name, hostvars, options.become_password)
+        return LocalConnection(name, become_user=user, become_password=password)
     if kind in ("ssh", "paramiko"):
         from fxkit.connection.ssh import SSHConnection
 

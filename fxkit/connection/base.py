@@ -2,12 +2,27 @@
 
 A connection runs shell commands and moves file contents; it knows nothing about operations.
 Commands are strings for a POSIX shell: callers quote every value with :func:`shlex.quote`.
+Both connections report the same outcome the same way: the exit statuses below, a
+:class:`fxkit.errors.ConnectionFailed` (the host is unreachable) only when the host cannot be
+reached or the link breaks, and an :class:`fxkit.errors.FxkitError` (the step failed) for a file
+that cannot be read or written.
 """
 
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from fxkit.connection.atomic import replace_command
+from fxkit.errors import FxkitError
+from fxkit.redaction import redact
+
+#: Exit status of a command that ran past its timeout and was killed (as coreutils' ``timeout``).
+TIMEOUT_RC = 124
+#: Exit status of the command that reads a file through sudo when the file does not exist.
+MISSING_RC = 107
 
 
 @dataclass(frozen=True)
@@ -24,17 +39,42 @@ class RunResult:
         return self.rc == 0
 
 
+def timed_out(timeout: float, killed: bool) -> bytes:
+    """The line added to stderr of a command that ran past its timeout."""
+    fate = "it was killed" if killed else "it may still run on the host"
+    return f"\nfxkit: timed out after {timeout:g} s; {fate}".encode()
+
+
 class Connection(ABC):
     """One host's connection, opened once and reused for every operation of a run."""
 
     #: The inventory name of the host (not necessarily its address).
     name: str
+    #: The user commands run as, and the one ``become`` runs them as (through sudo).
+    user: str
+    become_user: str = "root"
+    #: Values masked in every result and error (passwords), longest first.
+    secrets: Sequence[str] = ()
 
     @abstractmethod
     def open(self) -> None:
         """Connect (idempotent). Raises :class:`fxkit.errors.ConnectionFailed` when unreachable."""
 
     @abstractmethod
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+
+    def execute(
+        self, command: str, *, become: bool, timeout: float | None, stdin: bytes | None
+    ) -> tuple[int, bytes, bytes]:
+        """Run ``command`` with ``sh -c`` (via sudo when ``become`` needs it): rc, out, err.
+
+        A command that runs past ``timeout`` is killed, with all it started, and reports
+        :data:`TIMEOUT_RC`. Raises :class:`fxkit.errors.ConnectionFailed` when the link is lost.
+        Every real connection implements it; a test double may override :meth:`run` instead.
+        """
+        raise NotImplementedError
+
     def run(
         self,
         command: str,
@@ -43,22 +83,56 @@ class Connection(ABC):
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> RunResult:
-        """Run ``command`` with ``sh -c`` (via sudo when ``become``); never raises on rc != 0.
-
-        Raises :class:`fxkit.errors.ConnectionFailed` when the connection is lost.
-        """
+        """Run ``command`` (see :meth:`execute`); never raises on rc != 0; secrets masked."""
+        rc, out, err = self.execute(command, become=become, timeout=timeout, stdin=stdin)
+        return RunResult(
+            self.redact(command),
+            rc,
+            self.redact(out.decode(errors="replace")),
+            self.redact(err.decode(errors="replace")),
+        )
 
     @abstractmethod
     def get(self, path: str, *, become: bool = False) -> bytes | None:
-        """Return the contents of the remote file ``path``, or None when it does not exist."""
+        """Return the contents of the file ``path``, or None when it does not exist."""
 
-    @abstractmethod
     def put(self, path: str, data: bytes, *, become: bool = False) -> None:
-        """Write ``data`` to ``path`` (not atomic: callers write a temp file, then rename)."""
+        """Replace ``path`` with ``data`` atomically: the old file or the new one, whole, even
+        when the transfer breaks off (see :mod:`fxkit.connection.atomic`)."""
+        rc, _, err = self.execute(
+            replace_command(path, data), become=become, timeout=None, stdin=data
+        )
+        if rc != 0:
+            raise self.file_error("write", path, err)
 
-    @abstractmethod
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
+    def needs_sudo(self, become: bool) -> bool:
+        return become and self.user != self.become_user
+
+    def read_as_root(self, path: str) -> bytes | None:
+        """``get`` through sudo: ``cat`` as the become user."""
+        quoted = shlex.quote(path)
+        rc, out, err = self.execute(
+            f"[ -e {quoted} ] || exit {MISSING_RC}; exec cat -- {quoted}",
+            become=True,
+            timeout=None,
+            stdin=None,
+        )
+        if rc == MISSING_RC:
+            return None
+        if rc != 0:
+            raise self.file_error("read", path, err)
+        return out
+
+    def file_error(self, verb: str, path: str, reason: bytes | str) -> FxkitError:
+        """A file that cannot be read or written: the step fails, the host stays reachable."""
+        text = reason.decode(errors="replace") if isinstance(reason, bytes) else reason
+        return FxkitError(
+            f"cannot {verb} {path}: {self.redact(text.strip()) or 'failed'}",
+            where=f"host {self.name}",
+        )
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.secrets)
 
     def __enter__(self) -> Connection:
         self.open()

@@ -1,35 +1,37 @@
 """The local connection: commands run through ``sh -c`` on this machine, files are read directly.
 
-Privileged steps (``become``) run through sudo unless fxkit already runs as root, the same way
-as over SSH (:mod:`fxkit.connection.become`): the password goes to sudo's stdin only when sudo
-asks for it, never into argv, logs or the command's own input.
+Privileged steps (``become``) run through sudo unless fxkit already runs as the become user, the
+same way as over SSH (:mod:`fxkit.connection.become`): the password goes to sudo's stdin only
+when sudo asks for it, never into argv, logs or the command's own input. Every command runs in
+a session of its own: a timeout kills it with everything it started.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import selectors
-import shlex
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from fxkit.connection.base import Connection, RunResult
+from fxkit.connection.base import TIMEOUT_RC, Connection, timed_out
 from fxkit.connection.become import Sudo
-from fxkit.errors import ConnectionFailed, FxkitError
-
-#: Exit status reported for a command that ran past its timeout (as coreutils' ``timeout``).
-TIMEOUT_RC = 124
+from fxkit.errors import ConnectionFailed
+from fxkit.redaction import maskable
 
 
 class LocalConnection(Connection):
     """Run commands on the machine fxkit runs on."""
 
-    def __init__(self, name: str, *, become_password: str | None = None):
+    def __init__(self, name: str, *, become_user: str = "root", become_password: str | None = None):
         self.name = name
+        self.user = pwd.getpwuid(os.geteuid()).pw_name
+        self.become_user = become_user
         self._become_password = become_password
+        self.secrets = maskable([become_password] if become_password else [])
 
     def open(self) -> None:
         """Nothing to open: the local machine is always reachable."""
@@ -37,18 +39,10 @@ class LocalConnection(Connection):
     def close(self) -> None:
         """Nothing to close."""
 
-    def _sudo(self, become: bool) -> Sudo | None:
-        return Sudo("root", self._become_password) if become and os.geteuid() != 0 else None
-
-    def run(
-        self,
-        command: str,
-        *,
-        become: bool = False,
-        timeout: float | None = None,
-        stdin: bytes | None = None,
-    ) -> RunResult:
-        sudo = self._sudo(become)
+    def execute(
+        self, command: str, *, become: bool, timeout: float | None, stdin: bytes | None
+    ) -> tuple[int, bytes, bytes]:
+        sudo = Sudo(self.become_user, self._become_password) if self.needs_sudo(become) else None
         line = sudo.command(command) if sudo else command
         try:
             proc = subprocess.Popen(
@@ -59,52 +53,34 @@ class LocalConnection(Connection):
                 start_new_session=True,
             )
         except OSError as exc:
-            raise ConnectionFailed(f"cannot run sh: {exc}", where=f"host {self.name}") from exc
+            raise ConnectionFailed(
+                f"cannot run sh: {exc.strerror}", where=f"host {self.name}"
+            ) from None
         deadline = None if timeout is None else time.monotonic() + timeout
         with proc, _Process(proc, deadline) as stream:
             try:
                 rc = sudo.start(stream) if sudo else None
                 if rc is None:
                     stream.collect(*proc.communicate(stdin, timeout=stream.time_left()))
-                    rc = proc.returncode
+                    rc = _status(proc.returncode)
                 else:
                     _kill(proc)  # sudo refused the password and may wait for another
             except (subprocess.TimeoutExpired, _Timeout):
                 _kill(proc)
                 stream.collect(*proc.communicate())
-                stream.err += f"\nfxkit: timed out after {timeout:g}s".encode()
+                stream.err += timed_out(timeout or 0, killed=True)
                 rc = TIMEOUT_RC
-        return RunResult(command, rc, _text(stream.out), _text(stream.err))
+        return rc, bytes(stream.out), bytes(stream.err)
 
     def get(self, path: str, *, become: bool = False) -> bytes | None:
-        if become and os.geteuid() != 0:
-            q = shlex.quote(path)
-            result = self.run(f"test -e {q} || exit 3; cat -- {q}", become=True)
-            if result.rc == 3:
-                return None
-            self._check(result, f"cannot read {path}")
-            return result.stdout.encode("utf-8", "surrogateescape")
+        if self.needs_sudo(become):
+            return self.read_as_root(path)
         try:
             return Path(path).read_bytes()
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise FxkitError(
-                f"cannot read {path}: {exc.strerror}", where=f"host {self.name}"
-            ) from None
-
-    def put(self, path: str, data: bytes, *, become: bool = False) -> None:
-        if become and os.geteuid() != 0:
-            self._check(
-                self.run(f"cat > {shlex.quote(path)}", become=True, stdin=data),
-                f"cannot write {path}",
-            )
-            return
-        Path(path).write_bytes(data)
-
-    def _check(self, result: RunResult, what: str) -> None:
-        if not result.ok:
-            raise ConnectionFailed(f"{what}: {result.stderr.strip()}", where=f"host {self.name}")
+            raise self.file_error("read", path, exc.strerror or str(exc)) from None
 
 
 class _Timeout(Exception):
@@ -117,6 +93,7 @@ class _Process:
     def __init__(self, proc: subprocess.Popen, deadline: float | None):
         self.proc, self.deadline = proc, deadline
         self.out, self.err = bytearray(), bytearray()
+        assert proc.stdout is not None and proc.stderr is not None
         self._selector = selectors.DefaultSelector()
         self._selector.register(proc.stdout, selectors.EVENT_READ, self.out)
         self._selector.register(proc.stderr, selectors.EVENT_READ, self.err)
@@ -153,8 +130,10 @@ class _Process:
         return False
 
     def send(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+        assert self.proc.stdin is not None  # sudo's commands always get a pipe
+        with contextlib.suppress(BrokenPipeError):  # it ended: its exit status says why
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
 
     def exit_status(self) -> int:
         return self.proc.wait(self.time_left())
@@ -163,10 +142,10 @@ class _Process:
 def _kill(proc: subprocess.Popen) -> None:
     """Kill the command's whole process group (it runs in a session of its own), children that
     outlived the shell included."""
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or sudo's own
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _text(data: bytes) -> str:
-    # surrogateescape keeps undecodable bytes recoverable (get() of binary files through sudo).
-    return data.decode("utf-8", "surrogateescape")
+def _status(returncode: int) -> int:
+    """A process killed by signal N reports 128 + N, as a shell (and the SSH connection) does."""
+    return 128 - returncode if returncode < 0 else returncode

@@ -1,104 +1,110 @@
-"""SSH connections (paramiko): one transport per host, a new exec channel per command.
+"""SSH connections: Fabric resolves the host and holds the paramiko client; fxkit runs channels.
 
-The transport is opened once and reused for every command and file of a run; files move over
-one SFTP session on the same transport, opened on first use. Host keys are verified (see
-:mod:`fxkit.connection.hostkeys`). ``become`` runs the command through ``sudo``; its password
-goes to sudo's stdin only when sudo asks for it, and is never part of a command line, a result
-or an error message.
+Where to connect comes as OpenSSH would work it out, most specific first: the inventory's
+``ansible_host``, ``ansible_user``, ``ansible_port`` and ``ansible_ssh_private_key_file``; then
+the options in ``ansible_ssh_common_args``/``ansible_ssh_extra_args`` (``-o Key=value``, ``-J``,
+``-i``, ``-p``, ``-l``); then the ssh config file: ``-F FILE`` there, else
+:attr:`ConnectOptions.ssh_config`, else ``$FXKIT_SSH_CONFIG``, else ``~/.ssh/config`` and
+``/etc/ssh/ssh_config``. The config is looked up for ``ansible_host`` (the inventory name when
+there is none), as ``ssh`` does: Host aliases, HostName, User, Port, IdentityFile, ProxyJump
+(any number of hops), ProxyCommand and UserKnownHostsFile apply. Fabric reads the config and
+builds the chain of jump hosts; every client in it verifies host keys fxkit's way
+(:mod:`fxkit.connection.hostkeys`), never Fabric's default of accepting any key.
+
+Commands do not go through Fabric's ``run`` (45 ms a command, 3.4 ms here): each opens an
+exec channel on the one transport, sets TCP_NODELAY and reads stdout and stderr itself. A
+command that runs past its timeout is killed with its whole process group, over a second
+channel. Files are read over SFTP and written atomically (:mod:`fxkit.connection.atomic`).
 """
 
 from __future__ import annotations
 
-import getpass
 import os
 import select
 import shlex
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import fabric
 import paramiko
 
-from fxkit.connection.base import Connection, RunResult
-from fxkit.connection.become import Sudo
+from fxkit.connection.base import TIMEOUT_RC, Connection, timed_out
+from fxkit.connection.become import Started, Sudo, become_settings, reveal
 from fxkit.connection.hostkeys import (
     AcceptNewKey,
     RefuseUnknownKey,
     changed_key_error,
     default_known_hosts,
-    known_host_name,
     load_known_hosts,
 )
-from fxkit.errors import ConnectionFailed, FxkitError
-from fxkit.redaction import maskable, redact
+from fxkit.errors import ConnectionFailed
+from fxkit.redaction import maskable
 
 if TYPE_CHECKING:
     from fxkit.connection import ConnectOptions
 
 _CHUNK = 65536
-_MISSING = 107  # exit status of the `get` command when the file does not exist
 _LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
+#: Shell words of ssh's command line that take a value, and the ssh config keyword each sets.
+_FLAGS = {"-J": "ProxyJump", "-i": "IdentityFile", "-p": "Port", "-l": "User"}
+#: How long a killed command may take to close its channel (its last output still comes).
+_KILL_GRACE = 2.0
 
 
 @dataclass
 class SSHArgs:
-    """What fxkit understands of ``ansible_ssh_common_args`` / ``ansible_ssh_extra_args``."""
+    """What fxkit understands of ``ansible_ssh_common_args`` / ``ansible_ssh_extra_args``: the
+    config file (``-F``) and options as ssh config lines (``-o``, ``-J``, ``-i``, ``-p``,
+    ``-l``); other words are ssh's own business and ignored."""
 
-    known_hosts_files: list[str] = field(default_factory=list)
-    proxy_jump: str | None = None
+    config_file: str | None = None
+    options: list[str] = field(default_factory=list)
 
     @classmethod
-    def parse(cls, text: str) -> SSHArgs:
-        args, words = cls(), shlex.split(text)
-        for i, word in enumerate(words):
-            value = words[i + 1] if i + 1 < len(words) else ""
-            if word == "-J":
-                args.proxy_jump = value
-            elif word.startswith("-o"):
-                option = word[2:] or value
-                key, _, val = option.replace("=", " ", 1).partition(" ")
-                if key.lower() == "userknownhostsfile":
-                    args.known_hosts_files += val.split()
-                elif key.lower() == "proxyjump":
-                    args.proxy_jump = val.strip()
+    def parse(cls, text: str, where: str = "") -> SSHArgs:
+        try:
+            words = shlex.split(text)
+        except ValueError as exc:
+            raise ConnectionFailed(
+                f"cannot parse the ssh arguments {text!r}: {exc}",
+                where=where,
+                hint="check the quotes in ansible_ssh_common_args / ansible_ssh_extra_args",
+            ) from None
+        args, i = cls(), 0
+        while i < len(words):
+            flag, value = words[i][:2], words[i][2:]
+            if flag in ("-o", "-F", *_FLAGS) and not value and i + 1 < len(words):
+                i, value = i + 1, words[i + 1]
+            if flag == "-o" and value:
+                key, _, val = value.replace("=", " ", 1).partition(" ")
+                args.options.append(f"{key} {val.strip()}")
+            elif flag == "-F" and value:
+                args.config_file = value
+            elif flag in _FLAGS and value:
+                args.options.append(f"{_FLAGS[flag]} {value}")
+            i += 1
         return args
 
 
-@dataclass(frozen=True)
-class JumpHost:
-    """A bastion given as ``[user@]host[:port]``."""
-
-    host: str
-    port: int
-    user: str | None
-
-    @classmethod
-    def parse(cls, spec: str, where: str) -> JumpHost:
-        if "," in spec:
-            raise ConnectionFailed(
-                f"only one jump host is supported, got {spec!r}",
-                where=where,
-                hint="use one bastion",
-            )
-        user, _, hostport = spec.rpartition("@")
-        host, _, port = hostport.partition(":")
-        if not host or (port and not port.isdigit()):
-            raise ConnectionFailed(
-                f"bad jump host {spec!r}", where=where, hint="use [user@]host[:port]"
-            )
-        return cls(host, int(port or 22), user or None)
-
-
-def _reveal(value: Any) -> str | None:
-    """A secret's text, whether it is a plain string or wrapped (pydantic SecretStr and kin)."""
+def parse_port(value: Any, where: str) -> int | None:
+    """``ansible_port`` as a TCP port (None when not given); anything else is a clear error."""
     if value is None or value == "":
         return None
-    reveal = getattr(value, "get_secret_value", None)
-    return str(reveal() if reveal else value)
+    try:
+        port = int(str(value))
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise ConnectionFailed(
+            f"bad port {value!r}", where=where, hint="ansible_port must be a number, 1-65535"
+        )
+    return port
 
 
 class SSHConnection(Connection):
@@ -107,173 +113,191 @@ class SSHConnection(Connection):
     def __init__(self, name: str, hostvars: Mapping[str, Any], options: ConnectOptions):
         self.name = name
         self.options = options
-        self.address = str(hostvars.get("ansible_host") or name)
-        self.port = int(hostvars.get("ansible_port") or 22)
-        self.user = str(hostvars.get("ansible_user") or getpass.getuser())
+        self.target = str(hostvars.get("ansible_host") or name)
+        where = f"host {name}"
+        self._port = parse_port(hostvars.get("ansible_port"), f"{where}, variable ansible_port")
+        self._user = str(hostvars["ansible_user"]) if hostvars.get("ansible_user") else None
         key_file = hostvars.get("ansible_ssh_private_key_file")
         self.key_file = os.path.expanduser(str(key_file)) if key_file else None
-        self.password = _reveal(
-            hostvars.get("ansible_password") or hostvars.get("ansible_ssh_pass")
+        self.password = reveal(hostvars.get("ansible_password") or hostvars.get("ansible_ssh_pass"))
+        self.become_user, self.become_password = become_settings(
+            name, hostvars, options.become_password
         )
-        self.become_user = str(hostvars.get("ansible_become_user") or "root")
-        method = hostvars.get("ansible_become_method") or "sudo"
-        if method != "sudo":
-            raise ConnectionFailed(
-                f"become method {method!r} is not supported",
-                where=f"host {name}, variable ansible_become_method",
-                hint="fxkit becomes root with sudo: remove the variable or set it to sudo",
-            )
-        self.become_password = _reveal(
-            hostvars.get("ansible_become_password")
-            or hostvars.get("ansible_become_pass")
-            or options.become_password
-        )
-        ssh_args = SSHArgs.parse(
+        args = SSHArgs.parse(
             f"{hostvars.get('ansible_ssh_common_args') or ''} "
-            f"{hostvars.get('ansible_ssh_extra_args') or ''}"
+            f"{hostvars.get('ansible_ssh_extra_args') or ''}",
+            f"{where}, variable ansible_ssh_common_args",
         )
+        jump = hostvars.get("ansible_ssh_proxy_jump") or hostvars.get("proxy_jump")
+        if jump:
+            args.options.append(f"ProxyJump {jump}")
+        self._args = args
         self.own_known_hosts = Path(options.known_hosts or default_known_hosts()).expanduser()
-        self.known_hosts_files = [*ssh_args.known_hosts_files, str(self.own_known_hosts)]
-        jump = (
-            hostvars.get("ansible_ssh_proxy_jump")
-            or hostvars.get("proxy_jump")
-            or ssh_args.proxy_jump
-        )
-        self.jump = JumpHost.parse(str(jump), self._where) if jump else None
-        self._secrets = maskable(s for s in (self.password, self.become_password) if s)
-        self._client: paramiko.SSHClient | None = None
-        self._jump_client: paramiko.SSHClient | None = None
-        self._sftp: paramiko.SFTPClient | None = None
+        self.secrets = maskable(s for s in (self.password, self.become_password) if s)
         self._lock = threading.Lock()
+        # Resolved now, so that a mistake in the config shows before any host is contacted.
+        self._fabric = self._resolve()
+        self.user = self._fabric.user
+        self.address, self.port = self._fabric.host, self._fabric.port
+        self.known_hosts_files = self._known_hosts_files(self._fabric)
+        self._connected: fabric.Connection | None = None
 
     @property
     def _where(self) -> str:
         return f"host {self.name} ({self.user}@{self.address}:{self.port})"
 
+    # -- resolving: inventory, ssh arguments, ssh config ------------------------------------
+
+    def _config(self) -> fabric.Config:
+        """Fabric's config with the ssh config loaded: the ssh arguments' options first (the
+        first value found wins, as in ``ssh``), then the file(s)."""
+        path = self._args.config_file or self.options.ssh_config
+        path = path or os.environ.get("FXKIT_SSH_CONFIG") or None
+        config = fabric.Config(
+            lazy=True, runtime_ssh_path=os.path.expanduser(path) if path else None
+        )
+        where = f"host {self.name}"
+        try:
+            if self._args.options:
+                block = "".join(f"    {line}\n" for line in self._args.options)
+                config.base_ssh_config.parse(StringIO(f"Host {self.target}\n{block}"))
+            config.load_ssh_config()
+        except FileNotFoundError:
+            raise ConnectionFailed(f"ssh config file {path} does not exist", where=where) from None
+        except (OSError, paramiko.ssh_exception.ConfigParseError) as exc:
+            raise ConnectionFailed(
+                f"cannot read the ssh config {path or '~/.ssh/config'}: {exc}", where=where
+            ) from None
+        config.connect_kwargs = self._auth()
+        return config
+
+    def _auth(self) -> dict[str, Any]:
+        """paramiko's connect() arguments for every hop: the inventory's key and password."""
+        timeout = self.options.connect_timeout
+        return {
+            "password": self.password,
+            "key_filename": [self.key_file] if self.key_file else [],
+            "look_for_keys": self.key_file is None and self.password is None,
+            "allow_agent": self.key_file is None,
+            "banner_timeout": timeout,
+            "auth_timeout": timeout,
+            "channel_timeout": timeout,
+            "transport_factory": _Transport,
+        }
+
+    def _resolve(self) -> fabric.Connection:
+        """A Fabric connection (unopened) with its chain of jump hosts, checked and secured."""
+        if self.key_file and not os.path.isfile(self.key_file):
+            raise ConnectionFailed(
+                f"the private key file {self.key_file} does not exist",
+                where=f"host {self.name}, variable ansible_ssh_private_key_file",
+            )
+        try:
+            conn = fabric.Connection(
+                self.target, user=self._user, port=self._port, config=self._config()
+            )
+        except ValueError as exc:  # a Port in the ssh config that is not a number, user@host...
+            raise ConnectionFailed(
+                f"cannot resolve the host from its variables and ssh config: {exc}",
+                where=f"host {self.name}",
+                hint="check ansible_host/ansible_port and the ssh config's Port and ProxyJump",
+            ) from None
+        for hop in _chain(conn):
+            parse_port(hop.port, f"host {self.name}: ssh config for {hop.original_host}, Port")
+            hop.connect_timeout = self.options.connect_timeout
+            kwargs = dict(hop.connect_kwargs.items())
+            keys = map(os.path.expanduser, kwargs.get("key_filename") or [])
+            # As ssh does, IdentityFile lines of the config that name no file are skipped.
+            kwargs["key_filename"] = [k for k in dict.fromkeys(keys) if os.path.isfile(k)]
+            hop.connect_kwargs = kwargs
+            load_known_hosts(hop.client, self._known_hosts_files(hop))
+            policy = AcceptNewKey if self.options.accept_new_host_keys else RefuseUnknownKey
+            hop.client.set_missing_host_key_policy(policy(self.own_known_hosts))
+        return conn
+
+    def _known_hosts_files(self, hop: fabric.Connection) -> list[str]:
+        configured = hop.ssh_config.get("userknownhostsfile", "")
+        return [*(os.path.expanduser(f) for f in configured.split()), str(self.own_known_hosts)]
+
     # -- connecting ------------------------------------------------------------------------
 
     def open(self) -> None:
         with self._lock:
-            if self._client is not None:
+            if self._connected is not None:
                 return
             attempts = 1 + max(0, self.options.connect_retries)
             for attempt in range(attempts):
+                conn = self._fabric if attempt == 0 else self._resolve()
                 try:
-                    self._client = self._connect()
+                    conn.open()
+                    self._tune(conn)
+                    self._connected = conn
                     return
+                except paramiko.BadHostKeyException as exc:
+                    _close(conn)
+                    raise changed_key_error(exc.hostname, exc, self.known_hosts_files) from None
                 except paramiko.AuthenticationException as exc:
+                    _close(conn)
                     raise ConnectionFailed(
-                        f"login refused: {self._redact(str(exc))}",
+                        f"login refused: {self.redact(str(exc))}",
                         where=self._where,
                         hint="check ansible_user, ansible_ssh_private_key_file or ansible_password",
                     ) from None
                 except _LINK_ERRORS as exc:
+                    _close(conn)
                     if attempt + 1 == attempts:
                         raise ConnectionFailed(
-                            f"cannot connect: {self._redact(_describe(exc))}",
+                            f"cannot connect: {self.redact(_describe(exc))}",
                             where=self._where,
                             hint="is the host up and sshd listening? (connect timeout "
                             f"{self.options.connect_timeout:g} s, {attempts} attempts)",
                         ) from None
                     time.sleep(min(0.5 * 2**attempt, 5.0))
+                except BaseException:
+                    _close(conn)
+                    raise
 
-    def _connect(self) -> paramiko.SSHClient:
-        sock = self._jump_channel() if self.jump else None
-        try:
-            return self._login(self.address, self.port, self.user, sock)
-        except BaseException:
-            self._close_jump()
-            raise
+    @staticmethod
+    def _tune(conn: fabric.Connection) -> None:
+        conn.transport.set_keepalive(30)
+        for hop in _chain(conn):
+            sock = hop.transport.sock if hop.transport else None
+            if isinstance(sock, socket.socket):
+                # Small packets go out at once: without this each command waits ~40 ms (Nagle).
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def _login(self, host: str, port: int, user: str, sock: Any = None) -> paramiko.SSHClient:
-        client = paramiko.SSHClient()
-        load_known_hosts(client, self.known_hosts_files)
-        policy = AcceptNewKey if self.options.accept_new_host_keys else RefuseUnknownKey
-        client.set_missing_host_key_policy(policy(self.own_known_hosts))
-        timeout = self.options.connect_timeout
-        try:
-            client.connect(
-                host,
-                port,
-                username=user,
-                password=self.password,
-                key_filename=self.key_file,
-                look_for_keys=self.key_file is None and self.password is None,
-                allow_agent=self.key_file is None,
-                timeout=timeout,
-                banner_timeout=timeout,
-                auth_timeout=timeout,
-                channel_timeout=timeout,
-                sock=sock,
-            )
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise changed_key_error(
-                known_host_name(host, port), exc, self.known_hosts_files
-            ) from None
-        except BaseException:
-            client.close()
-            raise
-        transport = client.get_transport()
-        transport.set_keepalive(30)
-        if isinstance(transport.sock, socket.socket):
-            # Small packets go out at once: without this each command waits ~40 ms (Nagle).
-            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return client
-
-    def _jump_channel(self) -> paramiko.Channel:
-        jump = self.jump
-        self._jump_client = self._login(jump.host, jump.port, jump.user or self.user)
-        return self._jump_client.get_transport().open_channel(
-            "direct-tcpip",
-            (self.address, self.port),
-            ("127.0.0.1", 0),
-            timeout=self.options.connect_timeout,
-        )
+    def _opened(self) -> fabric.Connection:
+        """The open connection (opened now if need be) whose transport is alive."""
+        self.open()
+        conn = self._connected
+        if conn is None or conn.transport is None or not conn.transport.is_active():
+            raise self._lost("the connection was closed")
+        return conn
 
     def _transport(self) -> paramiko.Transport:
-        self.open()
-        transport = self._client.get_transport()
-        if transport is None or not transport.is_active():
-            raise self._lost("the connection was closed")
-        return transport
+        return self._opened().transport
 
     def close(self) -> None:
         with self._lock:
-            for closable in (self._sftp, self._client):
-                if closable is not None:
-                    closable.close()
-            self._sftp = self._client = None
-            self._close_jump()
-
-    def _close_jump(self) -> None:
-        if self._jump_client is not None:
-            self._jump_client.close()
-            self._jump_client = None
+            if self._connected is not None:
+                _close(self._connected)
+                self._connected = None
 
     # -- commands --------------------------------------------------------------------------
 
-    def run(
+    def execute(
+        self, command: str, *, become: bool, timeout: float | None, stdin: bytes | None
+    ) -> tuple[int, bytes, bytes]:
+        return self._exec(command, become=become, timeout=timeout, stdin=stdin)
+
+    def _exec(
         self,
         command: str,
         *,
-        become: bool = False,
-        timeout: float | None = None,
-        stdin: bytes | None = None,
-    ) -> RunResult:
-        rc, out, err = self._exec(command, become=become, timeout=timeout, stdin=stdin)
-        return RunResult(
-            self._redact(command),
-            rc,
-            self._redact(out.decode(errors="replace")),
-            self._redact(err.decode(errors="replace")),
-        )
-
-    def _needs_sudo(self, become: bool) -> bool:
-        return become and self.user != self.become_user
-
-    def _exec(
-        self, command: str, *, become: bool, timeout: float | None, stdin: bytes | None
+        become: bool,
+        timeout: float | None,
+        stdin: bytes | None,
+        kill: bool = True,
     ) -> tuple[int, bytes, bytes]:
         timeout = timeout if timeout is not None else self.options.command_timeout
         deadline = time.monotonic() + timeout if timeout else None
@@ -283,98 +307,107 @@ class SSHConnection(Connection):
         except _LINK_ERRORS as exc:
             raise self._lost(_describe(exc)) from None
         session = _Session(chan, transport, deadline)
+        starter: Started | None = None
+        if self.needs_sudo(become):
+            starter = Sudo(self.become_user, self.become_password)
+        elif deadline is not None:
+            starter = Started()  # its PID, to kill it on a timeout
         try:
-            if self._needs_sudo(become):
-                sudo = Sudo(self.become_user, self.become_password)
-                chan.exec_command(sudo.command(command))
-                rc = sudo.start(session)
+            if starter is None:
+                chan.exec_command(f"sh -c {shlex.quote(command)}")
+            else:
+                chan.exec_command(starter.command(command))
+                rc = starter.start(session)
                 if rc is not None:
                     return rc, bytes(session.out), bytes(session.err)
-            else:
-                chan.exec_command(f"sh -c {shlex.quote(command)}")
             session.send_stdin(stdin)
             session.drain()
             return session.exit_status(), bytes(session.out), bytes(session.err)
         except _Timeout:
-            message = (
-                f"\nfxkit: timed out after {timeout:g} s (the command may still run on the host)"
+            pid = starter.pid if starter else None
+            killed = kill and pid is not None and self._kill(pid, become)
+            if killed:
+                session.deadline = time.monotonic() + _KILL_GRACE
+                try:
+                    session.drain()  # the output it wrote before it was killed
+                except (_Timeout, *_LINK_ERRORS):
+                    pass
+            return (
+                TIMEOUT_RC,
+                bytes(session.out),
+                bytes(session.err) + timed_out(timeout or 0, killed),
             )
-            return 124, bytes(session.out), bytes(session.err) + message.encode()
         except _LINK_ERRORS as exc:
             raise self._lost(_describe(exc)) from None
         finally:
             chan.close()
 
+    def _kill(self, pid: int, become: bool) -> bool:
+        """Kill the process group of the command's shell ``pid`` (over another channel)."""
+        script = (
+            f'read -r s < /proc/{pid}/stat || exit 0; set -- ${{s##*") "}}; '
+            '[ "$3" -gt 1 ] && kill -s KILL -- "-$3"'
+        )
+        try:
+            rc, _, _ = self._exec(
+                script, become=become, timeout=_KILL_GRACE, stdin=None, kill=False
+            )
+        except ConnectionFailed:
+            return False
+        return rc == 0
+
     # -- files -----------------------------------------------------------------------------
 
     def get(self, path: str, *, become: bool = False) -> bytes | None:
-        if self._needs_sudo(become):
-            quoted = shlex.quote(path)
-            rc, out, err = self._exec(
-                f"[ -e {quoted} ] || exit {_MISSING}; exec cat -- {quoted}",
-                become=True,
-                timeout=None,
-                stdin=None,
-            )
-            if rc == _MISSING:
-                return None
-            if rc != 0:
-                raise self._file_error("read", path, err.decode(errors="replace").strip())
-            return out
+        if self.needs_sudo(become):
+            return self.read_as_root(path)
+        conn = self._opened()
         try:
-            with self._sftp_client().open(path, "rb") as f:
+            with conn.sftp().open(path, "rb") as f:
                 f.prefetch()
                 return f.read()
         except FileNotFoundError:
             return None
         except _LINK_ERRORS as exc:
-            raise self._sftp_error("read", path, exc) from None
-
-    def put(self, path: str, data: bytes, *, become: bool = False) -> None:
-        if self._needs_sudo(become):
-            rc, _, err = self._exec(
-                f"cat > {shlex.quote(path)}", become=True, timeout=None, stdin=data
-            )
-            if rc != 0:
-                raise self._file_error("write", path, err.decode(errors="replace").strip())
-            return
-        try:
-            with self._sftp_client().open(path, "wb") as f:
-                f.set_pipelined(True)
-                f.write(data)
-        except _LINK_ERRORS as exc:
-            raise self._sftp_error("write", path, exc) from None
-
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        transport = self._transport()
-        with self._lock:
-            if self._sftp is None:
-                try:
-                    self._sftp = paramiko.SFTPClient.from_transport(transport)
-                except _LINK_ERRORS as exc:
-                    raise self._lost(f"cannot start SFTP: {_describe(exc)}") from None
-            return self._sftp
-
-    def _sftp_error(self, verb: str, path: str, exc: BaseException) -> FxkitError:
-        transport = self._client.get_transport() if self._client else None
-        if transport is None or not transport.is_active():
-            return self._lost(_describe(exc))
-        return self._file_error(verb, path, getattr(exc, "strerror", None) or _describe(exc))
-
-    def _file_error(self, verb: str, path: str, reason: str) -> FxkitError:
-        return FxkitError(f"cannot {verb} {path}: {self._redact(reason)}", where=self._where)
+            if not conn.transport.is_active():
+                raise self._lost(_describe(exc)) from None
+            raise self.file_error(
+                "read", path, getattr(exc, "strerror", None) or _describe(exc)
+            ) from None
 
     # -- errors ----------------------------------------------------------------------------
 
     def _lost(self, reason: str) -> ConnectionFailed:
         return ConnectionFailed(
-            f"connection lost: {self._redact(reason)}",
+            f"connection lost: {self.redact(reason)}",
             where=self._where,
             hint="the host went away in the middle of the run (sshd stopped, host down, network)",
         )
 
-    def _redact(self, text: str) -> str:
-        return redact(text, self._secrets)
+
+class _Transport(paramiko.Transport):
+    """paramiko's transport with AES-GCM preferred: one pass over each packet instead of AES-CTR
+    and then HMAC-SHA256 (0.18 instead of 0.32 CPU seconds per 100 MB sent, measured here)."""
+
+    _preferred_ciphers = tuple(
+        sorted(
+            paramiko.Transport._preferred_ciphers,  # type: ignore[attr-defined]  # not in the stubs
+            key=lambda name: "-gcm@" not in name,
+        )
+    )
+
+
+def _chain(conn: fabric.Connection) -> Iterator[fabric.Connection]:
+    """The connection and its jump hosts, nearest the target first (a ProxyCommand ends it)."""
+    hop: Any = conn
+    while isinstance(hop, fabric.Connection):
+        yield hop
+        hop = hop.gateway
+
+
+def _close(conn: fabric.Connection) -> None:
+    for hop in _chain(conn):
+        hop.close()
 
 
 class _Timeout(Exception):
@@ -395,8 +428,20 @@ class _Session:
         self.chan.sendall(data)
 
     def send_stdin(self, data: bytes | None) -> None:
-        if data:
-            self.chan.sendall(data)
+        """Send ``data`` and close the command's stdin, in linear time: paramiko's sendall
+        copies the rest of a bytes object for every 32 KiB packet; a memoryview slices free."""
+        view = memoryview(data or b"")
+        while view:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise _Timeout
+                self.chan.settimeout(left)
+            try:
+                view = view[self.chan.send(view) :]  # type: ignore[arg-type]  # any buffer
+            except TimeoutError:
+                raise _Timeout from None
+        self.chan.settimeout(None)
         self.chan.shutdown_write()
 
     def pump(self) -> bool:
@@ -429,8 +474,10 @@ class _Session:
 
     def exit_status(self) -> int:
         status = self.chan.recv_exit_status()
-        if status == -1 and not self.transport.is_active():
-            raise EOFError("the SSH transport closed before the command ended")
+        if status == -1:
+            if not self.transport.is_active():
+                raise EOFError("the SSH transport closed before the command ended")
+            return 255  # killed by a signal that paramiko does not decode (as ssh reports it)
         return status
 
 

@@ -13,6 +13,7 @@ import posixpath
 from collections.abc import Callable
 from shlex import quote
 
+from fxkit.connection.atomic import replace_command
 from fxkit.facts.files import FileInfo, FileStat
 from fxkit.ops.base import (
     OpContext,
@@ -96,37 +97,33 @@ def content_diff(path: str, old: bytes | None, new: bytes) -> str:
 
 def write_command(
     path: str,
+    data: bytes,
     *,
     mode: int | None = None,
     owner: Owner = None,
     group: Owner = None,
     backup: bool = False,
 ) -> str:
-    """The one command that atomically replaces ``path`` with the data on its stdin.
+    """The one command that atomically replaces ``path`` with ``data``, sent to its stdin.
 
-    A temp file in the same directory gets the data and the old file's mode and owner (or
-    :data:`DEFAULT_FILE_MODE`) unless ``mode``/``owner``/``group`` say otherwise, then is renamed
-    over ``path``; ``backup`` keeps a copy ``path.<time>~`` and prints its name.
+    The host verifies size and sha256 before the rename: a broken transfer leaves the old file
+    (see :mod:`fxkit.connection.atomic`). The new file takes the old file's mode and owner (or
+    :data:`DEFAULT_FILE_MODE`) unless ``mode``/``owner``/``group`` say otherwise; ``backup``
+    keeps a copy ``path.<time>~`` and prints its name.
     """
     steps = [
-        f"p={quote(path)}",
-        'd=$(dirname -- "$p")',
-        't=$(mktemp -- "$d/.${p##*/}.fxkit.XXXXXX") || exit 1',
-        "trap 'rm -f -- \"$t\"' EXIT",
-        'cat > "$t" && '
         'if [ -e "$p" ]; then chmod --reference="$p" -- "$t" && chown --reference="$p" -- "$t"; '
-        f'else chmod {DEFAULT_FILE_MODE:o} -- "$t"; fi',
+        f'else chmod {DEFAULT_FILE_MODE:o} -- "$t"; fi'
     ]
     attributes = attribute_command('"$t"', mode, owner, group)
     if attributes:
-        steps[-1] += f" && {attributes}"
+        steps.append(attributes)
     if backup:
-        steps[-1] += (
-            ' && { [ ! -e "$p" ] || { b="$p.$(date +%Y-%m-%d@%H:%M:%S)~" && '
+        steps.append(
+            '{ [ ! -e "$p" ] || { b="$p.$(date +%Y-%m-%d@%H:%M:%S)~" && '
             'cp -p -- "$p" "$b" && echo "$b"; }; }'
         )
-    steps[-1] += ' && mv -f -- "$t" "$p"'
-    return "; ".join(steps)
+    return replace_command(path, data, before_rename=" && ".join(steps))
 
 
 def update_content(
@@ -163,7 +160,7 @@ def _put(
 ) -> Result:
     """Write new content (in check mode: say it would)."""
     verb = "update" if exists else "create"
-    command = write_command(path, mode=mode, owner=owner, group=group, backup=backup)
+    command = write_command(path, data, mode=mode, owner=owner, group=group, backup=backup)
     result = ctx.change(
         command, stdin=data, would=f"{verb} {path}", done=f"{verb}d {path}", diff=diff
     )
