@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from fxkit.connection.base import Connection
 from fxkit.lab import AddressInUse, Fleet, LabError, check_requirements
 
 
@@ -45,6 +46,19 @@ def lab_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...
     yield make
     for fleet in fleets.values():
         fleet.down()
+
+
+@pytest.fixture(scope="session")
+def fleet(lab_fleet: Callable[..., Fleet]) -> Fleet:
+    """The operation tests' own lab host (they change /etc, /usr and users: not the shared one)."""
+    return lab_fleet(1, name="ops")
+
+
+@pytest.fixture
+def root(fleet: Fleet) -> Iterator[Connection]:
+    """A root connection to the operation tests' lab host."""
+    with fleet.connect("lab01") as conn:
+        yield conn
 
 
 def _new_fleet(state_dir, count: int, rng: random.Random) -> Fleet:

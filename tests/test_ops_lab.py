@@ -29,17 +29,6 @@ from fxkit.ops.users import group_member
 pytestmark = pytest.mark.lab
 
 
-@pytest.fixture(scope="module")
-def fleet(lab_fleet) -> Fleet:
-    return lab_fleet(1, name="ops")  # a fleet of its own: these tests change /etc and /usr
-
-
-@pytest.fixture
-def root(fleet: Fleet) -> Iterator[Connection]:
-    with fleet.connect("lab01") as conn:
-        yield conn
-
-
 def sh(conn: Connection, command: str) -> str:
     """Run a command that must succeed on the host; its stdout."""
     result = conn.run(command)

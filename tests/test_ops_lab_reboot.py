@@ -5,29 +5,15 @@ logic against a fake connection."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from fxkit.connection.base import Connection
 from fxkit.facts import FactCache
-from fxkit.lab import Fleet
 from fxkit.ops.base import OpContext, Status
 from fxkit.ops.boot import BOOT_ID, reboot
 from fxkit.ops.kernel import kernel_cmdline
 
 pytestmark = pytest.mark.lab
-
-
-@pytest.fixture(scope="module")
-def fleet(lab_fleet) -> Fleet:
-    return lab_fleet(1, name="opsb")
-
-
-@pytest.fixture
-def root(fleet: Fleet) -> Iterator[Connection]:
-    with fleet.connect("lab01") as conn:
-        yield conn
 
 
 def test_a_lab_host_cannot_reboot_and_says_why(root: Connection) -> None:

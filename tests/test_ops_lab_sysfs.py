@@ -6,7 +6,6 @@ behaves as one: read, compare, write), as root and as the sudo user with and wit
 from __future__ import annotations
 
 import glob
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,17 +19,6 @@ from fxkit.ops.base import OpContext, Status
 from fxkit.ops.sysfs import attribute
 
 pytestmark = pytest.mark.lab
-
-
-@pytest.fixture(scope="module")
-def fleet(lab_fleet) -> Fleet:
-    return lab_fleet(1, name="opsb")
-
-
-@pytest.fixture
-def root(fleet: Fleet) -> Iterator[Connection]:
-    with fleet.connect("lab01") as conn:
-        yield conn
 
 
 def test_real_sysfs_is_compared_and_a_change_skipped(root: Connection) -> None:

@@ -4,14 +4,11 @@ count of systemctl commands where systemd runs: tests/test_ops_systemd.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from test_ops_lab import converge, sh
 
 from fxkit.connection.base import Connection
 from fxkit.facts import FactCache
-from fxkit.lab import Fleet
 from fxkit.ops.base import OpContext, Status
 from fxkit.ops.systemd import dropin, service, unit, unit_instance
 
@@ -20,17 +17,6 @@ pytestmark = pytest.mark.lab
 NO_SYSTEMD = "systemd is not running on this host (PID 1 is sshd)"
 UNIT = "[Unit]\nDescription=fxkit lab %i\n\n[Service]\nExecStart=/bin/sleep infinity\n"
 DROPIN = "[Service]\nEnvironment=FXKIT_LAB=1\n"
-
-
-@pytest.fixture(scope="module")
-def fleet(lab_fleet) -> Fleet:
-    return lab_fleet(1, name="opsb")
-
-
-@pytest.fixture
-def root(fleet: Fleet) -> Iterator[Connection]:
-    with fleet.connect("lab01") as conn:
-        yield conn
 
 
 def test_template_unit_drop_in_and_instances(root: Connection) -> None:

@@ -3,8 +3,6 @@ check mode changes nothing, apply, apply again is ok; read back with getent and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from test_ops_lab import converge, sh
 
@@ -15,17 +13,6 @@ from fxkit.ops.base import OpContext, Result
 from fxkit.ops.users import group, group_member, user
 
 pytestmark = pytest.mark.lab
-
-
-@pytest.fixture(scope="module")
-def fleet(lab_fleet) -> Fleet:
-    return lab_fleet(1, name="opsb")  # changes /etc: not the shared fleet
-
-
-@pytest.fixture
-def root(fleet: Fleet) -> Iterator[Connection]:
-    with fleet.connect("lab01") as conn:
-        yield conn
 
 
 def _absent_group(ctx: OpContext, name: str) -> Result:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 
 import pytest
 from test_ops_lab import sh
@@ -22,17 +21,6 @@ pytestmark = pytest.mark.lab
 
 #: vLLM's answer shape on /v1/models (object "list", data: the served models).
 MODELS = {"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "object": "model"}]}
-
-
-@pytest.fixture(scope="module")
-def fleet(lab_fleet) -> Fleet:
-    return lab_fleet(1, name="opsb")
-
-
-@pytest.fixture
-def root(fleet: Fleet) -> Iterator[Connection]:
-    with fleet.connect("lab01") as conn:
-        yield conn
 
 
 def free_port(address: str) -> int:
