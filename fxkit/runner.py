@@ -347,7 +347,7 @@ class Runner:
 def _magic(inv: InventoryHost, role: Role | None) -> dict[str, Any]:
     magic: dict[str, Any] = {
         "inventory_hostname": inv.name,
-        "group_names": sorted(g for g in inv.groups if g not in ("all", "ungrouped")),
+        "group_names": sorted(g for g in inv.groups if g != "all"),  # as Ansible: ungrouped too
     }
     if role:
         magic["role_name"] = role.name
