@@ -72,11 +72,10 @@ def test_a_file_written_on_one_host_is_seen_nowhere_else(lab_fleet):
 
 def test_a_host_cannot_write_the_real_machine(lab_fleet):
     fleet = lab_fleet(1)
-    # The real root file system (not overlaid, not a tmpfs inside the host).
+    # The host's / is its own (in memory): what it writes there never reaches the real one.
     root_probe = Path("/") / f".lab-probe-{secrets.token_hex(4)}"
     with fleet.connect("lab01") as conn:
-        touched = conn.run(f"touch {root_probe}")
-        assert touched.rc != 0 and "Read-only file system" in touched.stderr
+        assert conn.run(f"touch {root_probe} && test -e {root_probe}").ok
         # Write the kernel setting's own value back: even if this worked it would change nothing.
         swappiness = conn.run(
             "v=$(cat /proc/sys/vm/swappiness) && echo $v > /proc/sys/vm/swappiness"

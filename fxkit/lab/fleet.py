@@ -56,6 +56,7 @@ TOOLS = {
     "newuidmap": "uidmap",
     "newgidmap": "uidmap",
     "socat": "socat",
+    "keyctl": "keyutils",
     "ip": "iproute2",
 }
 _YAMLDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -217,6 +218,14 @@ class Fleet:
         """The hosts' shared read-only layer (sanitised /etc and /var, see fxkit.lab.base)."""
         return self.dir / "base"
 
+    def sshd_log(self, name: str) -> str:
+        """What the host's sshd logged (its log is inside the host); empty when it is down."""
+        pid = self._pid(name)
+        for child in _children(pid) if pid else []:
+            with contextlib.suppress(OSError):
+                return Path(f"/proc/{child}/root/var/log/sshd.log").read_text(errors="replace")
+        return ""
+
     def become_password(self) -> str | None:
         """The password of the lab's sudo user, when sudo is installed."""
         if not self.become_password_file.exists():
@@ -284,9 +293,10 @@ class Fleet:
         """A descriptor of the host's network namespace, once its PID 1 runs in it."""
         own = os.stat("/proc/self/ns/net").st_ino
         deadline = time.monotonic() + timeout
+        pid, started = self.hosts[name]["pid"], self.hosts[name]["start"]
         while True:
-            pid = self._pid(name)
-            if pid is None:
+            _reap(pid)
+            if _start_time(pid) != started:  # not _pid(): the command line changes on exec
                 raise LabError(
                     f"lab host {name} exited while starting: {self._log_tail(name)}",
                     where=str(self.host_dir(name) / "log"),

@@ -105,7 +105,8 @@ rmdir /.oldroot
 cd /
 hostname "$name"
 ip link set lo up
-# From here on no descriptor of the real machine: not even the log file of the fleet.
+# From here on no descriptor of the real machine: not even the log file of the fleet. A session
+# keyring of its own: the one this process inherited may hold keys of the real machine.
 exec </dev/null >/dev/null 2>&1
-exec setpriv --bounding-set "-all,$caps" --inh-caps -all \
+exec keyctl session - setpriv --bounding-set "-all,$caps" --inh-caps -all \
     /usr/sbin/sshd -D -E /var/log/sshd.log -f /etc/ssh/fxkit-lab.conf
