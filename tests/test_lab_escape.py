@@ -429,7 +429,7 @@ for secret in args["hashes"]:
         done(True, "reads a password hash of the real /etc/shadow")
 keys = sorted(n for n in os.listdir("/etc/ssh") if n.startswith("ssh_host_"))
 if keys != ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"] or any(
-    open("/etc/ssh/" + n).read() == open(p).read() for n in keys for p in args["real_keys"]
+    open("/etc/ssh/" + n).read() in args["real_keys"] for n in keys
 ):
     done(True, f"host keys in /etc/ssh: {keys}")
 for link in ("/proc/1/root", "/proc/1/cwd", "/proc/self/root"):
@@ -441,7 +441,7 @@ done(False, f"none of {len(args['paths'])} planted files; no real hash; {seen}")
             paths=[str(p) for p in [*planted, fleet.dir, REPO]],
             hashes=real_hashes,
             shadow=Path("/etc/shadow").read_text(),
-            real_keys=[str(p) for p in Path("/etc/ssh").glob("ssh_host_*") if p.is_file()],
+            real_keys=[p.read_text() for p in Path("/etc/ssh").glob("ssh_host_*") if p.is_file()],
         )
         assert "none of" in detail
     finally:
