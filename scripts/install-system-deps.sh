@@ -5,6 +5,9 @@
 # sudo + openssl: the lab hosts' non-root user that becomes root with a password (tests of become).
 # dpkg-dev: dpkg-scanpackages, for the local apt repository of the packages tests on lab hosts.
 # libfuse3-dev + pkg-config: the latency FUSE passthrough (bench/latency_fuse/) is compiled here.
+# The lab hosts' sandbox (docs/lab.md): util-linux (unshare, nsenter, setpriv, pivot_root), uidmap
+# (newuidmap: each host's user namespace), socat (the relay into a host's network namespace),
+# keyutils (a session keyring of its own per host), iproute2 (the host's loopback interface).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -12,7 +15,10 @@ command -v fio >/dev/null || need+=(fio)
 command -v sshfs >/dev/null || need+=(sshfs fuse3)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
-command -v findmnt >/dev/null || need+=(util-linux)
+command -v nsenter >/dev/null || need+=(util-linux)
+command -v newuidmap >/dev/null || need+=(uidmap)
+command -v socat >/dev/null || need+=(socat)
+command -v keyctl >/dev/null || need+=(keyutils)
 command -v sudo >/dev/null || need+=(sudo)
 command -v openssl >/dev/null || need+=(openssl)
 command -v dpkg-scanpackages >/dev/null || need+=(dpkg-dev)

@@ -22,7 +22,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,14 +263,7 @@ class Fleet:
         ]  # fmt: skip
         pid = _start_process(argv, hdir / "log")
         self.hosts[name] = {"pid": pid, "start": _start_time(pid)}
-        # Until the child has exec'd unshare its command line is still ours, and _pid() would
-        # take the host for a stranger; a busy machine can stretch that moment out.
-        deadline = time.monotonic() + 5
-        while not self._runs_our_init(pid, name) and time.monotonic() < deadline:
-            _reap(pid)
-            if _start_time(pid) is None:
-                break
-            time.sleep(0.002)
+        _wait_for_exec(pid, lambda: self._runs_our_init(pid, name))
 
     def _start_relay(self, name: str, timeout: float = 10.0) -> None:
         """Listen on the host's address here; connect, for each client, inside the host's network
@@ -288,6 +281,7 @@ class Fleet:
         finally:
             os.close(netns)
         self.hosts[name]["relay"] = {"pid": pid, "start": _start_time(pid)}
+        _wait_for_exec(pid, lambda: self._relay_pid(name) is not None)
 
     def _host_netns(self, name: str, timeout: float) -> int:
         """A descriptor of the host's network namespace, once its PID 1 runs in it."""
@@ -517,6 +511,18 @@ def _start_process(argv: list[str], log: Path, extra_fd: int | None = None) -> i
     finally:
         os.close(out)
         os.close(devnull)
+
+
+def _wait_for_exec(pid: int, started: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``started()`` (the child has exec'd its command) or the child is gone. Until
+    then its command line is still ours, and it would pass for a stranger; a busy machine can
+    stretch that moment out."""
+    deadline = time.monotonic() + timeout
+    while not started() and time.monotonic() < deadline:
+        _reap(pid)
+        if _start_time(pid) is None:
+            return
+        time.sleep(0.002)
 
 
 def _port_open(address: str, port: int) -> bool:
