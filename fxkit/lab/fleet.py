@@ -367,20 +367,33 @@ class Fleet:
                         where=str(self.host_dir(name) / "relay.log"),
                     )
                 try:
+                    if not self._sshd_listens(name):  # else the relay takes it, and hangs up
+                        raise ConnectionFailed(f"sshd does not listen yet on {name}")
                     with self.connect(name, options) as conn:
                         conn.run("true")
                     return
                 except ConnectionFailed as exc:
                     if time.monotonic() > deadline:
+                        sshd = " | ".join(self.sshd_log(name).strip().splitlines()[-3:])
                         raise LabError(
                             f"lab host {name} does not accept logins after {timeout:.0f} s: {exc}; "
-                            f"log: {self._log_tail(name)}",
+                            f"log: {self._log_tail(name)}; sshd: {sshd or '(empty log)'}",
                             where=str(self.host_dir(name) / "log"),
                         ) from None
-                    time.sleep(0.05)
+                    time.sleep(0.02)
 
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(login, names))
+
+    def _sshd_listens(self, name: str) -> bool:
+        """Whether a socket listens on the port in the host's network namespace."""
+        pid = self._pid(name)
+        for child in _children(pid) if pid else []:
+            with contextlib.suppress(OSError):
+                lines = Path(f"/proc/{child}/net/tcp").read_text().splitlines()[1:]
+                port = f":{self.port:04X}"
+                return any(f[1].endswith(port) and f[3] == "0A" for f in map(str.split, lines))
+        return False
 
     def _log_tail(self, name: str, file: str = "log") -> str:
         log = self.host_dir(name) / file
