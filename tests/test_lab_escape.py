@@ -466,6 +466,48 @@ done(False, f"processes: {names}")
     assert "1: 'sshd'" in detail
 
 
+#: What the issue names, and what would undo the rest (capabilities(7) numbers).
+DROPPED = {
+    "net_raw": 13, "sys_ptrace": 19, "syslog": 34, "perfmon": 38, "bpf": 39, "sys_module": 16,
+    "sys_rawio": 17, "sys_admin": 21, "mac_admin": 33, "audit_control": 30, "mac_override": 32,
+    "dac_read_search": 2, "mknod": 27, "net_admin": 12, "sys_resource": 24, "sys_boot": 22,
+}  # fmt: skip
+
+
+def test_the_dangerous_capabilities_are_dropped(root) -> None:
+    detail = probe(
+        root,
+        """
+status = dict(line.split(":\t") for line in open("/proc/self/status").read().splitlines()
+              if line.startswith("Cap"))
+kept = {name for name, bit in args["dropped"].items()
+        for field in ("CapBnd", "CapEff", "CapPrm", "CapAmb") if int(status[field], 16) >> bit & 1}
+if kept:
+    done(True, f"still has {sorted(kept)}")
+done(False, f"bounding set {status['CapBnd'].strip()}: none of {len(args['dropped'])}")
+""",
+        dropped=DROPPED,
+    )
+    assert "none of" in detail
+
+
+def test_no_user_namespace_to_regain_capabilities_in(root) -> None:
+    detail = probe(
+        root,
+        """
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if libc.unshare(0x10000000) == 0 else ctypes.get_errno())  # CLONE_NEWUSER
+_, status = os.waitpid(pid, 0)
+code = os.waitstatus_to_exitcode(status)
+if code == 0:
+    done(True, "made a user namespace (all capabilities in it)")
+done(False, f"unshare(CLONE_NEWUSER): {errno.errorcode[code]}")
+""",
+    )
+    assert "ENOSPC" in detail or "EPERM" in detail
+
+
 def test_mounts_and_namespaces_cannot_be_changed(root) -> None:
     detail = probe(
         root,

@@ -8,9 +8,10 @@
 # fleet's sanitised BASE_DIR/etc and /var; empty /root, /home, /tmp, /opt, /srv, /run; a /dev with
 # six device nodes and a private devpts; the host's own key, name and sshd configuration. Then it
 # execs unshare(1) into new user (uids 0-65535 mapped to themselves), PID, network, IPC, UTS, cgroup
-# and mount namespaces, which runs step "inner" as PID 1 there: it mounts the host's /proc, pivots
-# into the new root and detaches the old one (nothing of the real file system stays reachable),
-# brings up the host's loopback interface and execs sshd with a reduced capability bounding set.
+# and mount namespaces, which runs step "inner" as PID 1 there: it forbids further user
+# namespaces, mounts the host's /proc, pivots into the new root and detaches the old one (nothing
+# of the real file system stays reachable), brings up the host's loopback interface and execs
+# sshd with a reduced capability bounding set.
 # Nothing in the host keeps a file descriptor of the real machine: sshd's log is inside the host.
 set -eu
 step=$1 name=$2 address=$3 port=$4 hostdir=$5
@@ -91,6 +92,10 @@ EOF
 fi
 
 # inner: PID 1 of the host's namespaces, still in the real file system (in $rt).
+# No user namespaces inside the host (the limit is the host's user namespace's own; raising it
+# again takes CAP_SYS_RESOURCE, which the host's root does not keep): a host's root cannot regain
+# the dropped capabilities in namespaces of its own, and the kernel's surface stays smaller.
+echo 0 > /proc/sys/user/max_user_namespaces
 mount -t proc -o nosuid,nodev,noexec fxkit-lab root/proc
 # The real kernel's settings and triggers stay read-only, even where the host's root owns them.
 for entry in sys sysrq-trigger irq bus fs; do
