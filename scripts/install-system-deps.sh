@@ -2,12 +2,12 @@
 # Install the Debian packages the lab fleet and the benchmarks need, where they are missing.
 # openssh-server: the lab's hosts run real sshd; fio: the storage limit in `fxkit bench load`;
 # sshfs/fuse3 + iproute2: the emulated network filesystem of the remote-storage benchmark.
-# sudo + openssl: the lab hosts' non-root user that becomes root with a password (tests of become).
-# dpkg-dev: dpkg-scanpackages, for the local apt repository of the packages tests on lab hosts.
-# libfuse3-dev + pkg-config: the latency FUSE passthrough (bench/latency_fuse/) is compiled here.
 # The lab hosts' sandbox (docs/lab.md): util-linux (unshare, nsenter, setpriv, pivot_root), uidmap
 # (newuidmap: each host's user namespace), socat (the relay into a host's network namespace),
 # keyutils (a session keyring of its own per host), iproute2 (the host's loopback interface).
+# sudo + openssl: the lab hosts' non-root user that becomes root with a password (tests of become).
+# dpkg-dev: dpkg-scanpackages, for the local apt repository of the packages tests on lab hosts.
+# libfuse3-dev + pkg-config: the latency FUSE passthrough (bench/latency_fuse/) is compiled here.
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
