@@ -314,6 +314,27 @@ done(False, "; ".join(tried))
     assert "syslog(READ_ALL): EPERM" in detail
 
 
+def test_the_kernels_settings_and_attributes_are_read_only(root) -> None:
+    detail = probe(
+        root,
+        """
+tried = []
+for path in ("/proc/sys/kernel/hostname", "/proc/sys/vm/swappiness", "/proc/sysrq-trigger",
+             "/sys/kernel/mm/transparent_hugepage/enabled", "/sys/class/net/lo/mtu"):
+    if not os.path.exists(path):
+        continue
+    try:
+        with open(path, "w") as f:
+            f.write(open(path).read().split()[0].strip("[]") if "sysrq" not in path else "h")
+        done(True, f"wrote {path}")
+    except OSError as exc:
+        tried.append(f"{path}: {errno.errorcode[exc.errno]}")
+done(False, "; ".join(tried))
+""",
+    )
+    assert "/proc/sys/vm/swappiness: EROFS" in detail and "/sys/class/net/lo/mtu: EROFS" in detail
+
+
 def test_no_perf_events_for_the_whole_machine(root) -> None:
     numbers = syscall_numbers()
     detail = probe(

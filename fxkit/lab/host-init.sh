@@ -9,9 +9,9 @@
 # six device nodes and a private devpts; the host's own key, name and sshd configuration. Then it
 # execs unshare(1) into new user (uids 0-65535 mapped to themselves), PID, network, IPC, UTS, cgroup
 # and mount namespaces, which runs step "inner" as PID 1 there: it forbids further user
-# namespaces, mounts the host's /proc, pivots into the new root and detaches the old one (nothing
-# of the real file system stays reachable), brings up the host's loopback interface and execs
-# sshd with a reduced capability bounding set.
+# namespaces, mounts the host's /proc and a read-only /sys, pivots into the new root and detaches
+# the old one (nothing of the real file system stays reachable), brings up the host's loopback
+# interface and execs sshd with a reduced capability bounding set.
 # Nothing in the host keeps a file descriptor of the real machine: sshd's log is inside the host.
 set -eu
 step=$1 name=$2 address=$3 port=$4 hostdir=$5
@@ -42,7 +42,7 @@ if [ "$step" = outer ]; then
     done
     cp -a "$base/root" "$base/home" root/
     mkdir -m 1777 root/tmp
-    mkdir root/opt root/srv root/run root/mnt root/media root/proc root/dev root/.oldroot
+    mkdir root/opt root/srv root/run root/mnt root/media root/proc root/sys root/dev root/.oldroot
     mkdir -m 1777 root/run/lock
     mkdir -m 0755 root/run/sshd
 
@@ -101,6 +101,9 @@ mount -t proc -o nosuid,nodev,noexec fxkit-lab root/proc
 for entry in sys sysrq-trigger irq bus fs; do
     [ ! -e "root/proc/$entry" ] || mount --bind -o ro "root/proc/$entry" "root/proc/$entry"
 done
+# /sys read-only: the kernel's attributes can be read, none written; its network devices are the
+# host's own (a sysfs mounted in the host's network namespace).
+mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab root/sys
 # The new root must be a mount of this namespace (the outer one's are locked here).
 mount --rbind root root
 cd root
