@@ -41,8 +41,11 @@ if [ "$step" = outer ]; then
         fi
     done
     cp -a "$base/root" "$base/home" root/
-    mkdir -m 1777 root/tmp
-    mkdir root/opt root/srv root/run root/mnt root/media root/proc root/sys root/dev root/.oldroot
+    mkdir root/tmp root/opt root/srv root/run root/mnt root/media root/proc root/sys root/dev
+    mkdir root/.oldroot
+    # /tmp and /run are mounts of their own, as on most systems.
+    mount -t tmpfs -o mode=1777,nosuid,nodev fxkit-lab root/tmp
+    mount -t tmpfs -o mode=0755,nosuid,nodev fxkit-lab root/run
     mkdir -m 1777 root/run/lock
     mkdir -m 0755 root/run/sshd
 
