@@ -2,6 +2,9 @@
 # Install the Debian packages the lab fleet and the benchmarks need, where they are missing.
 # openssh-server: the lab's hosts run real sshd; fio: the storage limit in `fxkit bench load`;
 # sshfs/fuse3 + iproute2: the emulated network filesystem of the remote-storage benchmark.
+# The lab hosts' sandbox (docs/lab.md): util-linux (unshare, nsenter, setpriv, pivot_root), uidmap
+# (newuidmap: each host's user namespace), socat (the relay into a host's network namespace),
+# keyutils (a session keyring of its own per host), iproute2 (the host's loopback interface).
 # sudo + openssl: the lab hosts' non-root user that becomes root with a password (tests of become).
 # dpkg-dev: dpkg-scanpackages, for the local apt repository of the packages tests on lab hosts.
 # libfuse3-dev + pkg-config: the latency FUSE passthrough (bench/latency_fuse/) is compiled here.
@@ -13,7 +16,10 @@ command -v fio >/dev/null || need+=(fio)
 command -v sshfs >/dev/null || need+=(sshfs fuse3)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
-command -v findmnt >/dev/null || need+=(util-linux)
+command -v nsenter >/dev/null || need+=(util-linux)
+command -v newuidmap >/dev/null || need+=(uidmap)
+command -v socat >/dev/null || need+=(socat)
+command -v keyctl >/dev/null || need+=(keyutils)
 command -v sudo >/dev/null || need+=(sudo)
 command -v openssl >/dev/null || need+=(openssl)
 command -v dpkg-scanpackages >/dev/null || need+=(dpkg-dev)

@@ -1,9 +1,13 @@
 """The lab fleet: real, isolated SSH hosts on this machine, started and stopped by PID.
 
-Each host is ``unshare --mount --uts --pid`` running ``host-init.sh`` (overlays over the system
-directories, everything else read-only, a real sshd as PID 1) on its own loopback address. The
-fleet's state directory holds the client key, one folder per host (host key, log), the
-inventory, the known_hosts file and ``lab.json`` (addresses and the PIDs ``lab up`` started).
+Each host is ``host-init.sh`` (see there, and docs/lab.md): its own user, PID, network, IPC, UTS,
+cgroup and mount namespaces, a root file system of its own (overlays over /usr and over the
+fleet's sanitised /etc and /var in ``base/``, see :mod:`fxkit.lab.base`), and a real sshd as PID 1
+that listens in the host's network namespace. A relay (``socat``) on the host's loopback address
+outside forwards each connection into that namespace: the controller reaches the host, the host
+reaches nothing outside. The fleet's state directory holds the client key, ``base/``, one folder
+per host (host key, logs), the inventory, the known_hosts file and ``lab.json`` (addresses and the
+PIDs ``lab up`` started: hosts and relays).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from fxkit.connection import Connection, ConnectOptions
 from fxkit.errors import ConnectionFailed, FxkitError
+from fxkit.lab import base
 
 DIR_ENV, PREFIX_ENV, PORT_ENV = "FXKIT_LAB_DIR", "FXKIT_LAB_PREFIX", "FXKIT_LAB_PORT"
 DEFAULT_DIR, DEFAULT_PREFIX, DEFAULT_PORT = ".lab", "127.77.0", 22
@@ -42,6 +47,18 @@ INIT_SCRIPT = Path(__file__).with_name("host-init.sh")
 #: The non-root user every lab host gets when sudo is installed (for trying ``become``).
 SUDO_USER = "fxkit"
 MAX_HOSTS = 254
+#: What a host's start needs on this machine, and the Debian package that has it.
+TOOLS = {
+    "unshare": "util-linux",
+    "setpriv": "util-linux",
+    "nsenter": "util-linux",
+    "pivot_root": "util-linux",
+    "newuidmap": "uidmap",
+    "newgidmap": "uidmap",
+    "socat": "socat",
+    "keyctl": "keyutils",
+    "ip": "iproute2",
+}
 _YAMLDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -115,14 +132,24 @@ class Fleet:
         to_start = [name for name in wanted if self._pid(name) is None]
         for name in to_start:
             self._check_address_free(name)
-        sudo_user = self._sudo_user_line()
-        for name in to_start:
-            self._prepare(name, sudo_user)
-            self._spawn(name)
-        self._save_state()
-        self._write_known_hosts(names)
-        self._write_inventory(names)
-        self._wait_for_logins(wanted, timeout)
+        if not self.base_dir.exists():
+            authorized = self.client_key.with_suffix(".pub").read_text()
+            base.build(self.base_dir, authorized, self._sudo_user_line())
+        try:
+            for name in to_start:
+                self._prepare(name)
+                self._spawn(name)
+            for name in to_start:
+                self._start_relay(name)
+            self._save_state()
+            self._write_known_hosts(names)
+            self._write_inventory(names)
+            self._wait_for_logins(wanted, timeout)
+        except BaseException:
+            for name in to_start:  # a fleet whose start fails leaves nothing running
+                self.stop(name)
+            self._save_state()
+            raise
         return to_start
 
     def status(self) -> list[HostStatus]:
@@ -131,7 +158,10 @@ class Fleet:
         for name in sorted(self.hosts):
             pid = self._pid(name)
             up = pid is not None and _port_open(self.address(name), self.port)
-            memory = sum(_pss(p) for p in _descendants(pid)) if pid else 0
+            processes = _descendants(pid) if pid else []
+            relay = self._relay_pid(name)
+            processes += _descendants(relay) if relay else []
+            memory = sum(_pss(p) for p in processes)
             result.append(HostStatus(name, self.address(name), self.port, pid, up, memory))
         return result
 
@@ -145,13 +175,19 @@ class Fleet:
         for path in (self.client_key, self.client_key.with_suffix(".pub")):
             path.unlink(missing_ok=True)
         shutil.rmtree(self.dir / "hosts", ignore_errors=True)
+        shutil.rmtree(self.base_dir, ignore_errors=True)
         if self.dir.exists() and not any(self.dir.iterdir()):
             self.dir.rmdir()
         self.hosts = {}
         return stopped
 
     def stop(self, name: str, grace: float = 3.0) -> bool:
-        """Stop one host (its sshd, then the unshare process); True when it was running."""
+        """Stop one host (its relay, its sshd, then the unshare process); True when it ran."""
+        relay = self._relay_pid(name)
+        if relay is not None:
+            _signal(relay, signal.SIGTERM)
+            if not _wait_gone(relay, grace):
+                _signal(relay, signal.SIGKILL)
         pid = self._pid(name)
         if pid is None:
             return False
@@ -177,6 +213,19 @@ class Fleet:
     def host_dir(self, name: str) -> Path:
         return self.dir / "hosts" / name
 
+    @property
+    def base_dir(self) -> Path:
+        """The hosts' shared read-only layer (sanitised /etc and /var, see fxkit.lab.base)."""
+        return self.dir / "base"
+
+    def sshd_log(self, name: str) -> str:
+        """What the host's sshd logged (its log is inside the host); empty when it is down."""
+        pid = self._pid(name)
+        for child in _children(pid) if pid else []:
+            with contextlib.suppress(OSError):
+                return Path(f"/proc/{child}/root/var/log/sshd.log").read_text(errors="replace")
+        return ""
+
     def become_password(self) -> str | None:
         """The password of the lab's sudo user, when sudo is installed."""
         if not self.become_password_file.exists():
@@ -199,45 +248,78 @@ class Fleet:
         ).stdout.strip()
         return f"{SUDO_USER}:{hashed}\n"
 
-    def _prepare(self, name: str, sudo_user: str | None) -> None:
+    def _prepare(self, name: str) -> None:
         hdir = self.host_dir(name)
         (hdir / "rt").mkdir(parents=True, exist_ok=True)
         key = hdir / "ssh_host_ed25519_key"
         if not key.exists():
             _keygen(key, name)
-        shutil.copyfile(self.client_key.with_suffix(".pub"), hdir / "authorized_keys")
-        if sudo_user:
-            _write_private(hdir / "sudo-user", sudo_user)
 
     def _spawn(self, name: str) -> None:
         hdir = self.host_dir(name)
         argv = [
-            "unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
-            str(INIT_SCRIPT), name, self.address(name), str(self.port), str(hdir),
+            "unshare", "--mount", str(INIT_SCRIPT), "outer",
+            name, self.address(name), str(self.port), str(hdir), str(self.base_dir),
         ]  # fmt: skip
-        log = os.open(hdir / "log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        try:
-            pid = os.posix_spawnp(
-                "unshare",
-                argv,
-                os.environ,
-                file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, log, 1),
-                              (os.POSIX_SPAWN_DUP2, log, 2)],
-                setsid=True,
-            )  # fmt: skip
-        finally:
-            os.close(log)
-            os.close(devnull)
+        pid = _start_process(argv, hdir / "log")
         self.hosts[name] = {"pid": pid, "start": _start_time(pid)}
-        # Until the child has exec'd unshare its command line is still ours, and _pid() would
-        # take the host for a stranger; a busy machine can stretch that moment out.
-        deadline = time.monotonic() + 5
-        while not self._runs_our_init(pid, name) and time.monotonic() < deadline:
+        _wait_for_exec(pid, lambda: self._runs_our_init(pid, name))
+
+    def _start_relay(self, name: str, timeout: float = 10.0) -> None:
+        """Listen on the host's address here; connect, for each client, inside the host's network
+        namespace (``nsenter`` on a descriptor of it, which keeps it from PID reuse)."""
+        netns = self._host_netns(name, timeout)
+        address, port = self.address(name), self.port
+        inside = f"nsenter --net=/proc/self/fd/3 socat STDIO TCP:{address}:{port},nodelay"
+        argv = [
+            "socat", "-b", "65536",
+            f"TCP-LISTEN:{port},bind={address},reuseaddr,fork,nodelay,backlog=512",
+            f'EXEC:"{inside}",nofork',
+        ]  # fmt: skip
+        try:
+            pid = _start_process(argv, self.host_dir(name) / "relay.log", extra_fd=netns)
+        finally:
+            os.close(netns)
+        self.hosts[name]["relay"] = {"pid": pid, "start": _start_time(pid)}
+        _wait_for_exec(pid, lambda: self._relay_pid(name) is not None)
+
+    def _host_netns(self, name: str, timeout: float) -> int:
+        """A descriptor of the host's network namespace, once its PID 1 runs in it."""
+        own = os.stat("/proc/self/ns/net").st_ino
+        deadline = time.monotonic() + timeout
+        pid, started = self.hosts[name]["pid"], self.hosts[name]["start"]
+        while True:
             _reap(pid)
-            if _start_time(pid) is None:
-                break
-            time.sleep(0.002)
+            if _start_time(pid) != started:  # not _pid(): the command line changes on exec
+                raise LabError(
+                    f"lab host {name} exited while starting: {self._log_tail(name)}",
+                    where=str(self.host_dir(name) / "log"),
+                )
+            for child in _children(pid):
+                with contextlib.suppress(OSError):
+                    fd = os.open(f"/proc/{child}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                    if os.fstat(fd).st_ino != own:
+                        return fd
+                    os.close(fd)
+            if time.monotonic() > deadline:
+                raise LabError(f"lab host {name} has no network namespace after {timeout:.0f} s")
+            time.sleep(0.005)
+
+    def _relay_pid(self, name: str) -> int | None:
+        """The PID of the host's relay when it is still the one this fleet started."""
+        relay = self.hosts.get(name, {}).get("relay")
+        if not relay:
+            return None
+        pid = relay["pid"]
+        _reap(pid)
+        if _start_time(pid) != relay["start"]:
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        listen = f"TCP-LISTEN:{self.port},bind={self.address(name)},".encode()
+        return pid if any(arg.startswith(listen) for arg in cmdline) else None
 
     def _pid(self, name: str) -> int | None:
         """The PID of the host's unshare process when it is still the one this fleet started."""
@@ -279,24 +361,42 @@ class Fleet:
                         f"lab host {name} exited while starting: {self._log_tail(name)}",
                         where=str(self.host_dir(name) / "log"),
                     )
+                if self._relay_pid(name) is None:
+                    raise LabError(
+                        f"the relay of lab host {name} exited: {self._log_tail(name, 'relay.log')}",
+                        where=str(self.host_dir(name) / "relay.log"),
+                    )
                 try:
+                    if not self._sshd_listens(name):  # else the relay takes it, and hangs up
+                        raise ConnectionFailed(f"sshd does not listen yet on {name}")
                     with self.connect(name, options) as conn:
                         conn.run("true")
                     return
                 except ConnectionFailed as exc:
                     if time.monotonic() > deadline:
+                        sshd = " | ".join(self.sshd_log(name).strip().splitlines()[-3:])
                         raise LabError(
                             f"lab host {name} does not accept logins after {timeout:.0f} s: {exc}; "
-                            f"log: {self._log_tail(name)}",
+                            f"log: {self._log_tail(name)}; sshd: {sshd or '(empty log)'}",
                             where=str(self.host_dir(name) / "log"),
                         ) from None
-                    time.sleep(0.05)
+                    time.sleep(0.02)
 
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(login, names))
 
-    def _log_tail(self, name: str) -> str:
-        log = self.host_dir(name) / "log"
+    def _sshd_listens(self, name: str) -> bool:
+        """Whether a socket listens on the port in the host's network namespace."""
+        pid = self._pid(name)
+        for child in _children(pid) if pid else []:
+            with contextlib.suppress(OSError):
+                lines = Path(f"/proc/{child}/net/tcp").read_text().splitlines()[1:]
+                port = f":{self.port:04X}"
+                return any(f[1].endswith(port) and f[3] == "0A" for f in map(str.split, lines))
+        return False
+
+    def _log_tail(self, name: str, file: str = "log") -> str:
+        log = self.host_dir(name) / file
         lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
         return " | ".join(lines[-3:]) or "(empty log)"
 
@@ -348,20 +448,31 @@ class Fleet:
 
 
 def check_requirements() -> None:
-    """Raise :class:`LabError` saying what is missing (root, unshare, setpriv, sshd)."""
+    """Raise :class:`LabError` saying what is missing (root, the tools in TOOLS, sshd)."""
     if os.geteuid() != 0:
         raise LabError(
-            "the lab fleet needs root (mount namespaces, overlayfs, sshd)",
+            "the lab fleet needs root (namespaces, overlayfs, sshd)",
             hint="run it as root, e.g. `sudo fxkit lab up 4`",
         )
-    missing = [tool for tool in ("unshare", "setpriv", "findmnt") if not shutil.which(tool)]
+    missing = [tool for tool in TOOLS if not shutil.which(tool)]
     if missing:
-        raise LabError(f"missing {', '.join(missing)}", hint="apt-get install util-linux")
+        packages = " ".join(sorted({TOOLS[tool] for tool in missing}))
+        raise LabError(
+            f"missing {', '.join(missing)}",
+            hint=f"apt-get install {packages} (or run scripts/install-system-deps.sh)",
+        )
     if not Path("/usr/sbin/sshd").exists():
         raise LabError(
             "the lab's hosts run OpenSSH's sshd, which is not installed",
             hint="apt-get install openssh-server (or run scripts/install-system-deps.sh)",
         )
+    for path in ("/etc/subuid", "/etc/subgid"):
+        if not Path(path).exists():
+            raise LabError(
+                f"{path} does not exist (each host maps its uids with newuidmap, which reads it)",
+                hint=f"create it empty: `touch {path}` (the lab changes it only in its own mount "
+                "namespace)",
+            )
 
 
 def _check_prefix(prefix: str) -> str:
@@ -397,6 +508,34 @@ def _write_if_changed(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def _start_process(argv: list[str], log: Path, extra_fd: int | None = None) -> int:
+    """Start ``argv`` in a session of its own: stdin /dev/null, stdout and stderr to ``log``
+    (a file outside the hosts), ``extra_fd`` as descriptor 3; nothing else is inherited."""
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    actions = [(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, out, 1),
+               (os.POSIX_SPAWN_DUP2, out, 2)]  # fmt: skip
+    if extra_fd is not None:
+        actions.append((os.POSIX_SPAWN_DUP2, extra_fd, 3))
+    try:
+        return os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions, setsid=True)
+    finally:
+        os.close(out)
+        os.close(devnull)
+
+
+def _wait_for_exec(pid: int, started: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``started()`` (the child has exec'd its command) or the child is gone. Until
+    then its command line is still ours, and it would pass for a stranger; a busy machine can
+    stretch that moment out."""
+    deadline = time.monotonic() + timeout
+    while not started() and time.monotonic() < deadline:
+        _reap(pid)
+        if _start_time(pid) is None:
+            return
+        time.sleep(0.002)
 
 
 def _port_open(address: str, port: int) -> bool:

@@ -1,79 +1,76 @@
 #!/bin/sh
-# PID 1 of one lab host: `unshare --mount --uts --pid --fork --kill-child --mount-proc` runs this
-# script in fresh mount, UTS and PID namespaces. It gives the host a writable, throw-away view of
-# the system directories, makes everything else read-only, and execs a real sshd.
+# One lab host, in two steps (see docs/lab.md, "What a host is"):
 #
-#   host-init.sh NAME ADDRESS PORT HOST_DIR
+#   unshare --mount host-init.sh outer NAME ADDRESS PORT HOST_DIR BASE_DIR
 #
-# HOST_DIR (prepared by `fxkit lab up`) holds ssh_host_ed25519_key[.pub], authorized_keys,
-# optionally `sudo-user` (NAME:PASSWORD-HASH of a non-root user allowed to sudo with a password),
-# and an empty `rt/` on which the host's state tmpfs is mounted. sshd logs to stderr (the host's
-# log file). When sshd (PID 1) exits, the kernel removes the namespaces and all their mounts.
+# "outer" runs as the real root in a private mount namespace. It builds the host's root file system
+# in a tmpfs on HOST_DIR/rt: overlays (writable, in memory) over this machine's /usr and over the
+# fleet's sanitised BASE_DIR/etc and /var; empty /root, /home, /tmp, /opt, /srv, /run; a /dev with
+# six device nodes and a private devpts; the host's own key, name and sshd configuration. Then it
+# execs unshare(1) into new user (uids 0-65535 mapped to themselves), PID, network, IPC, UTS, cgroup
+# and mount namespaces, which runs step "inner" as PID 1 there: it forbids further user
+# namespaces, mounts the host's /proc and a read-only /sys, pivots into the new root and detaches
+# the old one (nothing of the real file system stays reachable), brings up the host's loopback
+# interface and execs sshd with a reduced capability bounding set.
+# Nothing in the host keeps a file descriptor of the real machine: sshd's log is inside the host.
 set -eu
-name=$1 address=$2 port=$3 hostdir=$4
+step=$1 name=$2 address=$3 port=$4 hostdir=$5
 rt=$hostdir/rt
+# Kept: what sshd, package scripts and user management need. Everything else is dropped from the
+# bounding set (raw sockets, ptrace, the kernel log, perf, BPF, modules, raw I/O, mounts...).
+caps=+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,+setfcap
+caps=$caps,+net_bind_service,+sys_chroot,+audit_write
 
-# Writable state lives in memory and goes away with the host. The script works inside it (relative
-# paths) because the mounts below may cover HOST_DIR itself.
-mount -t tmpfs -o mode=0700 fxkit-lab "$rt"
-cd "$rt"
-mkdir in
-cp "$hostdir"/ssh_host_ed25519_key* "$hostdir"/authorized_keys in/
-[ ! -e "$hostdir/sudo-user" ] || cp "$hostdir/sudo-user" in/
-for dir in /etc /var /opt /srv /usr; do
-    mkdir -p "upper$dir" "work$dir"
-    mount -t overlay fxkit-lab -o "lowerdir=$dir,upperdir=upper$dir,workdir=work$dir" "$dir"
-done
-# Clean homes: the real machine's users' files are not the lab's business.
-mount -t tmpfs -o mode=0700 fxkit-lab /root
-mount -t tmpfs -o mode=0755 fxkit-lab /home
-mount -t tmpfs -o mode=0755 fxkit-lab /run
-mount -t tmpfs -o mode=1777 fxkit-lab /tmp
-mount -t tmpfs -o mode=1777,nosuid,nodev fxkit-lab /dev/shm
+if [ "$step" = outer ]; then
+    base=$6
+    mount -t tmpfs -o mode=0700 fxkit-lab "$rt"
+    cd "$rt"
+    mkdir root upper work
+    for dir in usr etc var; do
+        lower=$base/$dir
+        [ "$dir" != usr ] || lower=/usr
+        mkdir "upper/$dir" "work/$dir" "root/$dir"
+        mount -t overlay fxkit-lab -o "lowerdir=$lower,upperdir=upper/$dir,workdir=work/$dir" "root/$dir"
+    done
+    for dir in bin sbin lib lib32 lib64 libx32; do
+        if [ -L "/$dir" ]; then
+            ln -s "$(readlink "/$dir")" "root/$dir"
+        elif [ -d "/$dir" ]; then
+            mkdir "root/$dir"
+            mount --bind -o ro "/$dir" "root/$dir"
+        fi
+    done
+    cp -a "$base/root" "$base/home" root/
+    mkdir root/tmp root/opt root/srv root/run root/mnt root/media root/proc root/sys root/dev
+    mkdir root/.oldroot
+    # /tmp and /run are mounts of their own, as on most systems.
+    mount -t tmpfs -o mode=1777,nosuid,nodev fxkit-lab root/tmp
+    mount -t tmpfs -o mode=0755,nosuid,nodev fxkit-lab root/run
+    mkdir -m 1777 root/run/lock
+    mkdir -m 0755 root/run/sshd
 
-# Everything not overlaid above becomes read-only in this namespace (a bind remount changes this
-# mount only, never the real file system), so nothing can leak to the real machine. /proc/sys is
-# read-only too: a host cannot change the real kernel's settings.
-mount --bind /proc/sys /proc/sys
-[ ! -e /proc/sysrq-trigger ] || mount --bind /proc/sysrq-trigger /proc/sysrq-trigger
-findmnt -rn -o TARGET,VFS-OPTIONS | while read -r target options; do
-    case "$target" in
-        /etc | /var | /opt | /srv | /usr | /root | /home | /run | /tmp) continue ;;
-        /etc/* | /var/* | /opt/* | /srv/* | /usr/* | /root/* | /home/* | /run/* | /tmp/*) continue ;;
-        /dev/shm | /dev/pts | /proc) continue ;;
-    esac
-    case ",$options," in *,ro,*) continue ;; esac
-    # Keep the mount's other flags (nosuid, noexec...) but not "rw" (always first), which would
-    # undo "ro".
-    flags=${options#rw}
-    mount -o "remount,bind,ro$flags" "$target" || {
-        echo "host-init: cannot make $target read-only; refusing to start a host that could write to it" >&2
-        exit 1
-    }
-done
+    # /dev: the harmless character devices, a private devpts and shm; no disks, kmsg, mem...
+    mount -t tmpfs -o mode=0755,nosuid,noexec fxkit-lab root/dev
+    mknod -m 0666 root/dev/null c 1 3
+    mknod -m 0666 root/dev/zero c 1 5
+    mknod -m 0666 root/dev/full c 1 7
+    mknod -m 0666 root/dev/random c 1 8
+    mknod -m 0666 root/dev/urandom c 1 9
+    mknod -m 0666 root/dev/tty c 5 0
+    mkdir root/dev/pts root/dev/shm
+    mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,gid=5,nosuid,noexec fxkit-lab root/dev/pts
+    ln -s pts/ptmx root/dev/ptmx
+    mount -t tmpfs -o mode=1777,nosuid,nodev fxkit-lab root/dev/shm
+    ln -s /proc/self/fd root/dev/fd
+    ln -s /proc/self/fd/0 root/dev/stdin
+    ln -s /proc/self/fd/1 root/dev/stdout
+    ln -s /proc/self/fd/2 root/dev/stderr
 
-hostname "$name"
-echo "$name" > /etc/hostname
-printf '127.0.0.1\tlocalhost\n%s\t%s\n' "$address" "$name" > /etc/hosts
-
-# The real machine's host keys must not be readable inside a lab host.
-rm -f /etc/ssh/ssh_host_*
-install -m 0600 in/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key
-install -m 0644 in/ssh_host_ed25519_key.pub /etc/ssh/ssh_host_ed25519_key.pub
-install -d -m 0700 /root/.ssh
-install -m 0600 in/authorized_keys /root/.ssh/authorized_keys
-install -d -m 0755 /run/sshd
-
-if [ -s in/sudo-user ] && [ -x /usr/bin/sudo ]; then
-    IFS=: read -r user hash < in/sudo-user
-    useradd --create-home --shell /bin/sh --password "$hash" "$user"
-    install -d -m 0700 -o "$user" -g "$user" "/home/$user/.ssh"
-    install -m 0600 -o "$user" -g "$user" in/authorized_keys "/home/$user/.ssh/"
-    echo "$user ALL=(ALL:ALL) ALL" > "/etc/sudoers.d/fxkit-lab"
-    chmod 0440 /etc/sudoers.d/fxkit-lab
-fi
-
-cat > /etc/ssh/fxkit-lab.conf <<EOF
+    echo "$name" > root/etc/hostname
+    printf '127.0.0.1\tlocalhost\n%s\t%s\n' "$address" "$name" > root/etc/hosts
+    install -m 0600 "$hostdir/ssh_host_ed25519_key" root/etc/ssh/ssh_host_ed25519_key
+    install -m 0644 "$hostdir/ssh_host_ed25519_key.pub" root/etc/ssh/ssh_host_ed25519_key.pub
+    cat > root/etc/ssh/fxkit-lab.conf <<EOF
 ListenAddress $address:$port
 HostKey /etc/ssh/ssh_host_ed25519_key
 PermitRootLogin prohibit-password
@@ -87,9 +84,40 @@ MaxSessions 100
 Subsystem sftp internal-sftp
 EOF
 
-# Drop the capabilities that reach past the namespaces: kernel modules, reboot, the clock, raw
-# devices, device nodes, the (shared) network's configuration and mounting (undoing the
-# read-only remounts above). sshd becomes PID 1 of the host.
-exec setpriv --bounding-set \
-    -sys_module,-sys_boot,-sys_time,-sys_rawio,-mknod,-net_admin,-sys_admin \
-    /usr/sbin/sshd -D -e -f /etc/ssh/fxkit-lab.conf
+    # unshare maps the uids with newuidmap, which takes the ranges root may map from /etc/subuid:
+    # give it one that says uids 0-65535, in this mount namespace only.
+    echo "root:0:65536" > subid
+    mount --bind subid /etc/subuid
+    mount --bind subid /etc/subgid
+    exec unshare --user --map-users=0,0,65536 --map-groups=0,0,65536 --setgroups=allow \
+        --mount --pid --net --ipc --uts --cgroup --fork --kill-child \
+        "$0" inner "$name" "$address" "$port" "$hostdir"
+fi
+
+# inner: PID 1 of the host's namespaces, still in the real file system (in $rt).
+# No user namespaces inside the host (the limit is the host's user namespace's own; raising it
+# again takes CAP_SYS_RESOURCE, which the host's root does not keep): a host's root cannot regain
+# the dropped capabilities in namespaces of its own, and the kernel's surface stays smaller.
+echo 0 > /proc/sys/user/max_user_namespaces
+mount -t proc -o nosuid,nodev,noexec fxkit-lab root/proc
+# The real kernel's settings and triggers stay read-only, even where the host's root owns them.
+for entry in sys sysrq-trigger irq bus fs; do
+    [ ! -e "root/proc/$entry" ] || mount --bind -o ro "root/proc/$entry" "root/proc/$entry"
+done
+# /sys read-only: the kernel's attributes can be read, none written; its network devices are the
+# host's own (a sysfs mounted in the host's network namespace).
+mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab root/sys
+# The new root must be a mount of this namespace (the outer one's are locked here).
+mount --rbind root root
+cd root
+pivot_root . .oldroot
+umount -l /.oldroot
+rmdir /.oldroot
+cd /
+hostname "$name"
+ip link set lo up
+# From here on no descriptor of the real machine: not even the log file of the fleet. A session
+# keyring of its own: the one this process inherited may hold keys of the real machine.
+exec </dev/null >/dev/null 2>&1
+exec keyctl session - setpriv --bounding-set "-all,$caps" --inh-caps -all \
+    /usr/sbin/sshd -D -E /var/log/sshd.log -f /etc/ssh/fxkit-lab.conf
