@@ -202,12 +202,15 @@ def test_a_host_lost_in_the_middle_raises_connection_failed(lab_fleet):
     fleet.up(2)
 
 
-def test_a_jump_host_carries_the_connection(lab_fleet):
+def test_a_jump_host_carries_the_connection(lab_fleet, tmp_path):
     # A lab host reaches nothing but its own network namespace (docs/lab.md): lab01 is the jump
-    # host and the target, two logins on it, the second through a channel of the first.
+    # host (an alias of the ssh config) and the target, two logins on it, the second through a
+    # channel of the first.
     fleet = lab_fleet(1)
     before = _logins(fleet, "lab01")
-    args = f"-o UserKnownHostsFile={fleet.known_hosts} -o ProxyJump=root@{fleet.address('lab01')}"
+    config = tmp_path / "config"
+    config.write_text(_host_block(fleet, "bastion", "lab01"))
+    args = f"-F {config} -o UserKnownHostsFile={fleet.known_hosts} -o ProxyJump=bastion"
     with fleet.connect("lab01", ansible_ssh_common_args=args) as conn:
         assert conn.run("hostname").stdout.strip() == "lab01"
         conn.put("/tmp/via-bastion", b"ok")
@@ -437,18 +440,19 @@ def test_a_config_file_given_by_option_or_environment_replaces_the_users(
 
 
 def test_a_proxy_jump_from_the_ssh_config(lab_fleet, tmp_path):
-    fleet = lab_fleet(2)
+    # Lab hosts reach only their own network namespace: lab01 is bastion and target (two logins).
+    fleet = lab_fleet(1)
     before = _logins(fleet, "lab01")
     config = tmp_path / "config"
     config.write_text(
         _host_block(fleet, "bastion", "lab01")
-        + _host_block(fleet, "inner", "lab02", ProxyJump="bastion")
+        + _host_block(fleet, "inner", "lab01", ProxyJump="bastion")
     )
     with connect("inner", {}, ConnectOptions(ssh_config=str(config))) as conn:
-        assert conn.run("hostname").stdout.strip() == "lab02"
+        assert conn.run("hostname").stdout.strip() == "lab01"
         conn.put("/tmp/via-config-bastion", b"ok")
         assert conn.get("/tmp/via-config-bastion") == b"ok"
-    assert _logins(fleet, "lab01") == before + 1
+    assert _logins(fleet, "lab01") == before + 2
 
 
 def test_a_jump_host_with_an_unknown_key_is_refused(lab_fleet, tmp_path):
