@@ -40,7 +40,7 @@ from jinja2.nativetypes import NativeEnvironment
 
 from fxkit.errors import FxkitError, TemplateError
 from fxkit.redaction import REDACTED, is_secret_name
-from fxkit.yamlfile import plain, read_yaml, type_name
+from fxkit.yamlfile import read_yaml, type_name
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
 
@@ -294,8 +294,9 @@ def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> dict[str
         error,
         what="variables file",
         hint="check that the file exists and is readable (vars_files paths start at the playbook)",
+        lines=False,
     )
-    return plain(_require_mapping(value, f"{path}:1", error)) if value is not None else {}
+    return _require_mapping(value, f"{path}:1", error) if value is not None else {}
 
 
 def _require_mapping(

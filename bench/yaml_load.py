@@ -1,0 +1,131 @@
+"""How fast a large vars file loads: fxkit's reader beside PyYAML's pure-Python and C loaders.
+
+    .venv/bin/python bench/yaml_load.py [--mb 54] [--runs 3] [--keep FILE]
+
+Generates a vars file of about --mb MB (a fleet description: one entry per node with its
+address, GPUs, NICs, sysctl values and labels; block style with some flow mappings and a few
+anchors/merge keys, as hand-written vars files have), then loads it --runs times with each method,
+each run in a fresh Python process, methods interleaved. Prints the median seconds and peak RSS
+(``ru_maxrss``) of each, and each method's time as a ratio of PyYAML's pure-Python SafeLoader.
+
+| method | what it does |
+|---|---|
+| ``pyyaml`` | ``yaml.load(text, yaml.SafeLoader)``: pure Python, what fxkit's reader was built on |
+| ``pyyaml-c`` | ``yaml.load(text, yaml.CSafeLoader)``: libyaml, plain dicts, no lines kept |
+| ``fxkit`` | ``fxkit.variables.load_vars_file(path)``: the reader fxkit uses, lines kept |
+
+To measure another fxkit (e.g. an older commit), put it first on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+method, path = sys.argv[1], Path(sys.argv[2])
+import yaml
+from fxkit.variables import load_vars_file
+start = time.perf_counter()
+if method == "fxkit":
+    data = load_vars_file(path)
+else:
+    loader = yaml.CSafeLoader if method == "pyyaml-c" else yaml.SafeLoader
+    data = yaml.load(path.read_text(encoding="utf-8"), loader)
+seconds = time.perf_counter() - start
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": seconds, "rss_mib": rss, "nodes": len(data["fleet_nodes"])}))
+"""
+METHODS = ("pyyaml", "pyyaml-c", "fxkit")
+
+
+def node(number: int) -> str:
+    """One node's entry (about 1.3 kB of YAML)."""
+    gpus = "".join(
+        f'      - {{index: {g}, pci: "0000:{0x0C + g * 0x10:02x}:00.0", '
+        f'serial: "PHX{number:06d}{g}", numa: {g // 4}}}\n'
+        for g in range(8)
+    )
+    nics = "".join(
+        f"      - name: ens{n}np0\n"
+        f'        mac: "02:00:{number >> 16 & 255:02x}:{number >> 8 & 255:02x}:'
+        f'{number & 255:02x}:{n:02x}"\n'
+        f"        mtu: 9000\n"
+        f"        roce: true\n"
+        for n in range(4)
+    )
+    return (
+        f"  gpu{number:06d}:\n"
+        f"    <<: *node_defaults\n"
+        f"    address: 10.{number >> 16 & 255}.{number >> 8 & 255}.{number & 255}\n"
+        f"    rack: r{number // 32:04d}\n"
+        f"    description: 'MI308X node {number}, rack r{number // 32:04d}, row {number % 7}'\n"
+        f"    gpus:\n{gpus}"
+        f"    nics:\n{nics}"
+        f"    sysctl:\n"
+        f"      vm.max_map_count: 262144\n"
+        f"      kernel.numa_balancing: 0\n"
+        f"      net.core.rmem_max: {16777216 + number}\n"
+        f"    labels: [inference, mi308x, rack-{number // 32}, zone-{number % 3}]\n"
+    )
+
+
+def generate(path: Path, megabytes: float) -> int:
+    """Write a vars file of about ``megabytes`` MB to ``path``; returns its number of nodes."""
+    with path.open("w", encoding="utf-8") as out:
+        out.write(
+            "node_defaults: &node_defaults\n"
+            "  os: ubuntu-24.04\n"
+            "  rocm: '7.2'\n"
+            "  memlock: unlimited\n"
+            "fleet_nodes:\n"
+        )
+        count = 0
+        while out.tell() < megabytes * 1e6:
+            out.write(node(count))
+            count += 1
+    return count
+
+
+def run(method: str, path: Path) -> dict[str, float]:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, method, str(path)], capture_output=True, text=True
+    )
+    if proc.returncode:
+        raise SystemExit(f"{method} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=float, default=54.0, help="size of the vars file in MB")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each method")
+    parser.add_argument("--keep", type=Path, help="write the vars file here and keep it")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fxkit-yaml-bench-") as tmp:
+        path = args.keep or Path(tmp) / "vars.yml"
+        nodes = generate(path, args.mb)
+        print(f"{path}: {path.stat().st_size / 1e6:.1f} MB, {nodes} nodes")
+        results: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+        for round_ in range(args.runs):
+            for method in METHODS[round_ % 3 :] + METHODS[: round_ % 3]:
+                results[method].append(run(method, path))
+    base = statistics.median(r["seconds"] for r in results["pyyaml"])
+    for method, runs in results.items():
+        seconds = statistics.median(r["seconds"] for r in runs)
+        rss = statistics.median(r["rss_mib"] for r in runs)
+        print(
+            f"{method:9s} {seconds:7.2f} s  {rss:7.0f} MiB peak RSS  "
+            f"{seconds / base:5.2f}x the time of pyyaml  (median of {len(runs)})"
+        )
+
+
+if __name__ == "__main__":
+    main()
