@@ -32,6 +32,7 @@ import json, resource, sys, time
 from pathlib import Path
 method, path = sys.argv[1], Path(sys.argv[2])
 import yaml
+import fxkit
 from fxkit.variables import load_vars_file
 start = time.perf_counter()
 if method == "fxkit":
@@ -41,7 +42,7 @@ else:
     data = yaml.load(path.read_text(encoding="utf-8"), loader)
 seconds = time.perf_counter() - start
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": seconds, "rss_mib": rss, "nodes": len(data["fleet_nodes"])}))
+print(json.dumps({"seconds": seconds, "rss_mib": rss, "fxkit": fxkit.__file__}))
 """
 METHODS = ("pyyaml", "pyyaml-c", "fxkit")
 
@@ -95,8 +96,11 @@ def generate(path: Path, megabytes: float) -> int:
 
 
 def run(method: str, path: Path) -> dict[str, float]:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, method, str(path)], capture_output=True, text=True
+    proc = subprocess.run(  # not in the checkout, whose fxkit/ would come before PYTHONPATH
+        [sys.executable, "-c", CHILD, method, str(path)],
+        capture_output=True,
+        text=True,
+        cwd=path.parent,
     )
     if proc.returncode:
         raise SystemExit(f"{method} failed:\n{proc.stderr}")
@@ -110,13 +114,14 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="write the vars file here and keep it")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fxkit-yaml-bench-") as tmp:
-        path = args.keep or Path(tmp) / "vars.yml"
+        path = (args.keep or Path(tmp) / "vars.yml").resolve()
         nodes = generate(path, args.mb)
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB, {nodes} nodes")
         results: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
         for round_ in range(args.runs):
             for method in METHODS[round_ % 3 :] + METHODS[: round_ % 3]:
                 results[method].append(run(method, path))
+    print(f"fxkit from {results['fxkit'][0]['fxkit']}")
     base = statistics.median(r["seconds"] for r in results["pyyaml"])
     for method, runs in results.items():
         seconds = statistics.median(r["seconds"] for r in runs)
