@@ -231,7 +231,7 @@ def _offending_alias(text: str) -> tuple[Any, str]:
         elif isinstance(event, yaml.AliasEvent):
             if any(anchor == event.anchor for anchor, _ in stack):
                 return event.start_mark, f"alias *{event.anchor} is inside the value it names"
-            anchor, size = None, anchors.get(event.anchor, 0)
+            anchor, size = None, anchors.get(event.anchor or "", 0)
             added += size
             if added > MAX_ALIAS_VALUES:
                 return event.start_mark, (
