@@ -116,10 +116,12 @@ def variants(secret: str) -> set[str]:
 
 
 def maskable(values: Iterable[str]) -> list[str]:
-    """The texts to mask for these secret values (each with its :func:`variants`), those of at
-    least :data:`MIN_SECRET_LENGTH` characters, longest first (so a secret inside another goes
-    too)."""
-    texts = {text for value in values for text in variants(value)}
+    """The texts to mask for these secret values: those of at least :data:`MIN_SECRET_LENGTH`
+    characters with their :func:`variants` (of that length too), longest first (so a secret
+    inside another goes too)."""
+    texts = {
+        text for value in values if len(value) >= MIN_SECRET_LENGTH for text in variants(value)
+    }
     return sorted({t for t in texts if len(t) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
 
 
