@@ -64,25 +64,24 @@ def environment(templates_dir: str | None = None) -> jinja2.Environment:
     Variable values render to native types (``"{{ ports }}"`` stays a list), templates to text.
     """
     if templates_dir is None:
-        env: jinja2.Environment = _NativeEnvironment(
-            undefined=jinja2.StrictUndefined, finalize=_strict
-        )
-    else:
-        env = _Environment(
-            loader=jinja2.FileSystemLoader(templates_dir),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-            trim_blocks=True,  # a line holding only {% ... %} leaves no empty line (as in Ansible)
-            autoescape=False,
-        )
-    env.filters[_RECORD] = _record_secret
-    return env
+        return _NativeEnvironment(undefined=jinja2.StrictUndefined, finalize=_strict)
+    return _Environment(
+        loader=jinja2.FileSystemLoader(templates_dir),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,  # a line holding only {% ... %} leaves no empty line (as in Ansible)
+        autoescape=False,
+    )
 
 
-class _RecordingSecrets(jinja2.Environment):
+class _Environment(jinja2.Environment):
     """Templates (files, includes, variable values) whose ``{{ expressions }}`` report what
     they render to when they read a secret: each is wrapped in the filter ``_RECORD`` with the
     names it reads (see :func:`_wrap_outputs`)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.filters[_RECORD] = _record_secret
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
         tree = _wrap_outputs(super()._parse(source, name, filename))
@@ -90,11 +89,7 @@ class _RecordingSecrets(jinja2.Environment):
         return tree
 
 
-class _Environment(_RecordingSecrets):
-    pass
-
-
-class _NativeEnvironment(_RecordingSecrets, NativeEnvironment):
+class _NativeEnvironment(_Environment, NativeEnvironment):
     pass
 
 
