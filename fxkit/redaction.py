@@ -54,17 +54,20 @@ def leaves(value: Any) -> Iterator[str]:
 
 
 def secret_leaves(value: Any, extra: Collection[str] = ()) -> Iterator[str]:
-    """The scalars in ``value`` that sit under a secret key, at any depth."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if is_secret_name(key, extra):
-                yield from leaves(item)
-            elif isinstance(item, Mapping | list | tuple):
-                yield from secret_leaves(item, extra)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            if isinstance(item, Mapping | list | tuple):
-                yield from secret_leaves(item, extra)
+    """The scalars in ``value`` that sit under a secret key, at any depth (a loop, not a
+    recursion: vars files can be large)."""
+    containers = (Mapping, list, tuple)
+    stack = [value] if isinstance(value, containers) else []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            for key, sub in item.items():
+                if is_secret_name(key, extra):
+                    yield from leaves(sub)
+                elif isinstance(sub, containers):
+                    stack.append(sub)
+        else:
+            stack.extend(sub for sub in item if isinstance(sub, containers))
 
 
 def masked(variables: Mapping[str, Any], extra: Collection[str] = ()) -> dict[str, Any]:
