@@ -111,7 +111,7 @@ def read_yaml(
     A file that cannot be read (``hint`` says what to do), is not UTF-8 or is not valid YAML
     raises ``error`` naming file:line.
     """
-    text = _read_text(path, error, what, hint)
+    text = read_text(path, error, what, hint)
     loader = (_MarkingLoader if lines else _PlainLoader)(text)
     try:
         node = loader.get_single_node()
@@ -133,7 +133,11 @@ def read_yaml(
         loader.dispose()
 
 
-def _read_text(path: Path, error: type[FxkitError], what: str, hint: str | None) -> str:
+def read_text(
+    path: Path, error: type[FxkitError] = FxkitError, what: str = "file", hint: str | None = None
+) -> str:
+    """The text of a UTF-8 file; one that cannot be read, or is not UTF-8, raises ``error``
+    naming file:line (and the column of the first bad byte)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
