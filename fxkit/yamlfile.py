@@ -8,8 +8,9 @@ Every problem (a missing file, a file that is not UTF-8, a syntax error, aliases
 past :data:`MAX_ALIAS_VALUES`) is raised as the :class:`~fxkit.errors.FxkitError` subclass the
 caller names, at file:line.
 
-Files are parsed by libyaml (PyYAML's C parser, 5-20x quicker than its pure-Python one) where
-PyYAML has it; its nodes keep their lines like the Python parser's.
+Files are parsed by libyaml (PyYAML's C parser) where PyYAML has it, with the cycle collector
+paused; its nodes keep their lines like the Python parser's (docs/BENCHMARKS.md, "Reading YAML").
+:func:`read_text` reads any UTF-8 file with the same errors.
 """
 
 from __future__ import annotations
