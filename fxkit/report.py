@@ -48,6 +48,7 @@ class Reporter:
         self.verbose = verbose
         self.results = PlaybookResult()
         self._log = log_json
+        self._secret_values: set[str] = set()
         self._secrets: list[str] = []
         self._current: dict[str, str] = {}
         self._lock = threading.RLock()
@@ -56,9 +57,12 @@ class Reporter:
     # -- secrets ---------------------------------------------------------------------------
 
     def add_secrets(self, values: Iterable[str]) -> None:
-        """Values to redact from now on (longest first, so a secret inside another goes too)."""
+        """Secret values to redact from now on (with their variants: :mod:`fxkit.redaction`)."""
         with self._lock:
-            self._secrets = maskable([*self._secrets, *values])
+            new = set(values) - self._secret_values
+            if new:
+                self._secret_values |= new
+                self._secrets = maskable(self._secret_values)
 
     def redact(self, text: str) -> str:
         return redact(text, self._secrets)

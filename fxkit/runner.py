@@ -341,7 +341,12 @@ class Runner:
             Layer("extra vars", self.options.extra_vars),
             Layer("fxkit", _magic(inv, role)),
         ]
-        return HostVars(inv.name, [lay for lay in layers if lay], play.secret_vars)
+        return HostVars(
+            inv.name,
+            [lay for lay in layers if lay],
+            play.secret_vars,
+            on_secret=self.reporter.add_secrets,
+        )
 
 
 def _magic(inv: InventoryHost, role: Role | None) -> dict[str, Any]:

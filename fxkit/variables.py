@@ -16,19 +16,24 @@ rendered with the host's variables at that moment, through a Jinja2 environment 
 ``StrictUndefined``: an undefined variable is a :class:`~fxkit.errors.TemplateError` naming the
 template (file or variable), the line, the undefined name and the host.
 
-Secrets (which names are secret: :mod:`fxkit.redaction`): the values of secret variables are
-collected so the report redacts them in everything it prints or logs.
+Secrets (which names and keys are secret: :mod:`fxkit.redaction`): the values of secret
+variables, and of secret keys inside any variable, are collected so the report redacts them in
+everything it prints or logs. So is what a template or a variable's value makes of them: the
+output of every ``{{ expression }}`` that reads a secret variable or key, directly or through a
+``{% set %}``/``{% for %}`` name (``{{ db_password | b64encode }}``), is recorded as a secret
+as it renders. Errors while rendering a secret value never quote it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import re
 import shlex
 import threading
 import traceback
 from collections import ChainMap
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -36,18 +41,20 @@ from typing import Any
 
 import jinja2
 import yaml
+from jinja2 import nodes
 from jinja2.nativetypes import NativeEnvironment
 
 from fxkit.errors import FxkitError, TemplateError
-from fxkit.redaction import REDACTED, is_secret_name
-from fxkit.yamlfile import plain, read_yaml, type_name
+from fxkit.redaction import is_secret_name, leaves, secret_leaves
+from fxkit.yamlfile import read_yaml, type_name
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
-
-
-def masked(variables: Mapping[str, Any]) -> dict[str, Any]:
-    """``variables`` for display: the value of each secret variable replaced by ``********``."""
-    return {name: REDACTED if is_secret_name(name) else v for name, v in variables.items()}
+#: The filter that records what an expression reading a secret renders to.
+_RECORD = "fxkit_record_secret"
+#: The HostVars whose template renders in this thread right now.
+_rendering: contextvars.ContextVar[HostVars | None] = contextvars.ContextVar(
+    "fxkit_rendering", default=None
+)
 
 
 @cache
@@ -57,14 +64,105 @@ def environment(templates_dir: str | None = None) -> jinja2.Environment:
     Variable values render to native types (``"{{ ports }}"`` stays a list), templates to text.
     """
     if templates_dir is None:
-        return NativeEnvironment(undefined=jinja2.StrictUndefined, finalize=_strict)
-    return jinja2.Environment(
+        return _NativeEnvironment(undefined=jinja2.StrictUndefined, finalize=_strict)
+    return _Environment(
         loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,  # a line holding only {% ... %} leaves no empty line (as in Ansible)
         autoescape=False,
     )
+
+
+class _Environment(jinja2.Environment):
+    """Templates (files, includes, variable values) whose ``{{ expressions }}`` report what
+    they render to when they read a secret: each is wrapped in the filter ``_RECORD`` with the
+    names it reads (see :func:`_wrap_outputs`)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.filters[_RECORD] = _record_secret
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        tree = _wrap_outputs(super()._parse(source, name, filename))
+        tree.set_environment(self)
+        return tree
+
+
+class _NativeEnvironment(_Environment, NativeEnvironment):
+    pass
+
+
+def _read_names(node: nodes.Node) -> set[str]:
+    """The names an expression reads: variables, attributes and constant keys (``a.b``,
+    ``a['b']``)."""
+    found: set[str] = set()
+    for part in (node, *node.find_all((nodes.Name, nodes.Getattr, nodes.Getitem))):
+        if isinstance(part, nodes.Name) and part.ctx == "load":
+            found.add(part.name)
+        elif isinstance(part, nodes.Getattr):
+            found.add(part.attr)
+        elif isinstance(part, nodes.Getitem) and isinstance(part.arg, nodes.Const):
+            found.add(str(part.arg.value))
+    return found
+
+
+def _local_sources(tree: nodes.Template) -> dict[str, set[str]]:
+    """For each name a template sets (``{% set %}``, ``{% for %}`` targets), every name its
+    value comes from, through other set names too."""
+    sources: dict[str, set[str]] = {}
+    target: nodes.Node
+    values: list[nodes.Node]
+    for node in tree.find_all((nodes.Assign, nodes.AssignBlock, nodes.For)):
+        if isinstance(node, nodes.Assign):
+            target, values = node.target, [node.node]
+        elif isinstance(node, nodes.AssignBlock):
+            target, values = node.target, list(node.body)
+        else:
+            assert isinstance(node, nodes.For)
+            target, values = node.target, [node.iter]
+        read = set().union(*map(_read_names, values))
+        for name in [target, *target.find_all(nodes.Name)]:
+            if isinstance(name, nodes.Name):
+                sources.setdefault(name.name, set()).update(read)
+    changed = True
+    while changed:  # follow chains: a set from b set from db_password
+        changed = False
+        for read in sources.values():
+            more = set().union(*(sources.get(name, set()) for name in read)) - read
+            if more:
+                read |= more
+                changed = True
+    return sources
+
+
+def _wrap_outputs(tree: nodes.Template) -> nodes.Template:
+    """``{{ expr }}`` -> ``{{ expr | _RECORD(names) }}``, for every expression reading a name."""
+    sources = _local_sources(tree)
+    for output in tree.find_all(nodes.Output):
+        for index, child in enumerate(output.nodes):
+            if isinstance(child, nodes.TemplateData):
+                continue
+            read = _read_names(child)
+            read |= set().union(*(sources.get(name, set()) for name in read))
+            if read:
+                names = nodes.Const(tuple(sorted(read)))
+                output.nodes[index] = nodes.Filter(
+                    child, _RECORD, [names], [], None, None, lineno=child.lineno
+                )
+    return tree
+
+
+def _record_secret(value: Any, names: tuple[str, ...]) -> Any:
+    """The filter ``_RECORD``: tell the HostVars rendering when ``value`` came from a secret."""
+    hostvars = _rendering.get()
+    if (
+        hostvars is not None
+        and not isinstance(value, jinja2.Undefined)
+        and any(hostvars.is_secret(name) for name in names)
+    ):
+        hostvars.record_secrets([str(value)])
+    return value
 
 
 def _strict(value: Any) -> Any:
@@ -92,7 +190,15 @@ class HostVars(Mapping[str, Any]):
     Read them as ``v["name"]`` or ``v.name``; ``v.get("name", default)`` for optional ones.
     """
 
-    def __init__(self, host: str, layers: Iterable[Layer], secret_names: Iterable[str] = ()):
+    def __init__(
+        self,
+        host: str,
+        layers: Iterable[Layer],
+        secret_names: Iterable[str] = (),
+        on_secret: Callable[[Iterable[str]], None] | None = None,
+    ):
+        """``secret_names``: the play's ``secret_vars``; ``on_secret`` is told of secret values
+        found while rendering (what templates make of secrets)."""
         self._host = host
         self._raw: dict[str, Any] = {}
         self._source: dict[str, str] = {}
@@ -101,6 +207,8 @@ class HostVars(Mapping[str, Any]):
                 self._raw[key] = value
                 self._source[key] = layer.source
         self._secret_names = frozenset(secret_names)
+        self._on_secret = on_secret
+        self._rendered_secrets: set[str] = set()
         self._rendered: dict[str, Any] = {}
         self._local = threading.local()
 
@@ -130,8 +238,9 @@ class HostVars(Mapping[str, Any]):
                 hint="break the loop: one of these variables needs a plain value",
             )
         stack.append(name)
+        label = f"variable {name!r} ({self._source[name]})"
         try:
-            value = self._render_value(self._raw[name], f"variable {name!r} ({self._source[name]})")
+            value = self._render_value(self._raw[name], label, self._holds_secrets(name))
         finally:
             stack.pop()
         self._rendered[name] = value
@@ -154,26 +263,27 @@ class HostVars(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"HostVars({self._host!r}, {sorted(self._raw)})"
 
-    def _render_value(self, value: Any, label: str) -> Any:
+    def _render_value(self, value: Any, label: str, secret: bool) -> Any:
         if isinstance(value, str):
             return (
-                self.render_string(value, label)
+                self.render_string(value, label, secret=secret)
                 if any(m in value for m in _JINJA_MARKERS)
                 else value
             )
         if isinstance(value, Mapping):
-            return {k: self._render_value(v, label) for k, v in value.items()}
+            return {k: self._render_value(v, label, secret) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return [self._render_value(v, label) for v in value]
+            return [self._render_value(v, label, secret) for v in value]
         return value
 
-    def render_string(self, source: str, label: str) -> Any:
-        """Render a variable's value (native types); ``label`` names it in error messages."""
+    def render_string(self, source: str, label: str, *, secret: bool = False) -> Any:
+        """Render a variable's value (native types); ``label`` names it in error messages,
+        which quote nothing of ``source`` when it is ``secret``."""
         try:
             template = environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
-            raise _template_error(exc, label, self._host, exc.lineno) from None
-        return self._render(template, label)
+            raise _template_error(exc, label, self._host, exc.lineno, secret) from None
+        return self._render(template, label, secret)
 
     def render_template(self, templates_dir: str | Path, name: str) -> str:
         """Render ``templates_dir/name`` (a role's Jinja2 template file)."""
@@ -189,40 +299,72 @@ class HostVars(Mapping[str, Any]):
             raise _template_error(exc, path, self._host, exc.lineno) from None
         return self._render(template, path)
 
-    def _render(self, template: jinja2.Template, label: str) -> Any:
+    def _render(self, template: jinja2.Template, label: str, secret: bool = False) -> Any:
         """Render with this mapping as the context, so variables render only when used."""
         env = template.environment
-        scope = ChainMap({}, self, env.globals)  # the empty dict takes Jinja2's own writes
+        # The empty dict takes Jinja2's own writes; the others are only read.
+        scope = ChainMap({}, self, env.globals)  # type: ignore[arg-type]
         context = template.new_context(scope, shared=True)  # type: ignore[arg-type]
+        token = _rendering.set(self)
         try:
             try:
-                return env.concat(template.root_render_func(context))  # type: ignore[attr-defined]
+                return env.concat(template.root_render_func(context))
             except Exception:
                 env.handle_exception()  # re-raises with template line numbers in the traceback
         except jinja2.TemplateError as exc:
-            raise _template_error(exc, label, self._host, _template_line(exc, template)) from None
+            line = _template_line(exc, template)
+            raise _template_error(exc, label, self._host, line, secret) from None
+        finally:
+            _rendering.reset(token)
+
+    def is_secret(self, name: str) -> bool:
+        """True when the variable (or key) ``name`` is secret."""
+        return is_secret_name(name, self._secret_names)
+
+    def _holds_secrets(self, name: str) -> bool:
+        return self.is_secret(name) or bool(_nested_secrets(self._raw[name], self._secret_names))
+
+    def record_secrets(self, values: Iterable[str]) -> None:
+        """Values rendered from secrets: kept, and passed on to ``on_secret``."""
+        new = {v for v in values if v} - self._rendered_secrets
+        if new:
+            self._rendered_secrets |= new
+            if self._on_secret:
+                self._on_secret(new)
 
     def secret_values(self) -> set[str]:
-        """The values (raw and, where they render, rendered) of this host's secret variables."""
-        values: set[str] = set()
+        """The values (raw and, where they render, rendered) of this host's secret variables
+        and of secret keys inside its variables, and what templates rendered from them."""
+        values: set[str] = set(self._rendered_secrets)
+        extra = self._secret_names
         for name, raw in self._raw.items():
-            if not is_secret_name(name, self._secret_names):
-                continue
-            values.update(_leaves(raw))
-            with contextlib.suppress(FxkitError):  # the error surfaces where the variable is used
-                values.update(_leaves(self[name]))
+            secret = self.is_secret(name)
+            found = set(leaves(raw)) if secret else _nested_secrets(raw, extra)
+            values |= found
+            if any(marker in value for value in found for marker in _JINJA_MARKERS):
+                with contextlib.suppress(FxkitError):  # the error surfaces where it is used
+                    rendered = self[name]
+                    values.update(leaves(rendered) if secret else secret_leaves(rendered, extra))
         return {v for v in values if v}
 
 
-def _leaves(value: Any) -> Iterator[str]:
-    if isinstance(value, Mapping):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, list | tuple | set):
-        for v in value:
-            yield from _leaves(v)
-    elif value is not None and not isinstance(value, bool):
-        yield str(value)
+#: id(value) -> (value, secret_vars, its secret leaves): found once per value object, as the
+#: variables of plays and inventory groups are the same objects for every host.
+_NESTED: dict[int, tuple[Any, frozenset[str], frozenset[str]]] = {}
+
+
+def _nested_secrets(value: Any, extra: frozenset[str]) -> frozenset[str]:
+    """The values under secret keys inside ``value`` (:func:`fxkit.redaction.secret_leaves`)."""
+    if not isinstance(value, Mapping | list | tuple):
+        return frozenset()
+    cached = _NESTED.get(id(value))
+    if cached and cached[0] is value and cached[1] == extra:
+        return cached[2]
+    found = frozenset(secret_leaves(value, extra))
+    if len(_NESTED) >= 4096:
+        _NESTED.clear()
+    _NESTED[id(value)] = (value, extra, found)
+    return found
 
 
 def _template_line(exc: BaseException, template: jinja2.Template) -> int | None:
@@ -233,11 +375,18 @@ def _template_line(exc: BaseException, template: jinja2.Template) -> int | None:
 
 
 def _template_error(
-    exc: jinja2.TemplateError, label: str, host: str, line: int | None
+    exc: jinja2.TemplateError, label: str, host: str, line: int | None, secret: bool = False
 ) -> TemplateError:
     where = label
     if line:
         where = f"{label}, line {line}" if label.startswith("variable ") else f"{label}:{line}"
+    if secret:  # Jinja2's message quotes pieces of the value, too short to be masked
+        return TemplateError(
+            f"{type(exc).__name__} for host {host} in a secret value (not shown)",
+            where=where,
+            hint="a value holding '{{', '{%' or '{#' is a template: to keep such characters "
+            'as they are, write the value as "{% raw %}...{% endraw %}"',
+        )
     if isinstance(exc, jinja2.UndefinedError):
         match = re.search(r"'([^']+)' is undefined|has no attribute '([^']+)'", exc.message or "")
         name = next((g for g in match.groups() if g), "?") if match else "?"
@@ -255,10 +404,13 @@ def _template_error(
 
 
 def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> dict[str, Any]:
-    """Merge ``-e`` values, later ones winning: ``k=v k2=v2``, a JSON/YAML mapping, ``@file``."""
+    """Merge ``-e`` values, later ones winning: ``k=v k2=v2``, a JSON/YAML mapping, ``@file``.
+
+    Errors name the ``-e`` by its number and never quote its text: it may hold secrets.
+    """
     merged: dict[str, Any] = {}
-    for item in items:
-        text = item.strip()
+    for number, item in enumerate(items, 1):
+        text, where = item.strip(), f"-e #{number}"
         if text.startswith("@"):
             merged.update(load_vars_file(Path(base or ".") / text[1:]))
         elif text.startswith("{"):
@@ -266,22 +418,50 @@ def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> dict[str
                 value = yaml.safe_load(text)
             except yaml.YAMLError as exc:
                 raise FxkitError(
-                    f"extra vars are not valid JSON/YAML: {exc}",
-                    where=f"-e {item}",
+                    f"extra vars are not valid JSON/YAML: {_yaml_problem(exc)}",
+                    where=where,
                     hint='write -e \'{"key": "value"}\'',
                 ) from None
-            merged.update(_require_mapping(value, f"-e {item}"))
+            merged.update(_require_mapping(value, where))
         else:
-            for word in shlex.split(text):
-                key, sep, value = word.partition("=")
-                if not sep or not key.isidentifier():
-                    raise FxkitError(
-                        f"cannot read extra var {word!r}",
-                        where=f"-e {item}",
-                        hint="write -e key=value, -e '{\"key\": 1}' or -e @vars.yml",
-                    )
-                merged[key] = value
+            merged.update(_key_values(text, where))
     return merged
+
+
+def _key_values(text: str, where: str) -> dict[str, str]:
+    """``-e 'k=v k2="two words"'``; errors show keys at most, never values."""
+    hint = "write -e key=value, -e '{\"key\": 1}' or -e @vars.yml"
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:  # "No closing quotation"
+        raise FxkitError(f"cannot read extra vars: {exc}", where=where, hint=hint) from None
+    pairs: dict[str, str] = {}
+    for index, word in enumerate(words, 1):
+        key, sep, value = word.partition("=")
+        if not sep:
+            raise FxkitError(
+                f"cannot read extra var {index}: no '=' in it (not shown: it may be a secret)",
+                where=where,
+                hint=hint,
+            )
+        if not key.isidentifier():
+            raise FxkitError(
+                f"cannot read extra var {index}: {key!r} is not a variable name",
+                where=where,
+                hint=hint,
+            )
+        pairs[key] = value
+    return pairs
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What PyYAML found wrong, and where, without the text it quotes (the value may be a
+    secret): quoted pieces longer than one character are left out, tokens like '<scalar>' kept."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return "unreadable"
+    problem = re.sub(r"'(?!<)[^']{2,}'", "'...'", exc.problem or exc.context or "unreadable")
+    mark = exc.problem_mark or exc.context_mark
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
 def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> dict[str, Any]:
@@ -294,8 +474,9 @@ def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> dict[str
         error,
         what="variables file",
         hint="check that the file exists and is readable (vars_files paths start at the playbook)",
+        lines=False,
     )
-    return plain(_require_mapping(value, f"{path}:1", error)) if value is not None else {}
+    return _require_mapping(value, f"{path}:1", error) if value is not None else {}
 
 
 def _require_mapping(

@@ -1,21 +1,35 @@
 """Reading YAML files with line numbers, so every mistake in one can name its file and line.
 
 :func:`read_yaml` returns mappings as :class:`Marked` and lists as :class:`MarkedList`, which
-remember their lines; :func:`line_at` finds the line of a location such as ``["roles", 2]``;
-:func:`plain` turns the result back into plain dicts and lists,
-:func:`type_name` names a value's type in messages. Every problem (a missing file,
-a syntax error) is raised as the :class:`~fxkit.errors.FxkitError` subclass the caller names.
+remember their lines (or, with ``lines=False``, plain dicts and lists: quicker, for vars files);
+:func:`line_at` finds the line of a location such as ``["roles", 2]``; :func:`plain` turns the
+result back into plain dicts and lists, :func:`type_name` names a value's type in messages.
+Every problem (a missing file, a file that is not UTF-8, a syntax error, aliases that expand
+past :data:`MAX_ALIAS_VALUES`) is raised as the :class:`~fxkit.errors.FxkitError` subclass the
+caller names, at file:line.
+
+Files are parsed by libyaml (PyYAML's C parser) where PyYAML has it, with the cycle collector
+paused; its nodes keep their lines like the Python parser's (docs/BENCHMARKS.md, "Reading YAML").
+:func:`read_text` reads any UTF-8 file with the same errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import gc
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from fxkit.errors import FxkitError
+
+#: Values that aliases (``*name``) may add beyond those written in a file. Past that, the file
+#: is refused as an alias bomb ("billion laughs"): a few lines that expand to billions of values.
+MAX_ALIAS_VALUES = 1_000_000
+
+_Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # without libyaml: pure Python
 
 
 class Marked(dict):
@@ -44,7 +58,17 @@ def _line(node: yaml.Node) -> int:
     return node.start_mark.line + 1
 
 
-class _MarkingLoader(yaml.SafeLoader):
+class _AliasBomb(yaml.MarkedYAMLError):
+    """Aliases that expand past :data:`MAX_ALIAS_VALUES` values, or into themselves."""
+
+
+class _PlainLoader(_Base):
+    """Plain dicts and lists (PyYAML's safe constructors)."""
+
+
+class _MarkingLoader(_Base):
+    """:class:`Marked` mappings and :class:`MarkedList` lists."""
+
     def construct_marked(self, node: yaml.MappingNode) -> Marked:
         self.flatten_mapping(node)
         mapping = Marked(_line(node))
@@ -83,33 +107,167 @@ def read_yaml(
     *,
     what: str = "file",
     hint: str | None = None,
+    lines: bool = True,
 ) -> Any:
-    """Parse ``path`` (``None`` when empty). A file that cannot be read (``hint`` says what to
-    do) or is not valid YAML raises ``error`` naming file:line."""
+    """Parse ``path`` (``None`` when empty); ``lines=False`` gives plain dicts and lists.
+
+    A file that cannot be read (``hint`` says what to do), is not UTF-8 or is not valid YAML
+    raises ``error`` naming file:line.
+    """
+    text = read_text(path, error, what, hint)
+    loader = (_MarkingLoader if lines else _PlainLoader)(text)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else exc
-        raise error(f"cannot read {what}: {reason}", where=str(path), hint=hint) from None
-    loader = _MarkingLoader(text)
-    loader.name = str(path)
-    try:
-        return loader.get_single_data()
+        with _cyclic_gc_paused():
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _refuse_alias_bombs(node, text)
+            return loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        syntax = not isinstance(exc, yaml.constructor.ConstructorError)
-        raise error(
-            f"invalid YAML: {exc.problem or exc.context}",
-            where=f"{path}:{mark.line + 1}" if mark else str(path),
-            hint="a YAML syntax error: check the indentation and quoting on that line and the "
-            "one above it"
-            if syntax
-            else "fxkit reads plain YAML: no custom tags (such as !vault), plain mapping keys",
-        ) from None
+        raise _yaml_error(exc, path, error) from None
     except yaml.YAMLError as exc:
         raise error(f"invalid YAML: {exc}", where=str(path), hint="fix the YAML") from None
+    except RecursionError:
+        raise error(
+            "invalid YAML: values nested too deeply",
+            where=str(path),
+            hint="fxkit reads values nested at most a few hundred levels deep",
+        ) from None
     finally:
         loader.dispose()
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cycle collector off while a file loads: it would walk every object made so
+    far, again and again (half the time of a 20 MB file). What a load makes holds no cycles
+    (an alias inside itself is refused), so reference counting frees it all the same."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def read_text(
+    path: Path, error: type[FxkitError] = FxkitError, what: str = "file", hint: str | None = None
+) -> str:
+    """The text of a UTF-8 file; one that cannot be read, or is not UTF-8, raises ``error``
+    naming file:line (and the column of the first bad byte)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read {what}: {exc.strerror}", where=str(path), hint=hint) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        before = data[data.rfind(b"\n", 0, exc.start) + 1 : exc.start]
+        column = len(before.decode("utf-8", errors="replace")) + 1
+        raise error(
+            f"cannot read {what}: not UTF-8: byte 0x{data[exc.start]:02x} at line {line}, "
+            f"column {column} ({exc.reason})",
+            where=f"{path}:{line}",
+            hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE)",
+        ) from None
+
+
+def _yaml_error(exc: yaml.MarkedYAMLError, path: Path, error: type[FxkitError]) -> FxkitError:
+    mark = exc.problem_mark or exc.context_mark
+    if isinstance(exc, _AliasBomb):
+        hint = (
+            f"aliases may add at most {MAX_ALIAS_VALUES:,} values to a file and never contain "
+            "themselves: write the values out"
+        )
+    elif isinstance(exc, yaml.constructor.ConstructorError):
+        hint = "fxkit reads plain YAML: no custom tags (such as !vault), plain mapping keys"
+    else:
+        hint = (
+            "a YAML syntax error: check the indentation and quoting on that line and the one above"
+        )
+    return error(
+        f"invalid YAML: {exc.problem or exc.context}",
+        where=f"{path}:{mark.line + 1}" if mark else str(path),
+        hint=hint,
+    )
+
+
+def _refuse_alias_bombs(root: yaml.Node, text: str) -> None:
+    """Raise :class:`_AliasBomb` when aliases add more than :data:`MAX_ALIAS_VALUES` values
+    to the document, or an alias is inside the value it names (it would never end)."""
+    if "*" not in text:  # no alias at all
+        return
+    written, expanded = _count_values(root)
+    if expanded is None or expanded - written > MAX_ALIAS_VALUES:
+        mark, problem = _offending_alias(text)
+        raise _AliasBomb(problem=problem, problem_mark=mark)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    return node.value
+
+
+def _count_values(root: yaml.Node) -> tuple[int, int | None]:
+    """Values as written in a document and once its aliases are expanded (``None`` for an
+    alias inside the value it names). Linear in the nodes: each is sized once."""
+    sizes: dict[int, int] = {}  # collection node -> its size, expanded
+    open_: set[int] = set()  # collections being sized: the current one and its parents
+    written = 0
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, sized_children = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.ScalarNode):
+            written += node is root
+        elif sized_children:
+            open_.remove(key)
+            children = _children(node)
+            sizes[key] = 1 + sum(sizes.get(id(child), 1) for child in children)
+            written += 1 + sum(isinstance(child, yaml.ScalarNode) for child in children)
+        elif key in open_:
+            return written, None
+        elif key not in sizes:
+            open_.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node))
+    return written, sizes.get(id(root), 1)
+
+
+def _offending_alias(text: str) -> tuple[Any, str]:
+    """The mark of the alias at which the document grows past :data:`MAX_ALIAS_VALUES` added
+    values (or that is inside the value it names), and what is wrong with it: replays the
+    parser's events, sizing each anchored value."""
+    anchors: dict[str, int] = {}
+    stack: list[list[Any]] = [[None, 0]]  # [anchor, size] of each open collection
+    added = 0
+    for event in yaml.parse(text, _Base):
+        if isinstance(event, yaml.CollectionStartEvent):
+            stack.append([event.anchor, 1])
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, size = stack.pop()
+        elif isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in stack):
+                return event.start_mark, f"alias *{event.anchor} is inside the value it names"
+            anchor, size = None, anchors.get(event.anchor or "", 0)
+            added += size
+            if added > MAX_ALIAS_VALUES:
+                return event.start_mark, (
+                    f"aliases expand to more than {MAX_ALIAS_VALUES:,} values here "
+                    f"(*{event.anchor} is {size:,} values)"
+                )
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, size = event.anchor, 1
+        else:
+            continue
+        if anchor:
+            anchors[anchor] = size
+        stack[-1][1] += size
+    raise AssertionError("_count_values and _offending_alias disagree")  # pragma: no cover
 
 
 def line_at(data: Any, location: Sequence[Any]) -> tuple[int | None, list[int | str]]:

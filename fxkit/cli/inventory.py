@@ -8,10 +8,12 @@ from typing import Any
 
 import click
 
+from fxkit import paths
 from fxkit.errors import InventoryError
 from fxkit.inventory import Inventory, InventoryHost
 from fxkit.inventory.views import as_graph, as_list
-from fxkit.variables import masked
+from fxkit.playbook import Playbook
+from fxkit.redaction import masked
 
 
 @click.command()
@@ -41,6 +43,19 @@ from fxkit.variables import masked
     is_flag=True,
     help="Print secret variables (*password*, *token*, ...) in clear instead of ********.",
 )
+@click.option(
+    "--secret-vars",
+    multiple=True,
+    metavar="A[,B]",
+    help="Mask these variables too, as a play's secret_vars does.",
+)
+@click.option(
+    "--playbook",
+    "playbooks",
+    multiple=True,
+    metavar="PLAYBOOK",
+    help="Mask the secret_vars of this playbook's plays too.",
+)
 @click.argument("group", required=False)
 def inventory(
     sources: tuple[str, ...],
@@ -50,6 +65,8 @@ def inventory(
     pattern: str | None,
     limit: str | None,
     show_secrets: bool,
+    secret_vars: tuple[str, ...],
+    playbooks: tuple[str, ...],
     group: str | None,
 ) -> None:
     """Show an inventory: --list (JSON), --graph [GROUP] (tree), --host NAME (variables) or
@@ -61,7 +78,8 @@ def inventory(
     fxkit inventory -i inventory/mi308x.yml --host gpu01
     fxkit inventory -i inventories/prod/ -i extra.ini --list-hosts 'gpu_nodes[0:3]'
 
-    Secret variables (see docs/PLAYBOOKS.md) show as ******** unless --show-secrets is given.
+    Secret variables (see docs/PLAYBOOKS.md) show as ******** unless --show-secrets is given;
+    --secret-vars and --playbook name more of them.
     """
     if [show_list, show_graph, host is not None, pattern is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --list, --graph, --host NAME or --list-hosts")
@@ -69,7 +87,11 @@ def inventory(
         raise click.UsageError("a GROUP argument goes with --graph only")
     inv = Inventory.load(sources)
     where = ", ".join(sources)
-    shown = dict if show_secrets else masked
+    extra = {name.strip() for names in secret_vars for name in names.split(",") if name.strip()}
+    for book in playbooks:
+        plays = Playbook.load(paths.resolve(book, "playbooks")).plays
+        extra.update(name for play in plays for name in play.secret_vars)
+    shown = dict if show_secrets else lambda variables: masked(variables, extra)
     if show_graph:
         if (group or "all") not in inv.groups:
             raise InventoryError(f"no group named {group!r}", where=where)

@@ -1,0 +1,199 @@
+"""Secrets stay secret (issue 8, part 4): one minimum length, nested keys, what templates make
+of secrets, common transforms, and outputs that used to quote them (``-e`` errors, Jinja2
+errors, ``fxkit inventory``). The whole path, over SSH: tests/test_secrets_lab.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fxkit.cli import cli
+from fxkit.errors import FxkitError, TemplateError
+from fxkit.redaction import MIN_SECRET_LENGTH, REDACTED, maskable, masked, redact
+from fxkit.variables import HostVars, Layer, parse_extra_vars
+
+
+def shown(text: str, v: HostVars) -> str:
+    """``text`` as fxkit prints it, with this host's secrets (what the report does)."""
+    return redact(text, maskable(v.secret_values()))
+
+
+def test_short_secret_values_are_masked_nowhere() -> None:
+    extra = parse_extra_vars(['{"password_min_length": 8}', "pin_password=MI3 db_password=MI308"])
+    v = HostVars("gpu01", [Layer("extra vars", extra)])
+    assert v.secret_values() == {"8", "MI3", "MI308"}  # secret by name, all too short
+    assert MIN_SECRET_LENGTH == 6
+    # Masking them would give them away and corrupt the text: "MI30********X".
+    assert shown("+gpu: MI308X (8 of them)\n", v) == "+gpu: MI308X (8 of them)\n"
+    assert maskable(["8", "MI3", "12345"]) == []  # nor their base64 (the SSH layer's too)
+    assert masked(extra) == {
+        "password_min_length": 8,
+        "pin_password": "MI3",
+        "db_password": "MI308",
+    }
+    assert masked({"db_password": "MI308X"}) == {"db_password": REDACTED}
+
+
+def test_nested_secret_keys_are_secret_as_written_and_rendered() -> None:
+    v = HostVars(
+        "gpu01",
+        [
+            Layer("inventory", {"vault_pw": "hunter2-from-vault", "bmc_user": "admin"}),
+            Layer(
+                "play vars",
+                {
+                    "creds": {"user": "{{ bmc_user }}", "password": "{{ vault_pw }}"},
+                    "registries": [{"url": "https://r1", "auth": {"token": "tok-r1-8841"}}],
+                    "nvme": {"dhchap": "DHHC-1:00:abcdef"},
+                },
+            ),
+        ],
+        secret_names=["dhchap"],  # a play's secret_vars name keys inside variables too
+    )
+    assert v.secret_values() == {
+        "{{ vault_pw }}",
+        "hunter2-from-vault",
+        "tok-r1-8841",
+        "DHHC-1:00:abcdef",
+    }
+    assert shown(f"login {v.creds}", v) == ("login {'user': 'admin', 'password': '********'}")
+    assert masked(
+        {"creds": {"user": "admin", "password": "hunter2x"}, "list": [{"api_key": "k-123456"}]}
+    ) == {"creds": {"user": "admin", "password": REDACTED}, "list": [{"api_key": REDACTED}]}
+
+
+TEMPLATE = """\
+upper={{ db_password | upper }}
+replaced={{ creds.password | replace('-', '_') }}
+joined={{ 'user:' ~ db_password | reverse | join }}
+{% set pw = db_password | title %}{% set again = pw %}
+set={{ again }}
+{% for part in db_password.split('-') %}part={{ part | upper }}
+{% endfor %}
+plain={{ address | upper }} {{ fleet[node].bmc }}
+url={{ db_url }}
+"""
+
+
+def test_what_templates_make_of_secrets_is_recorded_as_they_render(tmp_path: Path) -> None:
+    (tmp_path / "app.conf.j2").write_text(TEMPLATE)
+    told: list[str] = []
+    v = HostVars(
+        "gpu01",
+        [
+            Layer(
+                "play vars",
+                {
+                    "db_password": "hunter-two-x9",
+                    "creds": {"password": "adm-pass-77"},
+                    "address": "gpu01.lab",
+                    "node": "gpu01",
+                    "fleet": {"gpu01": {"bmc": "10.1.0.1", "password": "bmc-pass-31"}},
+                    "db_url": "pg://app:{{ db_password | urlencode | upper }}@db",
+                },
+            )
+        ],
+        on_secret=told.extend,
+    )
+    text = v.render_template(tmp_path, "app.conf.j2")
+    assert "upper=HUNTER-TWO-X9\n" in text and "url=pg://app:HUNTER-TWO-X9@db\n" in text
+    rendered = {"HUNTER-TWO-X9", "adm_pass_77", "user:9x-owt-retnuh", "Hunter-Two-X9"}
+    rendered |= {"HUNTER", "TWO", "X9"}  # from a loop over its parts (the short ones stay)
+    assert rendered <= set(told) and set(told) <= v.secret_values()
+    # Expressions that read no secret are not recorded (an address stays visible).
+    assert not {"GPU01.LAB", "10.1.0.1"} & set(told)
+    assert shown(text, v) == (
+        "upper=********\nreplaced=********\njoined=********\n"
+        "set=********\npart=********\npart=TWO\npart=X9\n"
+        "plain=GPU01.LAB 10.1.0.1\nurl=pg://app:********@db\n"
+    )
+
+
+def test_common_transforms_of_a_secret_are_masked() -> None:
+    """What a Python role may do to a secret before it reaches a diff or a message."""
+    secret = "p@ss w'rd\"é-42"
+    v = HostVars("gpu01", [Layer("extra vars", {"db_password": secret})])
+    for text in (
+        secret.upper(),
+        secret.lower(),
+        base64.b64encode(secret.encode()).decode(),
+        json.dumps({"pw": secret}),
+        json.dumps({"pw": secret}, ensure_ascii=False),
+        shlex.quote(secret),
+        repr(secret),
+        "p%40ss%20w%27rd%22%C3%A9-42",  # urllib.parse.quote
+    ):
+        assert secret.strip("'\"") not in shown(text, v)
+        assert REDACTED in shown(text, v), text
+    key = "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0B\nBKcwggSjAgEAAoIBAQC7\n-----END KEY-----"
+    v = HostVars("gpu01", [Layer("play vars", {"tls_secret": key})])
+    diff = "".join(f"+{line}\n" for line in key.splitlines())  # every line prefixed: not whole
+    assert "MIIEvQ" not in shown(diff, v) and "BKcwgg" not in shown(diff, v)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"db_password": "hunter22x", oops',  # not YAML: PyYAML's message quotes the text
+        "{db_password: *hunter22x}",  # an undefined alias, named in PyYAML's message
+        "db_password=hunter 22x9",  # a word without '=': the second half of the secret
+        "db_password='hunter22x",  # no closing quote (a traceback before)
+        "db_password:hunter22x",  # ':' for '='
+    ],
+)
+def test_bad_extra_vars_never_quote_their_text(bad: str) -> None:
+    with pytest.raises(FxkitError) as err:
+        parse_extra_vars(["node_role=inference", bad])
+    message = str(err.value)
+    assert err.value.where == "-e #2" and err.value.hint
+    for piece in ("hunter", "22x"):
+        assert piece not in message
+
+
+@pytest.mark.parametrize("value", ["pw{%x9q7{{zz", "ab{{ c9q7 }}de", "pw{{ x9q7 | nofilter }}"])
+def test_errors_in_a_secret_value_quote_none_of_it(value: str) -> None:
+    """A value with '{{' or '{%' is a template; Jinja2's errors quote pieces of it."""
+    v = HostVars("gpu01", [Layer("inventory", {"db_password": value, "plain": value})])
+    with pytest.raises(TemplateError) as err:
+        v["db_password"]
+    message = str(err.value)
+    assert "x9q7" not in message and "c9q7" not in message and "zz" not in message
+    assert "secret value (not shown)" in message and "{% raw %}" in (err.value.hint or "")
+    assert err.value.where == "variable 'db_password' (inventory), line 1"
+    with pytest.raises(TemplateError) as err:
+        v["plain"]  # not a secret: the details stay
+    assert "secret" not in str(err.value)
+
+
+def test_inventory_masks_the_secret_vars_of_a_play(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n"
+        "  vars: {bmc_login: bmc-login-5521, registry: {url: r1, token: reg-tok-0042}}\n"
+        "  hosts:\n"
+        "    gpu01: {ansible_password: MI3, nvme_key: nvme-key-7781}\n"
+    )
+    (tmp_path / "site.yml").write_text(
+        "- hosts: all\n  secret_vars: [bmc_login]\n  roles: []\n"
+        "- hosts: gpu01\n  secret_vars: nvme_key\n  roles: []\n"
+    )
+
+    def inventory(*args: str) -> dict:
+        path = str(tmp_path / "hosts.yml")
+        result = CliRunner().invoke(cli, ["inventory", "-i", path, *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    plain = inventory("--host", "gpu01")
+    assert plain["bmc_login"] == "bmc-login-5521"  # secret only for the play that says so
+    assert plain["registry"] == {"url": "r1", "token": REDACTED}  # nested
+    assert plain["ansible_password"] == "MI3"  # too short to be masked anywhere
+    expected = {**plain, "bmc_login": REDACTED, "nvme_key": REDACTED}
+    assert inventory("--host", "gpu01", "--playbook", str(tmp_path / "site.yml")) == expected
+    assert inventory("--host", "gpu01", "--secret-vars", "bmc_login,nvme_key") == expected
+    listed = inventory("--list", "--playbook", str(tmp_path / "site.yml"))
+    assert listed["_meta"]["hostvars"]["gpu01"] == expected
