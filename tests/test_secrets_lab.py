@@ -112,7 +112,7 @@ def test_secrets_planted_everywhere_reach_only_the_files_that_need_them(
 
     # It ran: files written with diffs shown, then both hosts failed on purpose.
     assert run.returncode == 1, output
-    failed = {e["host"]: e for e in events if e["status"] == "failed"}
+    failed = {e["host"]: e for e in events if e.get("status") == "failed"}
     assert set(failed) == {"lab01", "lab02"}
     assert "secret value (not shown)" in failed["lab01"]["msg"]
     assert failed["lab02"]["operation"].startswith("command echo 'cannot log in with ********'")
@@ -121,7 +121,7 @@ def test_secrets_planted_everywhere_reach_only_the_files_that_need_them(
     # Short secret values are masked nowhere: they would give themselves away.
     assert "+gpu: MI308X" in output and "+pin: MI3" in output
     assert "+password_min_length: 8" in output and "MI30*" not in output
-    app_conf = next(e for e in events if e["operation"] == "file /etc/secretapp/app.conf")
+    app_conf = next(e for e in events if e.get("operation") == "template /etc/secretapp/app.conf")
     assert "+gpu: MI308X\n" in app_conf["diff"]
 
     # Not one secret, nor what the role made of them, in any output.

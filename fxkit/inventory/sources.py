@@ -21,7 +21,7 @@ from fxkit.inventory.draft import Draft
 from fxkit.inventory.hostnames import parse_address
 from fxkit.inventory.ini_format import parse_ini
 from fxkit.inventory.yaml_format import parse_yaml
-from fxkit.yamlfile import Marked, read_yaml
+from fxkit.yamlfile import Marked, read_text, read_yaml
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
 IGNORED_NAMES = ("group_vars", "host_vars", "vars_plugins")
@@ -108,10 +108,7 @@ def _read_file(draft: Draft, path: Path) -> None:
             where=str(path),
             hint="write it as YAML (ansible-inventory -i THIS --list --yaml) or INI",
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"cannot read: {exc}", where=str(path)) from None
+    text = read_text(path, InventoryError)
     if text.startswith("#!") and os.access(path, os.X_OK):
         raise InventoryError(
             "executable inventory scripts are not supported",
