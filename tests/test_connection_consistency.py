@@ -31,9 +31,11 @@ def _step_error(excinfo: pytest.ExceptionInfo[FxkitError]) -> str:
     return excinfo.value.message
 
 
-def test_writing_where_no_directory_is_a_failed_step(conn: Connection) -> None:
+@pytest.mark.parametrize("size", [1, 8_000_000])
+def test_writing_where_no_directory_is_a_failed_step(conn: Connection, size: int) -> None:
+    # 8 MB: the command fails and ends long before fxkit has sent its stdin (not a lost link).
     with pytest.raises(FxkitError) as info:
-        conn.put("/nonexistent/dir/file", b"x")
+        conn.put("/nonexistent/dir/file", b"x" * size)
     assert _step_error(info).startswith("cannot write /nonexistent/dir/file: mktemp: ")
 
 

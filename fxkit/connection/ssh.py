@@ -441,6 +441,10 @@ class _Session:
                 view = view[self.chan.send(view) :]  # type: ignore[arg-type]  # any buffer
             except TimeoutError:
                 raise _Timeout from None
+            except OSError:
+                if self.transport.is_active() and self.chan.exit_status_ready():
+                    return  # the command ended before reading it all: its exit status says why
+                raise
         self.chan.settimeout(None)
         self.chan.shutdown_write()
 
