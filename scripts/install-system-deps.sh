@@ -26,6 +26,11 @@ command -v dpkg-scanpackages >/dev/null || need+=(dpkg-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -e /usr/include/fuse3/fuse.h ] || need+=(libfuse3-dev)
 [ -x /usr/bin/python3 ] || need+=(python3-minimal)
+# newuidmap reads /etc/subuid and /etc/subgid, which a minimal image may lack: empty files do
+# (the lab maps its uids in its own mount namespace and never writes them).
+if [ "$(id -u)" = 0 ]; then
+    for f in /etc/subuid /etc/subgid; do [ -e "$f" ] || touch "$f"; done
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing Debian packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2
