@@ -34,6 +34,10 @@ class TemplateError(FxkitError):
     """A Jinja2 template failed to render (undefined variable, syntax error)."""
 
 
+class VarError(FxkitError):
+    """A variable's value is wrong for a role: ``where`` names the host and the variable."""
+
+
 class ConnectionFailed(FxkitError):
     """A host could not be reached or logged into: the host counts as unreachable."""
 

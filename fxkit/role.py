@@ -51,7 +51,7 @@ from fxkit import ops, paths
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.ops.base import OpContext, Operation, Result, Status
 from fxkit.ops.files import Mode, Owner
-from fxkit.variables import HostVars, load_vars_file
+from fxkit.variables import HostVars, load_vars_file, truthy
 
 if TYPE_CHECKING:
     from fxkit.facts.base import Fact
@@ -112,6 +112,10 @@ class Role:
     path: Path
     defaults: dict[str, Any]
     apply: Handler
+    #: ``validate(v)``: checks one host's variables before any host is touched.
+    validate: Callable[[HostVars], None] | None = None
+    #: ``validate_all({host: v})``: checks across the play's hosts (an NQN used twice).
+    validate_all: Callable[[dict[str, HostVars]], None] | None = None
 
     @property
     def templates(self) -> Path:
@@ -141,7 +145,15 @@ class RoleLoader:
         for folder in self.search:
             path = folder / name
             if (path / "role.py").is_file():
-                return Role(name, path, _defaults(path), _apply(path / "role.py"))
+                module = _module(path / "role.py")
+                return Role(
+                    name,
+                    path,
+                    _defaults(path),
+                    _apply_function(module, path / "role.py"),
+                    _hook(module, "validate", path / "role.py"),
+                    _hook(module, "validate_all", path / "role.py"),
+                )
         known = sorted({p.parent.name for folder in self.search for p in folder.glob("*/role.py")})
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -160,8 +172,8 @@ def _defaults(path: Path) -> dict[str, Any]:
     return load_vars_file(file, PlaybookError)
 
 
-def _apply(file: Path) -> Handler:
-    """Run ``role.py`` and return its ``apply(host, v)``; mistakes point at file:line.
+def _module(file: Path) -> ModuleType:
+    """Run ``role.py`` and return it as a module; mistakes point at file:line.
 
     Compiled here rather than imported, so no ``__pycache__`` lands in the roles folders.
     """
@@ -183,7 +195,7 @@ def _apply(file: Path) -> Handler:
             where=_location_in(exc, file),
             hint="role.py should only define functions at import time",
         ) from None
-    return _apply_function(module, file)
+    return module
 
 
 def _apply_function(module: ModuleType, file: Path) -> Handler:
@@ -204,6 +216,23 @@ def _apply_function(module: ModuleType, file: Path) -> Handler:
             hint="define def apply(host, v): ...",
         ) from None
     return apply
+
+
+def _hook(module: ModuleType, name: str, file: Path) -> Callable[[Any], None] | None:
+    """The role's optional ``validate(v)`` / ``validate_all(hosts)``: one argument each."""
+    hook = getattr(module, name, None)
+    if hook is None:
+        return None
+    try:
+        inspect.signature(hook).bind(None)
+    except (TypeError, ValueError):
+        line = getattr(getattr(hook, "__code__", None), "co_firstlineno", 1)
+        raise PlaybookError(
+            f"{name} must be a function of one argument",
+            where=f"{file}:{line}",
+            hint=f"define def {name}({'v' if name == 'validate' else 'hosts'}): ...",
+        ) from None
+    return hook
 
 
 def _location_in(exc: BaseException, file: Path) -> str:
@@ -488,6 +517,33 @@ class Host:
         """Run ``handler(host, v)`` once after this role, if ``when`` (e.g. a Result) is true."""
         if when and handler not in self._handlers:
             self._handlers.append(handler)
+
+    @property
+    def lab(self) -> bool:
+        """Whether the inventory marks this host as a lab host (``fxkit_lab: true``, which
+        ``fxkit lab up`` writes): missing hardware is then skipped, not a failure."""
+        return truthy(self.vars.get("fxkit_lab", False))
+
+    def needs(self, present: object, step: str, reason: str) -> bool:
+        """Gate a step that needs hardware or kernel support the host may lack::
+
+            gpus = host.fact(Gpus)
+            if host.needs(gpus.count, "verify GPUs", gpus.missing or "no GPU found"):
+                ...
+
+        True when ``present``. Otherwise the step did not run, and says so: on a lab host it is
+        reported skipped with the reason (and False returned), on any other host it fails the host.
+        """
+        if present:
+            return True
+        msg = f"{step}: {reason}"
+        if not self.lab:
+            self.fail(f"{msg} (this host is not marked as a lab host, so this is a failure)")
+        if not self._tags.selects(self._role_tags | self._task.tags):
+            return False
+        result = Result(Status.SKIPPED, msg, name=self._task.name or step)
+        self._reporter.op_done(self.name, self.play, self.role.name, result, 0.0)
+        return False
 
     def fail(self, msg: str) -> None:
         """Stop this host with a failure (e.g. a precondition the role cannot fix)."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from fxkit import paths
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
+from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError
 from fxkit.facts.base import FactCache
 from fxkit.inventory import Inventory, InventoryHost
 from fxkit.ops.base import OpContext
@@ -45,7 +45,7 @@ from fxkit.role import (
     UnknownOperation,
     roles_path,
 )
-from fxkit.variables import HostVars, Layer
+from fxkit.variables import HostVars, Layer, truthy
 
 Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
 
@@ -135,9 +135,9 @@ class Runner:
     def run(self) -> PlaybookResult:
         """Every play; returns once every host thread has reported (see the module docstring)."""
         for play in self.playbook.plays:  # mistakes show before any host is touched
-            self._hosts(play)
+            hosts = self._hosts(play)
             for ref in play.roles:
-                self.roles.load(ref.role, ref.where)
+                self._validate(play, ref, self.roles.load(ref.role, ref.where), hosts)
         if self.options.connect.become_password:
             self.reporter.add_secrets([self.options.connect.become_password])
         self.reporter.run_started(check=self.options.check)
@@ -187,6 +187,29 @@ class Runner:
             return list(self.inventory.select(pattern))
         except FxkitError as exc:
             raise PlaybookError(exc.message, where=where, hint=exc.hint) from None
+
+    def _validate(self, play: Play, ref: RoleRef, role: Role, hosts: list[InventoryHost]) -> None:
+        """Run the role's ``validate(v)`` for each host and ``validate_all`` across them: every
+        wrong variable of every host is named at once, before any host is touched."""
+        if not (role.validate or role.validate_all):
+            return
+        everyone = {inv.name: self._vars(play, inv, role, ref) for inv in hosts}
+        problems: list[FxkitError] = []
+        validate = role.validate
+        for v in everyone.values() if validate else ():
+            with _collect(problems):
+                validate(v)  # type: ignore[misc]
+        if role.validate_all:
+            with _collect(problems):
+                role.validate_all(everyone)
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:
+            raise VarError(
+                f"role {role.name}: {len(problems)} wrong variables (nothing was changed):\n"
+                + "\n".join(f"  - {p}" for p in problems),
+                hint="fix them in the inventory, group_vars, the play's vars or -e",
+            )
 
     def _play(self, play: Play) -> bool:
         """Run one play batch by batch; False when the failure policy stops the run."""
@@ -294,7 +317,7 @@ class Runner:
             self._connections[inv.name] = conn
             conn.open()
             self._facts[inv.name] = FactCache(conn)
-        become = play.become if play.become is not None else _truthy(hostvars.get("ansible_become"))
+        become = play.become if play.become is not None else truthy(hostvars.get("ansible_become"))
         return OpContext(
             conn=self._connections[inv.name],
             facts=self._facts[inv.name],
@@ -349,6 +372,14 @@ class Runner:
         )
 
 
+@contextlib.contextmanager
+def _collect(problems: list[FxkitError]) -> Iterator[None]:
+    try:
+        yield
+    except FxkitError as exc:
+        problems.append(exc)
+
+
 def _magic(inv: InventoryHost, role: Role | None) -> dict[str, Any]:
     magic: dict[str, Any] = {
         "inventory_hostname": inv.name,
@@ -357,10 +388,3 @@ def _magic(inv: InventoryHost, role: Role | None) -> dict[str, Any]:
     if role:
         magic["role_name"] = role.name
     return magic
-
-
-def _truthy(value: Any) -> bool:
-    """Inventory booleans: YAML gives bool, INI gives strings like 'yes' or 'True'."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)

@@ -403,6 +403,13 @@ def _template_error(
     )
 
 
+def truthy(value: Any) -> bool:
+    """An inventory boolean: YAML gives bool, INI gives strings like 'yes' or 'True'."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
 def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> dict[str, Any]:
     """Merge ``-e`` values, later ones winning: ``k=v k2=v2``, a JSON/YAML mapping, ``@file``.
 

@@ -201,3 +201,15 @@ def test_venv_packages_of_our_own_venv(facts: FactCache) -> None:
     packages = facts.get(VenvPackages, str(venv))
     assert packages is not None and packages["pytest"] == pytest.__version__
     assert facts.get(VenvPackages, str(venv / "none")) is None
+
+
+def test_the_lab_marker_says_lab_host_and_profile() -> None:
+    from fxkit.facts.lab import LabInfo, parse_marker
+
+    assert parse_marker("") == LabInfo()
+    assert parse_marker('{"lab": true, "profile": null}') == LabInfo(True, None)
+    simulated = parse_marker('{"lab": true, "profile": "mi308x"}')
+    assert simulated.simulated and simulated.profile == "mi308x"
+    for bad in ("{", '{"lab": "yes"}', "[1]", '{"lab": true, "profile": 3}'):
+        with pytest.raises(FactError, match=r"host\.json is not what `fxkit lab up` writes"):
+            parse_marker(bad)

@@ -25,7 +25,7 @@ import pytest
 from rich.console import Console
 
 from fxkit.connection import Connection, ConnectOptions, RunResult
-from fxkit.errors import ConnectionFailed, PlaybookError
+from fxkit.errors import ConnectionFailed, PlaybookError, VarError
 from fxkit.inventory import Inventory
 from fxkit.ops.base import OpContext, Result, changed, failed, ok
 from fxkit.playbook import Playbook
@@ -937,3 +937,90 @@ def test_a_second_ctrl_c_cuts_off_running_operations_then_the_recap_comes_once(
     ]
     assert "cutting off the running operations" in out.output.split("RECAP")[0]
     assert after_recap(out) == ["interrupted (Ctrl-C): h1, h2, h3, h4 did not finish"]
+
+
+# -- validating variables first, and steps that need hardware -----------------------------------
+
+VALIDATED = {
+    "roles/checked/role.py": """
+        from fxkit.errors import VarError
+
+        def validate(v):
+            if not 1 <= v.mtu <= 9216:
+                raise VarError(f"mtu {v.mtu} is out of range", where=f"{v.host}: mtu",
+                               hint="use 68 to 9216")
+
+        def validate_all(hosts):
+            seen = {}
+            for name, v in hosts.items():
+                if v.nqn in seen:
+                    raise VarError(f"nqn {v.nqn} is used by {seen[v.nqn]} and {name}",
+                                   where=f"{name}: nqn")
+                seen[v.nqn] = name
+
+        def apply(host, v):
+            host.put("/mtu", str(v.mtu))
+        """,
+}
+
+
+def test_wrong_variables_of_every_host_are_named_before_any_host_is_touched(
+    tmp_path: Path,
+) -> None:
+    inventory = """
+    all:
+      hosts:
+        h1: {mtu: 9000, nqn: nqn.2024-01.io.fx:a}
+        h2: {mtu: 99999, nqn: nqn.2024-01.io.fx:a}
+        h3: {mtu: 0, nqn: nqn.2024-01.io.fx:c}
+    """
+    fleet = Fleet()
+    with pytest.raises(VarError) as caught:
+        play(tmp_path, "- hosts: all\n  roles: [checked]\n", inventory, VALIDATED, fleet=fleet)
+    text = str(caught.value)
+    assert "3 wrong variables (nothing was changed)" in text
+    assert "h2: mtu: mtu 99999 is out of range" in text
+    assert "h3: mtu: mtu 0 is out of range" in text
+    assert "h2: nqn: nqn nqn.2024-01.io.fx:a is used by h1 and h2" in text
+    assert fleet.hosts == {}  # no host was even connected
+
+
+def test_one_wrong_variable_keeps_its_own_place_and_hint(tmp_path: Path) -> None:
+    inventory = "all: {hosts: {h1: {mtu: 70000, nqn: x}}}"
+    with pytest.raises(VarError) as caught:
+        play(tmp_path, "- hosts: all\n  roles: [checked]\n", inventory, VALIDATED)
+    assert caught.value.where == "h1: mtu"
+    assert caught.value.hint == "use 68 to 9216"
+
+
+NEEDS = {
+    "roles/gpu/role.py": """
+        def apply(host, v):
+            if host.needs(v.get("has_gpu"), "verify GPUs", "no GPU (amd-smi not found)"):
+                host.put("/gpu", "seen")
+            host.put("/after", "yes")
+        """,
+}
+
+
+def test_a_missing_device_is_skipped_with_its_reason_on_lab_hosts_only(tmp_path: Path) -> None:
+    inventory = """
+    all:
+      hosts:
+        lab: {fxkit_lab: true}
+        ini_lab: {fxkit_lab: "yes"}
+        real: {}
+        real_gpu: {has_gpu: true}
+    """
+    out = play(tmp_path, "- hosts: all\n  roles: [gpu]\n", inventory, NEEDS)
+    for name in ("lab", "ini_lab"):
+        assert out.results.hosts[name].outcome is Outcome.OK
+        assert out.counts(name)["skipped"] == 1
+        assert out.file(name, "/gpu") is None and out.file(name, "/after") == "yes"
+    skips = [e for e in out.events if e["host"] == "lab" and e["status"] == "skipped"]
+    assert skips[0]["msg"] == "verify GPUs: no GPU (amd-smi not found)"
+    assert out.results.hosts["real"].outcome is Outcome.FAILED
+    assert out.file("real", "/after") is None  # a real host stops at the missing device
+    failure = next(e for e in out.events if e["host"] == "real" and e["status"] == "failed")
+    assert "verify GPUs: no GPU (amd-smi not found)" in failure["msg"]
+    assert out.file("real_gpu", "/gpu") == "seen"
