@@ -207,7 +207,7 @@ class Runner:
         if problems:
             raise VarError(
                 f"role {role.name}: {len(problems)} wrong variables (nothing was changed):\n"
-                + "\n".join(f"  - {p}" for p in problems),
+                + "\n".join("  - " + str(p).replace("\n", "\n    ") for p in problems),
                 hint="fix them in the inventory, group_vars, the play's vars or -e",
             )
 
