@@ -365,13 +365,9 @@ class Fleet:
             )
         running = [name for name in sorted(self.hosts) if self._pid(name) is not None]
         if running and profile != self.profile:
-
-            def say(p: str | None) -> str:
-                return f"profile {p}" if p else "no profile"
-
             option = f"--profile {self.profile}" if self.profile else "no --profile"
             raise LabError(
-                f"this fleet's hosts run with {say(self.profile)}, not {say(profile)}",
+                f"this fleet's hosts run with {_said(self.profile)}, not {_said(profile)}",
                 where=str(self.dir),
                 hint=f"use {option} to keep it, `fxkit lab down` first to change it, "
                 "or another --dir (and --prefix) for a second fleet",
@@ -519,6 +515,10 @@ def check_requirements() -> None:
                 hint=f"create it empty: `touch {path}` (the lab changes it only in its own mount "
                 "namespace)",
             )
+
+
+def _said(profile: str | None) -> str:
+    return f"profile {profile}" if profile else "no profile"
 
 
 def _check_prefix(prefix: str) -> str:
