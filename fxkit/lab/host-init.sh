@@ -120,26 +120,15 @@ done
 if [ -z "$layer" ]; then
     mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab root/sys
 else
-    # The profile's interfaces first: the overlays below must see them when they are made.
+    # The profile's interfaces first: the overlay below must see them when it is made.
     ip -batch "$layer/netdevs"
-    # A tmpfs holding the real sysfs's top-level folders, read-only; where the profile grafts
-    # something (class/infiniband, module/nvme_core, kernel/config) a read-only overlay of the
-    # graft over the real folder; on kernel/config a writable tmpfs: the configfs stand-in.
+    # A read-only overlay of the profile's grafts (class/infiniband, module/nvme_core,
+    # kernel/config) over the host's sysfs, and on kernel/config a writable tmpfs: the configfs
+    # stand-in. Nothing is written to sysfs; reads of its attributes go to the kernel's files.
     mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab sysfs
-    mount -t tmpfs -o mode=0755,nosuid,nodev,noexec fxkit-lab root/sys
-    set -- $(cd sysfs && echo *)
-    (cd root/sys && mkdir "$@")
-    for entry in "$@"; do
-        if [ -d "$layer/sys/$entry" ]; then
-            mount -t overlay fxkit-lab -o "ro,nosuid,nodev,noexec,lowerdir=$layer/sys/$entry:sysfs/$entry" \
-                "root/sys/$entry"
-        else
-            mount --bind "sysfs/$entry" "root/sys/$entry"
-        fi
-    done
+    mount -t overlay fxkit-lab -o "ro,nosuid,nodev,noexec,lowerdir=$layer/sys:sysfs" root/sys
     mount -t tmpfs -o mode=0755,nosuid,nodev,noexec fxkit-lab root/sys/kernel/config
     cp -a "$layer/config/." root/sys/kernel/config/
-    mount -o remount,ro,nosuid,nodev,noexec fxkit-lab root/sys
 fi
 # The new root must be a mount of this namespace (the outer one's are locked here).
 mount --rbind root root
