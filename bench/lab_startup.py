@@ -1,6 +1,7 @@
 """How fast the lab fleet starts, what a host costs, and what one SSH command costs.
 
     sudo .venv/bin/python bench/lab_startup.py [--hosts 8 32 64] [--repeat 3] [--relay]
+        [--profile mi308x]
 
 For each size: a fresh fleet in a temporary directory is brought up until every host accepts
 a login (median of --repeat), its memory is the hosts' proportional set size (PSS, relays
@@ -8,7 +9,8 @@ included), then it is stopped. On the first fleet of each size it also opens one
 host in parallel and measures one command's round trip on an open connection. With --relay (and
 hosts in network namespaces of their own) it compares, on one host, the way through the relay
 with a direct connection from inside the host's network namespace (``nsenter --net``): one
-command's round trip, and a 100 MB upload with OpenSSH's sftp.
+command's round trip, and a 100 MB upload with OpenSSH's sftp. With --profile the fleets are
+started with that simulated hardware profile (compare with a run without it).
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from pathlib import Path
 from fxkit.lab import Fleet
 
 
-def measure(hosts: int, repeat: int, prefix: str, relay: bool) -> None:
+def measure(hosts: int, repeat: int, prefix: str, relay: bool, profile: str | None) -> None:
     ups, downs, pss = [], [], []
     for i in range(repeat):
         with tempfile.TemporaryDirectory(prefix="fxkit-lab-bench-") as state:
             fleet = Fleet(state, prefix=prefix)
             started = time.perf_counter()
-            fleet.up(hosts)
+            fleet.up(hosts, profile=profile)
             ups.append(time.perf_counter() - started)
             pss.append(sum(h.memory_bytes for h in fleet.status()) / hosts / 2**20)
             if i == 0:
@@ -121,10 +123,11 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--relay", action="store_true", help="relay against direct, one host")
+    parser.add_argument("--profile", default=None, help="a simulated hardware profile (mi308x)")
     args = parser.parse_args()
     prefix = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}"
     for hosts in args.hosts:
-        measure(hosts, args.repeat, prefix, args.relay)
+        measure(hosts, args.repeat, prefix, args.relay, args.profile)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ Usage::
     def test_breaks_hosts(lab_fleet):
         fleet = lab_fleet(2, name="mine")    # a fleet of its own (stop hosts, change keys...)
 
+    def test_gpu_node(lab_fleet):
+        fleet = lab_fleet(1, name="gpu", profile="mi308x")   # simulated MI308X hosts
+
 Each fleet lives in a temporary state directory on its own random 127.x.y addresses, so several
 test sessions (and developers' fleets) run side by side; every fleet is stopped by PID when the
 session ends. Tests are skipped, with the reason, where the lab cannot run (not root, no sshd).
@@ -28,19 +31,20 @@ from fxkit.lab import AddressInUse, Fleet, LabError, check_requirements
 
 @pytest.fixture(scope="session")
 def lab_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
-    """A factory: ``lab_fleet(n, name="shared")`` -> fleet ``name`` with lab01..labNN up."""
+    """A factory: ``lab_fleet(n, name="shared", profile=None)`` -> fleet ``name`` with
+    lab01..labNN up (a fleet keeps the profile it was first made with)."""
     fleets: dict[str, Fleet] = {}
     rng = random.Random()
 
-    def make(count: int, name: str = "shared") -> Fleet:
+    def make(count: int, name: str = "shared", profile: str | None = None) -> Fleet:
         try:
             check_requirements()
         except LabError as exc:
             pytest.skip(f"the lab fleet cannot run here: {exc}")
         if name not in fleets:
-            fleets[name] = _new_fleet(tmp_path_factory.mktemp(f"lab-{name}"), count, rng)
+            fleets[name] = _new_fleet(tmp_path_factory.mktemp(f"lab-{name}"), count, rng, profile)
         fleet = fleets[name]
-        fleet.up(count)
+        fleet.up(count, profile=profile)
         return fleet
 
     yield make
@@ -61,12 +65,12 @@ def root(fleet: Fleet) -> Iterator[Connection]:
         yield conn
 
 
-def _new_fleet(state_dir, count: int, rng: random.Random) -> Fleet:
+def _new_fleet(state_dir, count: int, rng: random.Random, profile: str | None = None) -> Fleet:
     """Start a fleet on random addresses, trying others when another fleet holds them."""
     for _ in range(5):
         fleet = Fleet(state_dir, prefix=f"127.{rng.randint(100, 250)}.{rng.randint(0, 255)}")
         try:
-            fleet.up(count)
+            fleet.up(count, profile=profile)
         except AddressInUse:
             fleet.down()
             continue

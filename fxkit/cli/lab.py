@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fxkit.lab import DEFAULT_DIR, DIR_ENV, PORT_ENV, PREFIX_ENV, Fleet
+from fxkit.lab import profile as profiles
 
 console = Console()
 
@@ -40,17 +41,32 @@ def lab() -> None:
 @prefix_option
 @port_option
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for logins.")
-def up(count: int, state_dir: str, prefix: str | None, port: int | None, timeout: float) -> None:
+@click.option(
+    "--profile",
+    type=click.Choice(profiles.names()),
+    default=None,
+    help="Simulated hardware on every host (test doubles of its tools, see docs/lab.md).",
+)
+def up(
+    count: int,
+    state_dir: str,
+    prefix: str | None,
+    port: int | None,
+    timeout: float,
+    profile: str | None,
+) -> None:
     """Start COUNT hosts lab01..labNN (idempotent: running hosts are kept)."""
     fleet = Fleet(state_dir, prefix, port)
     started = time.monotonic()
-    new = fleet.up(count, timeout=timeout)
+    new = fleet.up(count, timeout=timeout, profile=profile)
     seconds = time.monotonic() - started
     running = sum(status.pid is not None for status in fleet.status())
     console.print(
         f"{len(new)} host(s) started, {running} running on {fleet.prefix}.x port {fleet.port} "
         f"({seconds:.1f} s); every host accepts logins"
     )
+    if fleet.profile:
+        console.print(f"profile:     {fleet.profile} (simulated hardware: test doubles)")
     console.print(f"inventory:   {fleet.inventory}")
     console.print(f"known_hosts: {fleet.known_hosts}")
     console.print(f"client key:  {fleet.client_key}")

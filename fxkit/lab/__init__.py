@@ -12,10 +12,14 @@ from fxkit.lab.fleet import (
     LabError,
     check_requirements,
 )
+from fxkit.lab.profile import CALL_LOG, FABRIC, MARKER, calls
 
 __all__ = [
+    "CALL_LOG",
     "DEFAULT_DIR",
     "DIR_ENV",
+    "FABRIC",
+    "MARKER",
     "PORT_ENV",
     "PREFIX_ENV",
     "SUDO_USER",
@@ -23,5 +27,6 @@ __all__ = [
     "Fleet",
     "HostStatus",
     "LabError",
+    "calls",
     "check_requirements",
 ]

@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives.serialization import (
 from fxkit.connection import Connection, ConnectOptions
 from fxkit.errors import ConnectionFailed, FxkitError
 from fxkit.lab import base
+from fxkit.lab import profile as profiles
 
 DIR_ENV, PREFIX_ENV, PORT_ENV = "FXKIT_LAB_DIR", "FXKIT_LAB_PREFIX", "FXKIT_LAB_PORT"
 DEFAULT_DIR, DEFAULT_PREFIX, DEFAULT_PORT = ".lab", "127.77.0", 22
@@ -110,13 +111,18 @@ class Fleet:
                 hint="run `fxkit lab down` first, or use another --dir for a second fleet",
             )
         self.hosts: dict[str, dict] = state.get("hosts", {})
+        #: The simulated hardware profile of the fleet's hosts (None: plain hosts).
+        self.profile: str | None = state.get("profile")
 
     # -- public API -------------------------------------------------------------------------
 
-    def up(self, count: int, timeout: float = 60.0) -> list[str]:
-        """Make sure hosts lab01..labNN run and accept logins; return the names it started."""
+    def up(self, count: int, timeout: float = 60.0, profile: str | None = None) -> list[str]:
+        """Make sure hosts lab01..labNN run and accept logins; return the names it started.
+        ``profile`` (one of :func:`fxkit.lab.profile.names`) gives every host of the fleet
+        simulated hardware; a fleet has one profile (or none) while any of its hosts runs."""
         if not 1 <= count <= MAX_HOSTS:
             raise LabError(f"a fleet has 1 to {MAX_HOSTS} hosts, not {count}")
+        self._check_profile(profile)
         check_requirements()
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.client_key.exists():
@@ -135,6 +141,9 @@ class Fleet:
         if not self.base_dir.exists():
             authorized = self.client_key.with_suffix(".pub").read_text()
             base.build(self.base_dir, authorized, self._sudo_user_line())
+        self.profile = profile
+        if profile and not self.profile_layer.exists():
+            profiles.build_layer(self.profile_layer, profile)
         try:
             for name in to_start:
                 self._prepare(name)
@@ -176,6 +185,7 @@ class Fleet:
             path.unlink(missing_ok=True)
         shutil.rmtree(self.dir / "hosts", ignore_errors=True)
         shutil.rmtree(self.base_dir, ignore_errors=True)
+        shutil.rmtree(self.dir / "profiles", ignore_errors=True)
         if self.dir.exists() and not any(self.dir.iterdir()):
             self.dir.rmdir()
         self.hosts = {}
@@ -212,6 +222,11 @@ class Fleet:
 
     def host_dir(self, name: str) -> Path:
         return self.dir / "hosts" / name
+
+    @property
+    def profile_layer(self) -> Path:
+        """What host-init mounts into the hosts of the fleet's profile (fxkit.lab.profile)."""
+        return self.dir / "profiles" / str(self.profile)
 
     @property
     def base_dir(self) -> Path:
@@ -261,6 +276,8 @@ class Fleet:
             "unshare", "--mount", str(INIT_SCRIPT), "outer",
             name, self.address(name), str(self.port), str(hdir), str(self.base_dir),
         ]  # fmt: skip
+        if self.profile:
+            argv.append(str(self.profile_layer))
         pid = _start_process(argv, hdir / "log")
         self.hosts[name] = {"pid": pid, "start": _start_time(pid)}
         _wait_for_exec(pid, lambda: self._runs_our_init(pid, name))
@@ -340,6 +357,22 @@ class Fleet:
             return False
         return str(INIT_SCRIPT).encode() in cmdline and str(self.host_dir(name)).encode() in cmdline
 
+    def _check_profile(self, profile: str | None) -> None:
+        if profile is not None and profile not in profiles.names():
+            raise LabError(
+                f"there is no lab profile {profile!r}",
+                hint=f"use one of: {', '.join(profiles.names())} (or none for plain hosts)",
+            )
+        running = [name for name in sorted(self.hosts) if self._pid(name) is not None]
+        if running and profile != self.profile:
+            option = f"--profile {self.profile}" if self.profile else "no --profile"
+            raise LabError(
+                f"this fleet's hosts run with {_said(self.profile)}, not {_said(profile)}",
+                where=str(self.dir),
+                hint=f"use {option} to keep it, `fxkit lab down` first to change it, "
+                "or another --dir (and --prefix) for a second fleet",
+            )
+
     def _check_address_free(self, name: str) -> None:
         if _port_open(self.address(name), self.port):
             raise AddressInUse(
@@ -416,7 +449,11 @@ class Fleet:
         common = self.hostvars(names[0])
         hosts = {n: {"ansible_host": self.address(n), "ansible_port": self.port} for n in names}
         group_vars = {k: v for k, v in common.items() if k not in ("ansible_host", "ansible_port")}
-        inventory = {"all": {"vars": group_vars, "children": {"lab": {"hosts": hosts}}}}
+        lab_vars: dict[str, object] = {"fxkit_lab": True}
+        if self.profile:
+            lab_vars["fxkit_lab_profile"] = self.profile
+        lab = {"hosts": hosts, "vars": lab_vars}
+        inventory = {"all": {"vars": group_vars, "children": {"lab": lab}}}
         header = f"# The lab fleet in {self.dir}, written by `fxkit lab up`.\n"
         _write_if_changed(
             self.inventory, header + yaml.dump(inventory, Dumper=_YAMLDumper, sort_keys=False)
@@ -443,7 +480,12 @@ class Fleet:
             ) from None
 
     def _save_state(self) -> None:
-        state = {"prefix": self.prefix, "port": self.port, "hosts": self.hosts}
+        state = {
+            "prefix": self.prefix,
+            "port": self.port,
+            "profile": self.profile,
+            "hosts": self.hosts,
+        }
         _write_if_changed(self.state_file, json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
@@ -473,6 +515,10 @@ def check_requirements() -> None:
                 hint=f"create it empty: `touch {path}` (the lab changes it only in its own mount "
                 "namespace)",
             )
+
+
+def _said(profile: str | None) -> str:
+    return f"profile {profile}" if profile else "no profile"
 
 
 def _check_prefix(prefix: str) -> str:

@@ -1,7 +1,7 @@
 #!/bin/sh
 # One lab host, in two steps (see docs/lab.md, "What a host is"):
 #
-#   unshare --mount host-init.sh outer NAME ADDRESS PORT HOST_DIR BASE_DIR
+#   unshare --mount host-init.sh outer NAME ADDRESS PORT HOST_DIR BASE_DIR [PROFILE_LAYER]
 #
 # "outer" runs as the real root in a private mount namespace. It builds the host's root file system
 # in a tmpfs on HOST_DIR/rt: overlays (writable, in memory) over this machine's /usr and over the
@@ -13,22 +13,29 @@
 # the old one (nothing of the real file system stays reachable), brings up the host's loopback
 # interface and execs sshd with a reduced capability bounding set.
 # Nothing in the host keeps a file descriptor of the real machine: sshd's log is inside the host.
+#
+# With PROFILE_LAYER (a simulated hardware profile, built by fxkit/lab/profile.py) the host also
+# gets the profile's stand-in tools (a lower layer of its /usr overlay), veth pairs named like
+# the profile's RDMA netdevs, a /sys with the profile's grafts and a writable configfs stand-in,
+# and keeps CAP_NET_ADMIN (in its own network namespace) to configure those interfaces.
 set -eu
-step=$1 name=$2 address=$3 port=$4 hostdir=$5
+step=$1 name=$2 address=$3 port=$4 hostdir=$5 layer=${7:-}
 rt=$hostdir/rt
 # Kept: what sshd, package scripts and user management need. Everything else is dropped from the
 # bounding set (raw sockets, ptrace, the kernel log, perf, BPF, modules, raw I/O, mounts...).
 caps=+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,+setfcap
 caps=$caps,+net_bind_service,+sys_chroot,+audit_write
+[ -z "$layer" ] || caps=$caps,+net_admin
 
 if [ "$step" = outer ]; then
     base=$6
     mount -t tmpfs -o mode=0700 fxkit-lab "$rt"
     cd "$rt"
-    mkdir root upper work
+    mkdir root upper work sysfs
     for dir in usr etc var; do
         lower=$base/$dir
         [ "$dir" != usr ] || lower=/usr
+        [ "$dir" != usr ] || [ -z "$layer" ] || lower=$layer/usr:/usr
         mkdir "upper/$dir" "work/$dir" "root/$dir"
         mount -t overlay fxkit-lab -o "lowerdir=$lower,upperdir=upper/$dir,workdir=work/$dir" "root/$dir"
     done
@@ -67,6 +74,10 @@ if [ "$step" = outer ]; then
     ln -s /proc/self/fd/2 root/dev/stderr
 
     echo "$name" > root/etc/hostname
+    mkdir root/etc/fxkit-lab
+    profile=null
+    [ -z "$layer" ] || profile="\"${layer##*/}\""
+    printf '{"lab": true, "profile": %s}\n' "$profile" > root/etc/fxkit-lab/host.json
     printf '127.0.0.1\tlocalhost\n%s\t%s\n' "$address" "$name" > root/etc/hosts
     install -m 0600 "$hostdir/ssh_host_ed25519_key" root/etc/ssh/ssh_host_ed25519_key
     install -m 0644 "$hostdir/ssh_host_ed25519_key.pub" root/etc/ssh/ssh_host_ed25519_key.pub
@@ -91,7 +102,7 @@ EOF
     mount --bind subid /etc/subgid
     exec unshare --user --map-users=0,0,65536 --map-groups=0,0,65536 --setgroups=allow \
         --mount --pid --net --ipc --uts --cgroup --fork --kill-child \
-        "$0" inner "$name" "$address" "$port" "$hostdir"
+        "$0" inner "$name" "$address" "$port" "$hostdir" - "$layer"
 fi
 
 # inner: PID 1 of the host's namespaces, still in the real file system (in $rt).
@@ -106,7 +117,19 @@ for entry in sys sysrq-trigger irq bus fs; do
 done
 # /sys read-only: the kernel's attributes can be read, none written; its network devices are the
 # host's own (a sysfs mounted in the host's network namespace).
-mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab root/sys
+if [ -z "$layer" ]; then
+    mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab root/sys
+else
+    # The profile's interfaces first: the overlay below must see them when it is made.
+    ip -batch "$layer/netdevs"
+    # A read-only overlay of the profile's grafts (class/infiniband, module/nvme_core,
+    # kernel/config) over the host's sysfs, and on kernel/config a writable tmpfs: the configfs
+    # stand-in. Nothing is written to sysfs; reads of its attributes go to the kernel's files.
+    mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab sysfs
+    mount -t overlay fxkit-lab -o "ro,nosuid,nodev,noexec,lowerdir=$layer/sys:sysfs" root/sys
+    mount -t tmpfs -o mode=0755,nosuid,nodev,noexec fxkit-lab root/sys/kernel/config
+    cp -a "$layer/config/." root/sys/kernel/config/
+fi
 # The new root must be a mount of this namespace (the outer one's are locked here).
 mount --rbind root root
 cd root

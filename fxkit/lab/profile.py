@@ -1,0 +1,115 @@
+"""Simulated hardware profiles of lab hosts (``fxkit lab up N --profile mi308x``).
+
+A profile is a folder of ``fxkit/lab/profiles/`` with a ``profile.json`` (the GPUs, RDMA ports
+and NVMe defaults the host pretends to have) and the text the stand-in tools print. The tools
+themselves are test doubles: one program, ``profiles/standin.py``, that picks the tool by the
+name it is called by (see docs/lab.md, "Simulated hardware: test doubles").
+
+:func:`build_layer` writes, once per fleet, what ``host-init.sh`` mounts into each host of the
+profile: ``usr/`` (a lower layer of the host's /usr overlay: the stand-ins in /usr/local/bin,
+their data in /usr/local/lib/fxkit-lab), ``sys/`` (read-only layers over the host's sysfs:
+``class/infiniband``, ``module/nvme_core``, ``kernel/config``), ``config/`` (what the host's
+writable configfs stand-in starts with) and ``netdevs`` (an ``ip -batch`` file making a veth
+pair per RDMA netdev). :func:`calls` reads the log the stand-ins write on a host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fxkit.connection.base import Connection
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+STANDIN = PROFILES_DIR / "standin.py"
+TOOLS = ("amd-smi", "rocm-smi", "rocminfo", "rdma", "ibv_devinfo", "nvme", "mlnx_qos", "nvmetcli")
+#: On the host: the marker every lab host has, the stand-ins' call log and their state.
+MARKER = "/etc/fxkit-lab/host.json"
+CALL_LOG = "/var/log/fxkit-lab/calls.jsonl"
+STATE_DIR = "/var/lib/fxkit-lab"
+FABRIC = "/etc/fxkit-lab/fabric.json"
+
+
+def names() -> list[str]:
+    """The profiles there are (folders of fxkit/lab/profiles with a profile.json)."""
+    return sorted(p.parent.name for p in PROFILES_DIR.glob("*/profile.json"))
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((PROFILES_DIR / name / "profile.json").read_text())
+    return data
+
+
+def marker(profile: str | None) -> str:
+    """The text of /etc/fxkit-lab/host.json on a lab host."""
+    return json.dumps({"lab": True, "profile": profile}) + "\n"
+
+
+def build_layer(layer: Path, name: str) -> None:
+    """Write the profile's layer into ``layer`` (atomically: a temporary folder, renamed)."""
+    data = load(name)
+    tmp = layer.with_name(f".{layer.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    lib = tmp / "usr" / "local" / "lib" / "fxkit-lab"
+    bin_dir = tmp / "usr" / "local" / "bin"
+    bin_dir.mkdir(parents=True)
+    shutil.copytree(PROFILES_DIR / name, lib / name)
+    shutil.copy(STANDIN, lib / STANDIN.name)
+    os.chmod(lib / STANDIN.name, 0o755)
+    for tool in TOOLS:
+        os.symlink(f"../lib/fxkit-lab/{STANDIN.name}", bin_dir / tool)
+
+    sys_dir = tmp / "sys"
+    ports = data["rdma"]["ports"]
+    for port in ports:
+        port_dir = sys_dir / "class" / "infiniband" / port["dev"] / "ports" / "1"
+        _files(
+            port_dir, {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "Ethernet"}
+        )
+        for index, kind in enumerate(data["rdma"]["gid_types"]):
+            _files(port_dir / "gid_attrs" / "types", {str(index): kind})
+            _files(port_dir / "gid_attrs" / "ndevs", {str(index): port["netdev"]})
+        _files(
+            sys_dir / "class" / "infiniband" / port["dev"],
+            {
+                "node_type": "1: CA",
+                "fw_ver": data["rdma"]["fw_ver"],
+                "node_guid": port["node_guid"],
+            },
+        )
+    _files(sys_dir / "module" / "nvme_core" / "parameters", {"multipath": "Y"})
+    (sys_dir / "kernel" / "config").mkdir(parents=True)  # the configfs stand-in's mount point
+
+    config = tmp / "config"
+    for group in ("hosts", "ports", "subsystems"):
+        (config / "nvmet" / group).mkdir(parents=True)
+    for port in ports:
+        port_dir = config / "rdma_cm" / port["dev"] / "ports" / "1"
+        _files(port_dir, {"default_roce_tos": "0", "default_roce_mode": "RoCE v2"})
+
+    batch = []
+    for port in ports:
+        batch.append(f"link add {port['netdev']} type veth peer name {port['peer']}")
+        batch += [f"link set {port['netdev']} up", f"link set {port['peer']} up"]
+    (tmp / "netdevs").write_text("".join(line + "\n" for line in batch))
+    shutil.rmtree(layer, ignore_errors=True)
+    tmp.rename(layer)
+
+
+def _files(folder: Path, files: dict[str, str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text + "\n")
+
+
+def calls(source: str | bytes | Connection | None) -> list[dict[str, Any]]:
+    """The stand-ins' call log, one dict per call (``argv``, ``stdin``, maybe ``input``):
+    from the log's text, or read over ``source`` when it is a connection to the host."""
+    if isinstance(source, Connection):
+        source = source.get(CALL_LOG)
+    if isinstance(source, bytes):
+        source = source.decode()
+    return [json.loads(line) for line in (source or "").splitlines() if line.strip()]
