@@ -33,7 +33,8 @@ pytestmark = pytest.mark.lab
 
 FXKIT = Path(sys.executable).with_name("fxkit")
 #: What a lab host may change (overlays), listed with mode, owner, size, mtime and ctime;
-#: a write of the same bytes or a chmod to the same mode still moves ctime.
+#: a write of the same bytes or a chmod to the same mode still moves ctime (a write to a shared
+#: lower file copies it up: a new inode of its own, with nlink 1).
 TREES = "/etc /opt /srv /var/lib"
 #: Small enough to hash every file.
 HASHED = "/etc /srv"
@@ -114,7 +115,11 @@ def snapshot(fleet: Fleet, host: str) -> str:
     """A host's file trees: every entry's metadata, and a sha256 of each small file."""
     with fleet.connect(host) as conn:
         result = conn.run(
-            f"find {TREES} -xdev -printf '%p %y %m %u %g %s %T@ %C@ %l\\n' | LC_ALL=C sort; "
+            # Files hard-linked from this machine (the fleet's base layer, nlink > 1) share
+            # their inode, whose ctime moves when any fleet links it again: no ctime for them.
+            f"find {TREES} -xdev \\( -type d -o -links 1 \\) "
+            "-printf '%p %y %m %u %g %s %T@ %C@ %l\\n' "
+            "-o -printf '%p %y %m %u %g %s %T@ shared %l\\n' | LC_ALL=C sort; "
             f"find {HASHED} -xdev -type f -exec sha256sum {{}} + | LC_ALL=C sort"
         )
     assert result.ok, result.stderr
