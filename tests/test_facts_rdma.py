@@ -271,6 +271,13 @@ def test_dcb_pfc_json() -> None:
         with pytest.raises(FactError, match="not the JSON dcb prints"):
             parse_dcb_pfc(bad, "ens26np0")
     assert "dcb not found" in DcbPfc().parse(output(NOT_FOUND + "\n"), "x").missing
+    # What iproute2 6.1's dcb prints for a veth (seen here in a network namespace of its own).
+    veth = output("", rc=1, stderr="Attribute read: Operation not supported\n")
+    assert DcbPfc().parse(veth, "ens26np0").missing == (
+        "ens26np0 has no DCB support (dcb: Operation not supported)"
+    )
+    with pytest.raises(FactError, match="exited 1"):
+        DcbPfc().parse(output("", rc=1, stderr="Attribute read: No such device\n"), "x")
 
 
 def test_bnxt_cc_values_are_numbers_as_the_driver_prints_them() -> None:

@@ -15,6 +15,7 @@ apply); `ip link set dev IF mtu N` is run for real below.
 
 from __future__ import annotations
 
+import io
 import json
 import optparse
 import re
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
 from fxkit.connection.base import Connection, RunResult
 from fxkit.connection.local import LocalConnection
@@ -36,7 +38,8 @@ from fxkit.facts.base import FactCache
 from fxkit.facts.rdma import SEPARATOR, GidTypes, IbvDevinfo, NetInterface, RdmaLink
 from fxkit.lab import Fleet
 from fxkit.ops.base import OpContext, Status
-from fxkit.role import RoleLoader
+from fxkit.report import Reporter
+from fxkit.role import Host, RoleLoader
 from fxkit.variables import HostVars, Layer
 
 ROLES = Path(__file__).resolve().parents[1] / "roles"
@@ -264,6 +267,31 @@ def test_converge_writes_only_what_differs_and_reads_it_back(tmp_path: Path) -> 
     stubborn = R.Step("t1", "tos 106", "true", "attributes", "t1", (("tos", str(tmp_path / "x")),))
     failure = R.converge(ctx, stubborn)
     assert failure.failed and failure.msg == "t1: wanted tos 106, found tos unset after `true`"
+
+
+def test_each_step_names_what_this_machine_lacks() -> None:
+    """The requirements, read on this machine (no RDMA NIC, no configfs): each step says why
+    it cannot run, from the real tools and paths."""
+    conn = LocalConnection("localhost")
+    reporter = Reporter(Console(file=io.StringIO()))
+    host = Host(OpContext(conn, FactCache(conn)), hostvars(), role=ROLE, play="p",
+                reporter=reporter)  # fmt: skip
+    lo_connectx = R.Nic("lo", 9000, "mlx5_0", "connectx")
+    lo_thor2 = R.Nic("lo", 9000, "bnxt_re0", "thor2")
+    reasons = [R.requirement(host, step) for step in R.plan(lo_connectx, S)]
+    assert reasons[0] == ""  # the MTU: ip is everywhere
+    if shutil.which("mlnx_qos") is None:
+        assert reasons[1] == "mlnx_qos not found (install MLNX_OFED or DOCA-OFED)"
+    assert reasons[2] == (
+        "no /sys/kernel/config/rdma_cm (configfs not mounted or the rdma_cm module not loaded)"
+    )
+    assert reasons[3] == (
+        "no /sys/class/net/lo/ecn (the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED)"
+    )
+    reasons = [R.requirement(host, step) for step in R.plan(lo_thor2, S)]
+    if shutil.which("dcb"):
+        assert reasons[1] == "lo has no DCB support (dcb: Operation not supported)"
+    assert reasons[3].startswith("no /sys/kernel/config/bnxt_re")
 
 
 class RecordedHost(Connection):

@@ -413,8 +413,6 @@ class MlnxQos(Fact[QosInfo]):
     """``mlnx_qos -i IF`` (NVIDIA's MLNX_OFED/DOCA tool): trust state and PFC of a ConnectX
     port."""
 
-    become = True
-
     def command(self, interface: str) -> str:
         return with_marker("mlnx_qos", f"mlnx_qos -i {quote(interface)}")
 
@@ -451,8 +449,6 @@ def parse_dcb_pfc(text: str, interface: str) -> tuple[int, ...]:
 class DcbPfc(Fact[QosInfo]):
     """``dcb -j pfc show dev IF`` (iproute2): PFC per priority, for NICs without mlnx_qos."""
 
-    become = True
-
     def command(self, interface: str) -> str:
         return with_marker("dcb", f"dcb -j pfc show dev {quote(interface)}")
 
@@ -460,6 +456,9 @@ class DcbPfc(Fact[QosInfo]):
         simulated, out = split_marker(f"dcb pfc show dev {interface}", result)
         if out is None:
             return QosInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
+        if not result.ok and "Operation not supported" in result.stderr:
+            missing = f"{interface} has no DCB support (dcb: Operation not supported)"
+            return QosInfo(interface, missing, simulated=simulated)
         if not result.ok:
             raise FactError.from_result(f"dcb pfc show dev {interface}", result)
         return QosInfo(interface, pfc=parse_dcb_pfc(out, interface), simulated=simulated)
@@ -481,8 +480,6 @@ class BnxtCcInfo:
 class BnxtCc(Fact[BnxtCcInfo]):
     """``/sys/kernel/config/bnxt_re/DEV/ports/1/cc/*``: exists once ``mkdir
     /sys/kernel/config/bnxt_re/DEV`` made it; before that ``values`` is None."""
-
-    become = True
 
     def command(self, device: str) -> str:
         base = quote(f"/sys/kernel/config/bnxt_re/{device}")

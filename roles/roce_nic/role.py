@@ -236,6 +236,8 @@ class Step:
     target: str
     #: For ``attributes``: (label, path) read back and compared with ``want``.
     attributes: tuple[tuple[str, str], ...] = ()
+    #: (path, what provides it): the step runs only where that path exists.
+    requires: tuple[str, str] | None = None
 
 
 def ib_mtu(mtu: int) -> int:
@@ -294,7 +296,8 @@ def plan(nic: Nic, s: Settings) -> list[Step]:
     ]
     want, reads = _writes(tos)
     command = " && ".join([f"mkdir -p {quote(folder)}", *(_printf(p, x) for _, p, x in tos)])
-    steps.append(Step(f"rdma_cm defaults of {dev}", want, command, "attributes", dev, reads))
+    needs = (RDMA_CM, "configfs not mounted or the rdma_cm module not loaded")
+    steps.append(Step(f"rdma_cm defaults of {dev}", want, command, "attributes", dev, reads, needs))
     if nic.family == "connectx":
         ecn = f"/sys/class/net/{nic.name}/ecn"
         on = "1" if s.ecn else "0"
@@ -314,6 +317,7 @@ def plan(nic: Nic, s: Settings) -> list[Step]:
                 "attributes",
                 nic.name,
                 reads,
+                (ecn, "the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED"),
             )
         )
     else:
@@ -391,13 +395,8 @@ def requirement(host: Host, step: Step) -> str:
         return host.fact(DcbPfc, step.target).missing
     if step.kind == "bnxt_cc":
         return host.fact(BnxtCc, step.target).missing
-    if step.kind == "attributes" and step.attributes[0][1].startswith(RDMA_CM):
-        if not host.fact(Attribute, RDMA_CM).exists:
-            return f"no {RDMA_CM} (configfs not mounted or the rdma_cm module not loaded)"
-    elif step.kind == "attributes":
-        folder = f"/sys/class/net/{step.target}/ecn"
-        if not host.fact(Attribute, folder).exists:
-            return f"no {folder} (the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED)"
+    if step.requires and not host.fact(Attribute, step.requires[0]).exists:
+        return f"no {step.requires[0]} ({step.requires[1]})"
     return ""
 
 
