@@ -31,6 +31,7 @@ from fxkit.facts.rdma import (
     NOT_FOUND,
     SEPARATOR,
     BnxtCc,
+    DcbAppDscp,
     DcbPfc,
     GidTypes,
     IbvDevinfo,
@@ -39,6 +40,7 @@ from fxkit.facts.rdma import (
     RdmaLink,
     RdmaPort,
     driver_family,
+    parse_dcb_app_dscp,
     parse_dcb_pfc,
     parse_gid_types,
     parse_ibv_devinfo,
@@ -278,6 +280,20 @@ def test_dcb_pfc_json() -> None:
     )
     with pytest.raises(FactError, match="exited 1"):
         DcbPfc().parse(output("", rc=1, stderr="Attribute read: No such device\n"), "x")
+
+
+def test_dcb_app_dscp_json() -> None:
+    # dcb/dcb_app.c: each entry an array of the DSCP, the priority and a " " separator.
+    text = json.dumps({"dscp_prio": [[26, 3, " "], [48, 7, " "]]})
+    assert parse_dcb_app_dscp(text, "ens26np0") == {26: 3, 48: 7}
+    assert DcbAppDscp().parse(output(text), "ens26np0").dscp_prio == {26: 3, 48: 7}
+    assert parse_dcb_app_dscp("{}", "ens26np0") == {}  # no entries: no key
+    assert parse_dcb_app_dscp("", "ens26np0") == {}
+    for bad in ("[", '{"dscp_prio": [[26]]}', '{"dscp_prio": 3}', '{"dscp_prio": [[1, 2, 3]]}'):
+        with pytest.raises(FactError, match="not the JSON dcb prints"):
+            parse_dcb_app_dscp(bad, "ens26np0")
+    veth = output("", rc=1, stderr="Attribute read: Operation not supported\n")
+    assert "no DCB support" in DcbAppDscp().parse(veth, "ens26np0").missing
 
 
 def test_bnxt_cc_values_are_numbers_as_the_driver_prints_them() -> None:

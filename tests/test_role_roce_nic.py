@@ -175,13 +175,17 @@ def test_connectx_steps() -> None:
 
 def test_thor2_steps() -> None:
     steps = R.plan(THOR2, S)
-    assert [s.kind for s in steps] == ["mtu", "dcb_pfc", "attributes", "bnxt_cc"]
+    assert [s.kind for s in steps] == ["mtu", "dcb_pfc", "dcb_app", "attributes", "bnxt_cc"]
     argv = shlex.split(steps[1].command)
     assert argv[:5] == ["dcb", "pfc", "set", "dev", "ens26np0"] and argv[5] == "prio-pfc"
     mapping = dict(item.split(":") for item in argv[6:])
     assert mapping == {str(p): "on" if p == 3 else "off" for p in range(8)}
-    assert "/sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos" in steps[2].command
-    cc = steps[3].command.split(" && ")
+    # dcb app { add | del | replace } dev DEV dscp-prio DSCP:PRIO... (dcb/dcb_app.c usage)
+    assert shlex.split(steps[2].command) == ["dcb", "app", "replace", "dev", "ens26np0",
+                                             "dscp-prio", "26:3", "48:7"]  # fmt: skip
+    assert steps[2].want == "dscp-prio 26:3 48:7"
+    assert "/sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos" in steps[3].command
+    cc = steps[4].command.split(" && ")
     base = "/sys/kernel/config/bnxt_re/bnxt_re0"
     assert cc[0] == f"mkdir -p {base}"
     writes = [re.fullmatch(r"printf '%s' (\S+) > (\S+)", c).groups() for c in cc[1:]]  # type: ignore[union-attr]
@@ -207,7 +211,11 @@ def test_ecn_off_and_other_priorities() -> None:
     assert "--pfc=0,0,0,0,1,0,0,0" in connectx[1].command
     assert connectx[3].want.startswith("roce_np 0, roce_rp 0")
     assert "/enable/4" in connectx[3].command
-    assert "ecn_enable 0, cc_mode 0x1, roce_prio 0x4" in R.plan(THOR2, s)[3].want
+    assert "ecn_enable 0, cc_mode 0x1, roce_prio 0x4" in R.plan(THOR2, s)[4].want
+    assert R.plan(THOR2, s)[2].want == "dscp-prio 34:4 48:7"
+    pcp = R.settings(hostvars(roce_nic_trust="pcp"))
+    assert "dcb_app" not in [step.kind for step in R.plan(THOR2, pcp)]
+    assert "--trust=pcp" in R.plan(CONNECTX, pcp)[1].command
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
@@ -290,8 +298,8 @@ def test_each_step_names_what_this_machine_lacks() -> None:
     )
     reasons = [R.requirement(host, step) for step in R.plan(lo_thor2, S)]
     if shutil.which("dcb"):
-        assert reasons[1] == "lo has no DCB support (dcb: Operation not supported)"
-    assert reasons[3].startswith("no /sys/kernel/config/bnxt_re")
+        assert reasons[1] == reasons[2] == "lo has no DCB support (dcb: Operation not supported)"
+    assert reasons[4].startswith("no /sys/kernel/config/bnxt_re")
 
 
 class RecordedHost(Connection):

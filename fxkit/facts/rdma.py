@@ -1,5 +1,6 @@
 """RDMA facts: ports and their netdevs (``rdma link``), HCA ports (``ibv_devinfo``), GID types,
-network interfaces (MTU, driver), and the NIC's QoS (``mlnx_qos``, ``dcb pfc``, bnxt_re cc).
+network interfaces (MTU, driver), and the NIC's QoS (``mlnx_qos``, ``dcb pfc`` and ``dcb app``,
+bnxt_re congestion control).
 
 Every command first prints the lab marker (:data:`fxkit.facts.lab.LAB_MARKER`) and a separator,
 so each value says whether it came from a simulated lab host's stand-in tools (``simulated``).
@@ -462,6 +463,53 @@ class DcbPfc(Fact[QosInfo]):
         if not result.ok:
             raise FactError.from_result(f"dcb pfc show dev {interface}", result)
         return QosInfo(interface, pfc=parse_dcb_pfc(out, interface), simulated=simulated)
+
+
+@dataclass(frozen=True)
+class DscpMapInfo:
+    interface: str
+    missing: str = ""
+    #: DSCP -> priority, the NIC's DCB application table entries of selector DSCP.
+    dscp_prio: dict[int, int] | None = None
+    simulated: bool = False
+
+
+def parse_dcb_app_dscp(text: str, interface: str) -> dict[int, int]:
+    """``dcb -j app show dev IF dscp-prio``: ``{"dscp_prio": [[26, 3, " "], ...]}`` (iproute2
+    dcb/dcb_app.c prints each entry as an array: the DSCP, the priority, a separator); no entries
+    leave the key out."""
+    try:
+        data = json.loads(text) if text.strip() else {}
+        entries = data.get("dscp_prio", [])
+        mapping = {}
+        for entry in entries:
+            dscp, prio = (x for x in entry if isinstance(x, int) and not isinstance(x, bool))
+            mapping[dscp] = prio
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise FactError(
+            f"dcb -j app show dev {interface} dscp-prio: not the JSON dcb prints ({exc!r}): "
+            f"{text.strip()[:80]!r}"
+        ) from None
+    return mapping
+
+
+class DcbAppDscp(Fact[DscpMapInfo]):
+    """``dcb -j app show dev IF dscp-prio`` (iproute2): which priority each DSCP maps to."""
+
+    def command(self, interface: str) -> str:
+        return with_marker("dcb", f"dcb -j app show dev {quote(interface)} dscp-prio")
+
+    def parse(self, result: RunResult, interface: str) -> DscpMapInfo:
+        simulated, out = split_marker(f"dcb app show dev {interface}", result)
+        if out is None:
+            return DscpMapInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
+        if not result.ok and "Operation not supported" in result.stderr:
+            missing = f"{interface} has no DCB support (dcb: Operation not supported)"
+            return DscpMapInfo(interface, missing, simulated=simulated)
+        if not result.ok:
+            raise FactError.from_result(f"dcb app show dev {interface}", result)
+        return DscpMapInfo(interface, dscp_prio=parse_dcb_app_dscp(out, interface),
+                           simulated=simulated)  # fmt: skip
 
 
 #: The bnxt_re congestion-control attributes the role sets, in the order bnxt_setupcc.sh writes

@@ -19,6 +19,7 @@ from fxkit.errors import VarError
 from fxkit.facts.rdma import (
     BNXT_CC,
     BnxtCc,
+    DcbAppDscp,
     DcbPfc,
     GidTypes,
     IbvDevinfo,
@@ -231,7 +232,7 @@ class Step:
     what: str
     want: str
     command: str
-    #: ``mtu``, ``mlnx_qos``, ``dcb_pfc``, ``bnxt_cc`` or ``attributes``.
+    #: ``mtu``, ``mlnx_qos``, ``dcb_pfc``, ``dcb_app``, ``bnxt_cc`` or ``attributes``.
     kind: str
     target: str
     #: For ``attributes``: (label, path) read back and compared with ``want``.
@@ -289,6 +290,17 @@ def plan(nic: Nic, s: Settings) -> list[Step]:
                 nic.name,
             )
         )
+        if s.trust == "dscp":
+            mapping = f"{s.dscp}:{s.pfc_priority} {s.cnp_dscp}:{s.cnp_priority}"
+            steps.append(
+                Step(
+                    f"DSCP priorities of {nic.name}",
+                    f"dscp-prio {mapping}",
+                    f"dcb app replace dev {q} dscp-prio {mapping}",
+                    "dcb_app",
+                    nic.name,
+                )
+            )
     folder = f"{RDMA_CM}/{dev}"
     tos = [
         ("default_roce_mode", f"{folder}/ports/1/default_roce_mode", "RoCE v2"),
@@ -356,6 +368,10 @@ def read_state(ctx: OpContext, step: Step) -> str:
         return f"trust {qos.trust}, pfc {','.join(map(str, qos.pfc))}"
     if step.kind == "dcb_pfc":
         return f"pfc {','.join(map(str, ctx.probe(DcbPfc, step.target).pfc))}"
+    if step.kind == "dcb_app":
+        mapping = ctx.probe(DcbAppDscp, step.target).dscp_prio or {}
+        wanted = [int(pair.split(":")[0]) for pair in step.want.split()[1:]]
+        return "dscp-prio " + " ".join(f"{d}:{mapping.get(d, 'unset')}" for d in wanted)
     if step.kind == "bnxt_cc":
         values = ctx.probe(BnxtCc, step.target).values
         return "unset" if values is None else ", ".join(f"{k} {_hex(x)}" for k, x in values.items())
@@ -393,6 +409,8 @@ def requirement(host: Host, step: Step) -> str:
         return host.fact(MlnxQos, step.target).missing
     if step.kind == "dcb_pfc":
         return host.fact(DcbPfc, step.target).missing
+    if step.kind == "dcb_app":
+        return host.fact(DcbAppDscp, step.target).missing
     if step.kind == "bnxt_cc":
         return host.fact(BnxtCc, step.target).missing
     if step.requires and not host.fact(Attribute, step.requires[0]).exists:
