@@ -561,10 +561,12 @@ def test_a_plain_lab_host_gets_the_files_and_skips_every_hardware_step(
 
 @pytest.mark.lab
 def test_a_host_not_marked_as_lab_fails_with_the_reason(lab_fleet, tmp_path: Path) -> None:
-    fleet = lab_fleet(1, name="roce")
+    fleet = lab_fleet(1, name="roce-real")  # a fresh host: nothing of the role there yet
+    before = snapshot(fleet, "lab01")
     tasks = play(tmp_path, fleet)
+    assert snapshot(fleet, "lab01") == before  # it stopped before changing anything
+    assert [t["status"] for t in tasks] == ["failed"]
     failures = [t for t in tasks if t["status"] == "failed"]
     assert len(failures) == 1
     assert failures[0]["msg"].startswith("RoCE on ens6np0: ")
     assert "not marked as a lab host" in failures[0]["msg"]
-    assert not [t for t in tasks if t["operation"].startswith(("MTU", "trust", "PFC"))]

@@ -530,10 +530,16 @@ def unit_device(interface: str) -> str:
 def apply(host: Host, v: HostVars) -> None:
     s = settings(v)
     nics = [resolve(host, wanted) for wanted in interfaces(v)]
-    plans = {nic.name: plan(nic, s) for nic in nics if not nic.missing}
-    devices = [nic.device for nic in nics if nic.device]
+    # What this host lacks, before anything changes: a host that is not a lab host stops here.
+    live = [nic for nic in nics if host.needs(not nic.missing, f"RoCE on {nic.name}", nic.missing)]
+    plans = {nic.name: plan(nic, s) for nic in live}
+    steps = []
+    for step in (step for nic in live for step in plans[nic.name]):
+        reason = requirement(host, step)
+        if host.needs(not reason, step.what, reason):
+            steps.append(step)
 
-    # Persistence first: the boot script, its unit, the environment RCCL jobs read.
+    # Persistence: the boot script, its unit, the environment RCCL jobs read.
     script = v.roce_nic_script
     host.directory(posixpath.dirname(script), mode="0755")
     host.task(f"template {script}").file(
@@ -546,24 +552,17 @@ def apply(host: Host, v: HostVars) -> None:
     host.service(v.roce_nic_unit, enabled=True)
     env = v.roce_nic_env_file
     host.directory(posixpath.dirname(env), mode="0755")
+    devices = [nic.device for nic in nics if nic.device]
     host.task(f"template {env}").file(
         env, render(host, "roce-nic.env.j2", s=s, devices=devices), mode="0644"
     )
 
-    live = []
-    for nic in nics:
-        if not host.needs(not nic.missing, f"RoCE on {nic.name}", nic.missing):
-            continue
-        live.append(nic)
-        for step in plans[nic.name]:
-            reason = requirement(host, step)
-            if host.needs(not reason, step.what, reason):
-                host.task(step.what).call(converge, step)
+    for step in steps:
+        host.task(step.what).call(converge, step)
     if not live:
         if nics:
             host.needs(False, "verify RoCE", "no interface could be configured (see above)")
         return
     ibv = host.fact(IbvDevinfo)
-    reason = ibv.missing
-    has_ibv = host.needs(not reason, "verify link layer and RDMA MTU (ibv_devinfo)", reason)
+    has_ibv = host.needs(not ibv.missing, "verify link layer and RDMA MTU", ibv.missing)
     host.task("verify RoCE").call(verify, live, s.gid_index, has_ibv)
