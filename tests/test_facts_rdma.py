@@ -108,9 +108,17 @@ def as_rdma_json(text: str, old_ifname: bool = False) -> str:
     entries = []
     for i, port in enumerate(parse_rdma_link_text(text)):
         ifname = port.name if old_ifname else port.device
-        entries.append({"ifindex": i, "ifname": ifname, "port": port.port, "state": port.state,
-                        "physical_state": port.physical_state, "netdev": port.netdev,
-                        "netdev_index": 10 + i})  # fmt: skip
+        entries.append(
+            {
+                "ifindex": i,
+                "ifname": ifname,
+                "port": port.port,
+                "state": port.state,
+                "physical_state": port.physical_state,
+                "netdev": port.netdev,
+                "netdev_index": 10 + i,
+            }
+        )
     return json.dumps(entries)
 
 
@@ -172,13 +180,20 @@ def test_rdma_link_missing_tool_empty_list_no_netlink_and_empty_output() -> None
 
 def test_ibv_devinfo_reference() -> None:
     devices = IbvDevinfo().parse(output(ref("ibv_devinfo_connectx7_roce.txt"))).devices
-    assert [d.hca_id for d in devices] == ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0",
-                                           "roceP2p1s0f1"]  # fmt: skip
+    assert [d.hca_id for d in devices] == [
+        "rocep1s0f0",
+        "rocep1s0f1",
+        "roceP2p1s0f0",
+        "roceP2p1s0f1",
+    ]
     states = [(d.port(1).state, d.port(1).active_mtu) for d in devices]  # type: ignore[union-attr]
     assert states == [("PORT_DOWN", 1024), ("PORT_ACTIVE", 4096)] * 2
     for device in devices:
         assert (device.transport, device.fw_ver, device.vendor_id) == (
-            "InfiniBand (0)", "28.45.4028", "0x02c9")  # fmt: skip
+            "InfiniBand (0)",
+            "28.45.4028",
+            "0x02c9",
+        )
         port = device.port(1)
         assert port and (port.max_mtu, port.link_layer) == (4096, "Ethernet")
         assert device.port(2) is None
@@ -196,16 +211,24 @@ def test_ibv_devinfo_reference_counts_every_block() -> None:
         ("transport: InfiniBand (0)\n", "before any hca_id"),
         ("just words\n", "not `key: value`"),
         ("hca_id:\tx\n\ttransport:\tIB\n", "lacks fw_ver"),
-        ("hca_id:\tx\n\ttransport:\ta\n\tfw_ver:\t1\n\tvendor_id:\t2\n\tvendor_part_id:\t3\n",
-         "lacks ports"),
-        ("hca_id:\tx\n\ttransport:\ta\n\tfw_ver:\t1\n\tvendor_id:\t2\n\tvendor_part_id:\t3\n"
-         "\t\tport:\t1\n\t\t\tstate:\tPORT_ACTIVE (4)\n", "port 1 max_mtu"),
-        ("hca_id:\tx\n\ttransport:\ta\n\tfw_ver:\t1\n\tvendor_id:\t2\n\tvendor_part_id:\t3\n"
-         "\t\tport:\t1\n\t\t\tstate:\tPORT_ACTIVE (4)\n\t\t\tmax_mtu:\tbig\n"
-         "\t\t\tactive_mtu:\t4096 (5)\n\t\t\tlink_layer:\tEthernet\n", "not a number"),
+        (
+            "hca_id:\tx\n\ttransport:\ta\n\tfw_ver:\t1\n\tvendor_id:\t2\n\tvendor_part_id:\t3\n",
+            "lacks ports",
+        ),
+        (
+            "hca_id:\tx\n\ttransport:\ta\n\tfw_ver:\t1\n\tvendor_id:\t2\n\tvendor_part_id:\t3\n"
+            "\t\tport:\t1\n\t\t\tstate:\tPORT_ACTIVE (4)\n",
+            "port 1 max_mtu",
+        ),
+        (
+            "hca_id:\tx\n\ttransport:\ta\n\tfw_ver:\t1\n\tvendor_id:\t2\n\tvendor_part_id:\t3\n"
+            "\t\tport:\t1\n\t\t\tstate:\tPORT_ACTIVE (4)\n\t\t\tmax_mtu:\tbig\n"
+            "\t\t\tactive_mtu:\t4096 (5)\n\t\t\tlink_layer:\tEthernet\n",
+            "not a number",
+        ),
         ("\n", "no hca_id"),
     ],
-)  # fmt: skip
+)
 def test_malformed_ibv_devinfo_is_a_fact_error(text: str, words: str) -> None:
     with pytest.raises(FactError, match=words):
         IbvDevinfo().parse(output(text))
@@ -300,8 +323,14 @@ def test_bnxt_cc_values_are_numbers_as_the_driver_prints_them() -> None:
     # bnxt_re's configfs show functions print "%#x\n" (0x1a); 0 prints as "0".
     text = "ecn_enable=0x1\ncc_mode=0x1\nroce_prio=0x3\ncnp_prio=0x7\nroce_dscp=0x1a\ncnp_dscp=0\n"
     info = BnxtCc().parse(RunResult("c", 0, text, ""), "bnxt_re0")
-    assert info.values == {"ecn_enable": 1, "cc_mode": 1, "roce_prio": 3, "cnp_prio": 7,
-                           "roce_dscp": 26, "cnp_dscp": 0}  # fmt: skip
+    assert info.values == {
+        "ecn_enable": 1,
+        "cc_mode": 1,
+        "roce_prio": 3,
+        "cnp_prio": 7,
+        "roce_dscp": 26,
+        "cnp_dscp": 0,
+    }
     assert BnxtCc().parse(RunResult("c", 0, "nodir\n", ""), "bnxt_re0").values is None
     assert "configfs" in BnxtCc().parse(RunResult("c", 0, "nocfs\n", ""), "bnxt_re0").missing
     with pytest.raises(FactError, match="cannot read"):

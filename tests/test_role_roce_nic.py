@@ -181,8 +181,16 @@ def test_thor2_steps() -> None:
     mapping = dict(item.split(":") for item in argv[6:])
     assert mapping == {str(p): "on" if p == 3 else "off" for p in range(8)}
     # dcb app { add | del | replace } dev DEV dscp-prio DSCP:PRIO... (dcb/dcb_app.c usage)
-    assert shlex.split(steps[2].command) == ["dcb", "app", "replace", "dev", "ens26np0",
-                                             "dscp-prio", "26:3", "48:7"]  # fmt: skip
+    assert shlex.split(steps[2].command) == [
+        "dcb",
+        "app",
+        "replace",
+        "dev",
+        "ens26np0",
+        "dscp-prio",
+        "26:3",
+        "48:7",
+    ]
     assert steps[2].want == "dscp-prio 26:3 48:7"
     assert "/sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos" in steps[3].command
     cc = steps[4].command.split(" && ")
@@ -288,8 +296,9 @@ def test_each_step_names_what_this_machine_lacks() -> None:
     it cannot run, from the real tools and paths."""
     conn = LocalConnection("localhost")
     reporter = Reporter(Console(file=io.StringIO()))
-    host = Host(OpContext(conn, FactCache(conn)), hostvars(), role=ROLE, play="p",
-                reporter=reporter)  # fmt: skip
+    host = Host(
+        OpContext(conn, FactCache(conn)), hostvars(), role=ROLE, play="p", reporter=reporter
+    )
     lo_connectx = R.Nic("lo", 9000, "mlx5_0", "connectx")
     lo_thor2 = R.Nic("lo", 9000, "bnxt_re0", "thor2")
     reasons = [R.requirement(host, step) for step in R.plan(lo_connectx, S)]

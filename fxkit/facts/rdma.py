@@ -33,13 +33,19 @@ SEPARATOR = "--- fxkit ---"
 NOT_FOUND = "--- fxkit: not found ---"
 
 
+_MARKER = f"cat {LAB_MARKER} 2>/dev/null; echo {quote(SEPARATOR)}; "
+_ABSENT = f"{{ echo {quote(NOT_FOUND)}; exit 0; }}"
+
+
 def with_marker(tool: str, command: str) -> str:
     """``command`` preceded by the lab marker; ``tool`` missing prints :data:`NOT_FOUND`."""
-    return (
-        f"cat {LAB_MARKER} 2>/dev/null; echo {quote(SEPARATOR)}; "
-        f"command -v {quote(tool)} >/dev/null 2>&1 || {{ echo {quote(NOT_FOUND)}; exit 0; }}; "
-        f"{command}"
-    )
+    return f"{_MARKER}command -v {quote(tool)} >/dev/null 2>&1 || {_ABSENT}; {command}"
+
+
+def in_folder(folder: str, command: str) -> str:
+    """``command`` run in ``folder``, preceded by the lab marker; no such folder prints
+    :data:`NOT_FOUND`."""
+    return f"{_MARKER}cd {quote(folder)} 2>/dev/null || {_ABSENT}; {command}"
 
 
 def split_marker(fact: str, result: RunResult) -> tuple[bool, str | None]:
@@ -273,11 +279,13 @@ class IbvDevinfo(Fact[IbvDevices]):
     def parse(self, result: RunResult, *args: object) -> IbvDevices:
         simulated, out = split_marker("ibv_devinfo", result)
         if out is None:
-            return IbvDevices(missing="ibv_devinfo not found (install ibverbs-utils)",
-                              simulated=simulated)  # fmt: skip
+            return IbvDevices(
+                missing="ibv_devinfo not found (install ibverbs-utils)", simulated=simulated
+            )
         if "No IB devices found" in out + result.stderr:
-            return IbvDevices(missing="no RDMA devices (ibv_devinfo: No IB devices found)",
-                              simulated=simulated)  # fmt: skip
+            return IbvDevices(
+                missing="no RDMA devices (ibv_devinfo: No IB devices found)", simulated=simulated
+            )
         if not result.ok:
             raise FactError.from_result("ibv_devinfo", result)
         return IbvDevices(parse_ibv_devinfo(out), simulated=simulated)
@@ -302,12 +310,10 @@ class GidTypes(Fact[GidTypesInfo]):
     a GID cannot be read (EINVAL) and is left out."""
 
     def command(self, device: str, port: int = 1) -> str:
-        folder = quote(f"/sys/class/infiniband/{device}/ports/{port}/gid_attrs/types")
-        return (
-            f"cat {LAB_MARKER} 2>/dev/null; echo {quote(SEPARATOR)}; "
-            f"cd {folder} 2>/dev/null || {{ echo {quote(NOT_FOUND)}; exit 0; }}; "
+        return in_folder(
+            f"/sys/class/infiniband/{device}/ports/{port}/gid_attrs/types",
             'for f in *; do t=$(cat -- "$f" 2>/dev/null) && printf \'%s\\t%s\\n\' "$f" "$t"; '
-            "done; true"
+            "done; true",
         )
 
     def parse(self, result: RunResult, device: str, port: int = 1) -> GidTypesInfo:
@@ -323,7 +329,7 @@ def parse_gid_types(text: str, where: str) -> dict[int, str]:
     types = {}
     for line in text.splitlines():
         index, tab, kind = line.partition("\t")
-        if not line or (index == "*" and not kind):
+        if not line:
             continue
         if not tab or not index.isdigit() or not kind.strip():
             raise FactError(f"GID types of {where}: not `index<TAB>type`: {line!r}")
@@ -347,12 +353,10 @@ class NetInterface(Fact[NetInterfaceInfo]):
     """``/sys/class/net/IF``: ``mtu``, ``operstate`` and the ``device/driver`` link."""
 
     def command(self, name: str) -> str:
-        folder = quote(f"/sys/class/net/{name}")
-        return (
-            f"cat {LAB_MARKER} 2>/dev/null; echo {quote(SEPARATOR)}; "
-            f"cd {folder} 2>/dev/null || {{ echo {quote(NOT_FOUND)}; exit 0; }}; "
+        return in_folder(
+            f"/sys/class/net/{name}",
             "echo mtu=$(cat mtu); echo operstate=$(cat operstate); "
-            "d=$(readlink device/driver 2>/dev/null); echo driver=${d##*/}"
+            "d=$(readlink device/driver 2>/dev/null); echo driver=${d##*/}",
         )
 
     def parse(self, result: RunResult, name: str) -> NetInterfaceInfo:
@@ -364,9 +368,13 @@ class NetInterface(Fact[NetInterfaceInfo]):
         if not result.ok or not fields.get("mtu", "").isdigit():
             raise FactError.from_result(f"interface {name}", result)
         return NetInterfaceInfo(
-            name, "", int(fields["mtu"]), fields.get("operstate", ""),
-            fields.get("driver", ""), simulated,
-        )  # fmt: skip
+            name,
+            "",
+            int(fields["mtu"]),
+            fields.get("operstate", ""),
+            fields.get("driver", ""),
+            simulated,
+        )
 
 
 def driver_family(driver: str, device: str) -> str:
@@ -420,8 +428,11 @@ class MlnxQos(Fact[QosInfo]):
     def parse(self, result: RunResult, interface: str) -> QosInfo:
         simulated, out = split_marker(f"mlnx_qos -i {interface}", result)
         if out is None:
-            return QosInfo(interface, "mlnx_qos not found (install MLNX_OFED or DOCA-OFED)",
-                           simulated=simulated)  # fmt: skip
+            return QosInfo(
+                interface,
+                "mlnx_qos not found (install MLNX_OFED or DOCA-OFED)",
+                simulated=simulated,
+            )
         if not result.ok:
             raise FactError.from_result(f"mlnx_qos -i {interface}", result)
         found = parse_mlnx_qos(out, interface)
@@ -508,8 +519,9 @@ class DcbAppDscp(Fact[DscpMapInfo]):
             return DscpMapInfo(interface, missing, simulated=simulated)
         if not result.ok:
             raise FactError.from_result(f"dcb app show dev {interface}", result)
-        return DscpMapInfo(interface, dscp_prio=parse_dcb_app_dscp(out, interface),
-                           simulated=simulated)  # fmt: skip
+        return DscpMapInfo(
+            interface, dscp_prio=parse_dcb_app_dscp(out, interface), simulated=simulated
+        )
 
 
 #: The bnxt_re congestion-control attributes the role sets, in the order bnxt_setupcc.sh writes
