@@ -1,0 +1,568 @@
+"""roce_nic: lossless RoCEv2 on RDMA NICs (DSCP trust, PFC on one priority, ECN, the default
+RoCE ToS, a jumbo MTU), per interface, by the NIC's driver; reapplied at boot by a oneshot unit.
+
+One source of truth for the commands: :func:`plan` gives each interface's steps (what, wanted
+state, command); the role runs a step's command only when facts show another state, and the boot
+script (templates/fxkit-roce-nic.sh.j2) runs the same commands in the same order.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from shlex import quote
+from typing import Any
+
+from fxkit.errors import VarError
+from fxkit.facts.rdma import (
+    BNXT_CC,
+    BnxtCc,
+    DcbAppDscp,
+    DcbPfc,
+    GidTypes,
+    IbvDevinfo,
+    MlnxQos,
+    NetInterface,
+    RdmaLink,
+    driver_family,
+)
+from fxkit.facts.sysfs import Attribute
+from fxkit.ops.base import OpContext, Result, failed, ok, skipped
+from fxkit.role import Host
+from fxkit.variables import HostVars, environment, truthy
+
+#: RoCE MTU range: 1280 is the least an IPv6 link carries (RoCEv2 GIDs are IPv4 and IPv6
+#: addresses; it still gives an RDMA MTU of 1024), 9216 the largest jumbo frame data-centre
+#: switches forward (ConnectX and Thor2 take more, the fabric does not).
+MTU_RANGE = (1280, 9216)
+#: RoCEv2 headers the kernel takes off the interface MTU to get the RDMA MTU (include/rdma/
+#: ib_addr.h iboe_get_mtu: GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4).
+ROCE_HEADERS = 96
+IB_MTUS = (4096, 2048, 1024, 512, 256)
+RDMA_CM = "/sys/kernel/config/rdma_cm"
+BNXT_RE = "/sys/kernel/config/bnxt_re"
+#: Linux interface names: at most 15 bytes, no slash, colon or whitespace (dev_valid_name).
+_IFNAME = re.compile(r"[^\s/:]{1,15}")
+_DEVICE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+
+
+# -- variables ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    trust: str
+    pfc_priority: int
+    dscp: int
+    tos: int
+    cnp_dscp: int
+    cnp_priority: int
+    ecn: bool
+    gid_index: int
+
+    @property
+    def pfc(self) -> str:
+        """``0,0,0,1,0,0,0,0``: PFC on the RoCE priority only (mlnx_qos ``--pfc``)."""
+        return ",".join("1" if p == self.pfc_priority else "0" for p in range(8))
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One entry of ``roce_nic_interfaces``."""
+
+    name: str
+    #: The RDMA device over it ("" = the one ``rdma link`` shows with this netdev).
+    device: str
+    mtu: int
+
+
+def settings(v: HostVars) -> Settings:
+    return Settings(
+        str(v.roce_nic_trust),
+        int(v.roce_nic_pfc_priority),
+        int(v.roce_nic_dscp),
+        int(v.roce_nic_tos),
+        int(v.roce_nic_cnp_dscp),
+        int(v.roce_nic_cnp_priority),
+        truthy(v.roce_nic_ecn),
+        int(v.roce_nic_gid_index),
+    )
+
+
+def interfaces(v: HostVars) -> list[Interface]:
+    found = []
+    for entry in v.roce_nic_interfaces:
+        item: Mapping[str, Any] = {"name": entry} if isinstance(entry, str) else entry
+        found.append(
+            Interface(
+                str(item["name"]),
+                str(item.get("device") or ""),
+                int(item.get("mtu", v.roce_nic_mtu)),
+            )
+        )
+    return found
+
+
+def _error(v: HostVars, var: str, msg: str, hint: str) -> VarError:
+    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
+
+
+def _number(v: HostVars, var: str, value: Any, low: int, high: int, why: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():  # INI inventories, -e k=v
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _error(v, var, f"{var} is {value!r}: wanted a whole number {low}..{high}", why)
+    return value
+
+
+def validate(v: HostVars) -> None:
+    """Check every variable before any host is touched (VarError naming host and variable)."""
+    prio = "a priority is a 802.1p class, 0..7"
+    pfc = _number(v, "roce_nic_pfc_priority", v.roce_nic_pfc_priority, 0, 7, prio)
+    _number(v, "roce_nic_cnp_priority", v.roce_nic_cnp_priority, 0, 7, prio)
+    dscp = _number(v, "roce_nic_dscp", v.roce_nic_dscp, 0, 63, "DSCP is 6 bits: 0..63")
+    _number(v, "roce_nic_cnp_dscp", v.roce_nic_cnp_dscp, 0, 63, "DSCP is 6 bits: 0..63")
+    tos = _number(v, "roce_nic_tos", v.roce_nic_tos, 0, 255, "ToS is one byte: DSCP<<2 | ECN")
+    _number(v, "roce_nic_gid_index", v.roce_nic_gid_index, 0, 255, "a GID table index")
+    if v.roce_nic_trust not in ("dscp", "pcp"):
+        raise _error(
+            v,
+            "roce_nic_trust",
+            f"roce_nic_trust is {v.roce_nic_trust!r}",
+            "dscp (RoCEv2 routed over IP) or pcp",
+        )
+    hint = f"ToS = DSCP<<2 | ECN bits: use {dscp << 2 | 2} (ECN-capable, ECT(0)) or {dscp << 2}"
+    if tos >> 2 != dscp:
+        msg = f"roce_nic_tos {tos} carries DSCP {tos >> 2}, but roce_nic_dscp is {dscp}"
+        raise _error(v, "roce_nic_tos", msg, hint)
+    if tos & 3 == 3:
+        msg = f"roce_nic_tos {tos} has ECN bits 3 (CE): only a congested switch sets those"
+        raise _error(v, "roce_nic_tos", msg, hint)
+    if v.roce_nic_trust == "dscp" and dscp >> 3 != pfc:
+        raise _error(
+            v,
+            "roce_nic_dscp",
+            f"roce_nic_dscp {dscp} maps to priority {dscp >> 3}, but PFC is on priority {pfc} "
+            "(roce_nic_pfc_priority): RoCE traffic would not be lossless",
+            f"the default DSCP-to-priority map is DSCP>>3: for priority {pfc} use DSCP "
+            f"{pfc * 8}..{pfc * 8 + 7} (26 for priority 3)",
+        )
+    ecn = v.roce_nic_ecn
+    words = ("1", "0", "true", "false", "yes", "no", "on", "off")
+    if not isinstance(ecn, bool) and not (isinstance(ecn, str) and ecn.strip().lower() in words):
+        raise _error(v, "roce_nic_ecn", f"roce_nic_ecn is {ecn!r}", "true or false")
+    mtu_why = (
+        f"RoCE MTU {MTU_RANGE[0]}..{MTU_RANGE[1]}: IPv6 needs 1280, switches forward up to "
+        "9216-byte jumbo frames"
+    )
+    _number(v, "roce_nic_mtu", v.roce_nic_mtu, *MTU_RANGE, mtu_why)
+    _validate_interfaces(v, mtu_why)
+
+
+def _validate_interfaces(v: HostVars, mtu_why: str) -> None:
+    var = "roce_nic_interfaces"
+    entries = v.roce_nic_interfaces
+    shape = (
+        "a list of interface names, or of {name: IF, device: DEV, mtu: N} (device, mtu optional)"
+    )
+    if not isinstance(entries, list):
+        raise _error(v, var, f"{var} is {type(entries).__name__}, not a list", shape)
+    names: set[str] = set()
+    devices: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"{var}[{i}]"
+        item = {"name": entry} if isinstance(entry, str) else entry
+        if (
+            not isinstance(item, Mapping)
+            or "name" not in item
+            or set(item) - {"name", "device", "mtu"}
+        ):
+            raise _error(v, where, f"{where} is {entry!r}", shape)
+        name, device = item["name"], item.get("device")
+        if not isinstance(name, str) or not _IFNAME.fullmatch(name) or name in (".", ".."):
+            raise _error(
+                v,
+                f"{where}.name",
+                f"{name!r} is not a Linux interface name",
+                "1-15 characters, no '/', ':' or spaces (ip link shows the names)",
+            )
+        if device is not None and not (isinstance(device, str) and _DEVICE.fullmatch(device)):
+            raise _error(
+                v,
+                f"{where}.device",
+                f"{device!r} is not an RDMA device name",
+                "as `rdma link` shows it, e.g. mlx5_0 or bnxt_re0",
+            )
+        if "mtu" in item:
+            _number(v, f"{where}.mtu", item["mtu"], *MTU_RANGE, mtu_why)
+        if name in names:
+            raise _error(v, where, f"interface {name} is listed twice", "list each interface once")
+        if device and device in devices:
+            raise _error(
+                v,
+                where,
+                f"RDMA device {device} is listed twice",
+                "each interface has its own RDMA device",
+            )
+        names.add(name)
+        devices.add(device or "")
+
+
+# -- what each NIC gets --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Nic:
+    """An interface as found on the host: its RDMA device and driver family, or why not."""
+
+    name: str
+    mtu: int
+    device: str = ""
+    #: ``connectx`` or ``thor2``.
+    family: str = ""
+    missing: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One setting: ``command`` makes ``what`` read ``want``; ``kind`` says how to read it."""
+
+    what: str
+    want: str
+    command: str
+    #: ``mtu``, ``mlnx_qos``, ``dcb_pfc``, ``dcb_app``, ``bnxt_cc`` or ``attributes``.
+    kind: str
+    target: str
+    #: For ``attributes``: (label, path) read back and compared with ``want``.
+    attributes: tuple[tuple[str, str], ...] = ()
+    #: (path, what provides it): the step runs only where that path exists.
+    requires: tuple[str, str] | None = None
+
+
+def ib_mtu(mtu: int) -> int:
+    """The RDMA (IB) MTU the kernel derives from an interface MTU (iboe_get_mtu)."""
+    return next((m for m in IB_MTUS if mtu - ROCE_HEADERS >= m), 0)
+
+
+def _writes(pairs: list[tuple[str, str, str]]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(label, path, value) -> the want text, and the (label, path) pairs to read back."""
+    want = ", ".join(f"{label} {value}" for label, _, value in pairs)
+    return want, tuple((label, path) for label, path, _ in pairs)
+
+
+def _printf(path: str, value: str) -> str:
+    return f"printf '%s\\n' {quote(value)} > {quote(path)}"
+
+
+def plan(nic: Nic, s: Settings) -> list[Step]:
+    """The steps for one NIC, in the order they run (and the boot script runs them)."""
+    q, dev = quote(nic.name), nic.device
+    steps = [
+        Step(
+            f"MTU of {nic.name}",
+            str(nic.mtu),
+            f"ip link set dev {q} mtu {nic.mtu}",
+            "mtu",
+            nic.name,
+        )
+    ]
+    if nic.family == "connectx":
+        want = f"trust {s.trust}, pfc {s.pfc}"
+        steps.append(
+            Step(
+                f"trust and PFC of {nic.name}",
+                want,
+                f"mlnx_qos -i {q} --trust={s.trust} --pfc={s.pfc}",
+                "mlnx_qos",
+                nic.name,
+            )
+        )
+    else:
+        prio = " ".join(f"{p}:{'on' if p == s.pfc_priority else 'off'}" for p in range(8))
+        steps.append(
+            Step(
+                f"PFC of {nic.name}",
+                f"pfc {s.pfc}",
+                f"dcb pfc set dev {q} prio-pfc {prio}",
+                "dcb_pfc",
+                nic.name,
+            )
+        )
+        if s.trust == "dscp":
+            mapping = f"{s.dscp}:{s.pfc_priority} {s.cnp_dscp}:{s.cnp_priority}"
+            steps.append(
+                Step(
+                    f"DSCP priorities of {nic.name}",
+                    f"dscp-prio {mapping}",
+                    f"dcb app replace dev {q} dscp-prio {mapping}",
+                    "dcb_app",
+                    nic.name,
+                )
+            )
+    folder = f"{RDMA_CM}/{dev}"
+    tos = [
+        ("default_roce_mode", f"{folder}/ports/1/default_roce_mode", "RoCE v2"),
+        ("default_roce_tos", f"{folder}/ports/1/default_roce_tos", str(s.tos)),
+    ]
+    want, reads = _writes(tos)
+    command = " && ".join([f"mkdir -p {quote(folder)}", *(_printf(p, x) for _, p, x in tos)])
+    needs = (RDMA_CM, "configfs not mounted or the rdma_cm module not loaded")
+    steps.append(Step(f"rdma_cm defaults of {dev}", want, command, "attributes", dev, reads, needs))
+    if nic.family == "connectx":
+        ecn = f"/sys/class/net/{nic.name}/ecn"
+        on = "1" if s.ecn else "0"
+        pairs = [
+            ("roce_np", f"{ecn}/roce_np/enable/{s.pfc_priority}", on),
+            ("roce_rp", f"{ecn}/roce_rp/enable/{s.pfc_priority}", on),
+            ("cnp_dscp", f"{ecn}/roce_np/cnp_dscp", str(s.cnp_dscp)),
+            ("cnp_802p_prio", f"{ecn}/roce_np/cnp_802p_prio", str(s.cnp_priority)),
+        ]
+        want, reads = _writes(pairs)
+        command = " && ".join(_printf(p, x) for _, p, x in pairs)
+        steps.append(
+            Step(
+                f"ECN of {nic.name} priority {s.pfc_priority}",
+                want,
+                command,
+                "attributes",
+                nic.name,
+                reads,
+                (ecn, "the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED"),
+            )
+        )
+    else:
+        values = dict(
+            zip(
+                BNXT_CC,
+                (int(s.ecn), 1, s.pfc_priority, s.cnp_priority, s.dscp, s.cnp_dscp),
+                strict=True,
+            )
+        )
+        cc = f"{BNXT_RE}/{dev}/ports/1/cc"
+        writes = [f"printf '%s' {_hex(x)} > {quote(f'{cc}/{k}')}" for k, x in values.items()]
+        command = " && ".join(
+            [
+                f"mkdir -p {quote(f'{BNXT_RE}/{dev}')}",
+                *writes,
+                f"printf '%s' 0x1 > {quote(f'{cc}/apply')}",
+            ]
+        )
+        want = ", ".join(f"{k} {_hex(x)}" for k, x in values.items())
+        steps.append(Step(f"congestion control of {dev}", want, command, "bnxt_cc", dev))
+    return steps
+
+
+def _hex(value: int) -> str:
+    """As bnxt_re prints its attributes (``%#x``: ``0x1a``, and ``0`` for zero)."""
+    return f"{value:#x}" if value else "0"
+
+
+def read_state(ctx: OpContext, step: Step) -> str:
+    """The step's setting now, in the words of ``step.want``."""
+    if step.kind == "mtu":
+        return str(ctx.probe(NetInterface, step.target).mtu)
+    if step.kind == "mlnx_qos":
+        qos = ctx.probe(MlnxQos, step.target)
+        return f"trust {qos.trust}, pfc {','.join(map(str, qos.pfc))}"
+    if step.kind == "dcb_pfc":
+        return f"pfc {','.join(map(str, ctx.probe(DcbPfc, step.target).pfc))}"
+    if step.kind == "dcb_app":
+        mapping = ctx.probe(DcbAppDscp, step.target).dscp_prio or {}
+        wanted = [int(pair.split(":")[0]) for pair in step.want.split()[1:]]
+        return "dscp-prio " + " ".join(f"{d}:{mapping.get(d, 'unset')}" for d in wanted)
+    if step.kind == "bnxt_cc":
+        values = ctx.probe(BnxtCc, step.target).values
+        return "unset" if values is None else ", ".join(f"{k} {_hex(x)}" for k, x in values.items())
+    read = [(label, ctx.probe(Attribute, path)) for label, path in step.attributes]
+    return ", ".join(f"{label} {info.value if info.exists else 'unset'}" for label, info in read)
+
+
+def converge(ctx: OpContext, step: Step) -> Result:
+    """Run ``step.command`` when the setting does not read ``step.want``; read it back after.
+
+    Example::
+
+        host.task("MTU of ens6np0").call(converge, step)
+    """
+    before = read_state(ctx, step)
+    if before == step.want:
+        return ok(f"{step.what} is {step.want}")
+    result = ctx.change(
+        step.command,
+        would=f"set {step.what} to {step.want}",
+        done=f"set {step.what} to {step.want}",
+        diff=f"{step.what}: {before} -> {step.want}\n",
+    )
+    if not result.changed or ctx.check:
+        return result
+    after = read_state(ctx, step)
+    if after != step.want:
+        return failed(f"{step.what}: wanted {step.want}, found {after} after `{step.command}`")
+    return result
+
+
+def requirement(host: Host, step: Step) -> str:
+    """Why ``step`` cannot run on this host ("" when it can)."""
+    if step.kind == "mlnx_qos":
+        return host.fact(MlnxQos, step.target).missing
+    if step.kind == "dcb_pfc":
+        return host.fact(DcbPfc, step.target).missing
+    if step.kind == "dcb_app":
+        return host.fact(DcbAppDscp, step.target).missing
+    if step.kind == "bnxt_cc":
+        return host.fact(BnxtCc, step.target).missing
+    if step.requires and not host.fact(Attribute, step.requires[0]).exists:
+        return f"no {step.requires[0]} ({step.requires[1]})"
+    return ""
+
+
+def resolve(host: Host, wanted: Interface) -> Nic:
+    """The interface's RDMA device and driver family from facts, or why they are missing."""
+    links = host.fact(RdmaLink)
+    if links.missing:
+        return Nic(wanted.name, wanted.mtu, wanted.device, missing=links.missing)
+    port = links.by_device(wanted.device) if wanted.device else links.by_netdev(wanted.name)
+    shown = ", ".join(f"{p.name} netdev {p.netdev}" for p in links.ports)
+    if port is None:
+        what = f"RDMA device {wanted.device}" if wanted.device else f"RDMA device on {wanted.name}"
+        return Nic(
+            wanted.name, wanted.mtu, wanted.device, missing=f"no {what} (rdma link shows {shown})"
+        )
+    if port.netdev != wanted.name:
+        host.fail(
+            f"{wanted.name}: {port.device} is the RDMA device of {port.netdev}, not of "
+            f"{wanted.name} (rdma link); fix roce_nic_interfaces"
+        )
+    iface = host.fact(NetInterface, wanted.name)
+    if iface.missing:
+        return Nic(wanted.name, wanted.mtu, port.device, missing=iface.missing)
+    family = driver_family(iface.driver, port.device)
+    if not family:
+        return Nic(
+            wanted.name,
+            wanted.mtu,
+            port.device,
+            missing=(
+                f"driver {iface.driver or 'unknown'} of {port.device} is neither ConnectX "
+                "(mlx5_core) nor Broadcom Thor2 (bnxt_en)"
+            ),
+        )
+    return Nic(wanted.name, wanted.mtu, port.device, family)
+
+
+# -- verification --------------------------------------------------------------------------------
+
+
+def verify(ctx: OpContext, nics: list[Nic], gid_index: int, ibv_devinfo: bool) -> Result:
+    """Every configured device's port ACTIVE (rdma link), its interface at the wanted MTU; with
+    ``ibv_devinfo``, link layer Ethernet and the RDMA MTU that interface MTU gives; the GID at
+    ``gid_index`` a RoCE v2 one.
+
+    Example::
+
+        host.call(verify, nics, 3, True)
+    """
+    if ctx.check:
+        return skipped("check mode: nothing was changed, so there is nothing to verify")
+    links = ctx.probe(RdmaLink)
+    devinfo = ctx.probe(IbvDevinfo) if ibv_devinfo else None
+    problems = []
+    for nic in nics:
+        port = links.by_device(nic.device)
+        if port is None or port.state != "ACTIVE":
+            found = port.state if port else "no such port"
+            problems.append(
+                f"{nic.device}/1 ({nic.name}): wanted state ACTIVE, found {found} (rdma link)"
+            )
+        mtu = ctx.probe(NetInterface, nic.name).mtu
+        if mtu != nic.mtu:
+            problems.append(
+                f"{nic.name}: wanted MTU {nic.mtu}, found {mtu} (/sys/class/net/{nic.name}/mtu)"
+            )
+        device = devinfo.get(nic.device) if devinfo else None
+        ibport = device.port(1) if device else None
+        if devinfo and ibport is None:
+            problems.append(f"{nic.device}: wanted port 1 in ibv_devinfo, found none")
+        if ibport and ibport.link_layer != "Ethernet":
+            problems.append(
+                f"{nic.device}: wanted link layer Ethernet, found {ibport.link_layer} (ibv_devinfo)"
+            )
+        if ibport and ibport.active_mtu != min(ibport.max_mtu, ib_mtu(nic.mtu)):
+            problems.append(
+                f"{nic.device}: wanted active_mtu {min(ibport.max_mtu, ib_mtu(nic.mtu))} for "
+                f"interface MTU {nic.mtu}, found {ibport.active_mtu} (ibv_devinfo)"
+            )
+        gids = ctx.probe(GidTypes, nic.device, 1)
+        if gids.types.get(gid_index) != "RoCE v2":
+            found = gids.missing or gids.types.get(gid_index, "no GID")
+            problems.append(
+                f"{nic.device}: wanted GID {gid_index} of type RoCE v2 "
+                f"(roce_nic_gid_index), found {found}"
+            )
+    if problems:
+        return failed("RoCE verification failed: " + "; ".join(problems))
+    names = ", ".join(f"{n.device}/1 ({n.name})" for n in nics)
+    simulated = " (simulated lab host)" if links.simulated else ""
+    return ok(f"{names}: ACTIVE, Ethernet, MTU as wanted, GID {gid_index} RoCE v2{simulated}")
+
+
+# -- the role ------------------------------------------------------------------------------------
+
+
+def render(host: Host, template: str, **context: Any) -> str:
+    return environment(str(host.role.templates)).get_template(template).render(**context)
+
+
+def unit_device(interface: str) -> str:
+    """systemd's device unit of a network interface (``sys-subsystem-net-devices-IF.device``),
+    the name escaped as ``systemd-escape`` does."""
+    escaped = "".join(
+        c
+        if c.isascii() and (c.isalnum() or c in ":_.") and not (i == 0 and c == ".")
+        else "".join(f"\\x{b:02x}" for b in c.encode())
+        for i, c in enumerate(interface)
+    )
+    return f"sys-subsystem-net-devices-{escaped}.device"
+
+
+def apply(host: Host, v: HostVars) -> None:
+    s = settings(v)
+    nics = [resolve(host, wanted) for wanted in interfaces(v)]
+    # What this host lacks, before anything changes: a host that is not a lab host stops here.
+    live = [nic for nic in nics if host.needs(not nic.missing, f"RoCE on {nic.name}", nic.missing)]
+    plans = {nic.name: plan(nic, s) for nic in live}
+    steps = []
+    for step in (step for nic in live for step in plans[nic.name]):
+        reason = requirement(host, step)
+        if host.needs(not reason, step.what, reason):
+            steps.append(step)
+
+    # Persistence: the boot script, its unit, the environment RCCL jobs read.
+    script = v.roce_nic_script
+    host.directory(posixpath.dirname(script), mode="0755")
+    host.task(f"template {script}").file(
+        script, render(host, "fxkit-roce-nic.sh.j2", nics=nics, plans=plans, q=quote), mode="0755"
+    )
+    units = [unit_device(nic.name) for nic in nics]
+    host.unit(
+        v.roce_nic_unit, render(host, "fxkit-roce-nic.service.j2", script=script, devices=units)
+    )
+    host.service(v.roce_nic_unit, enabled=True)
+    env = v.roce_nic_env_file
+    host.directory(posixpath.dirname(env), mode="0755")
+    devices = [nic.device for nic in nics if nic.device]
+    host.task(f"template {env}").file(
+        env, render(host, "roce-nic.env.j2", s=s, devices=devices), mode="0644"
+    )
+
+    for step in steps:
+        host.task(step.what).call(converge, step)
+    if not live:
+        if nics:
+            host.needs(False, "verify RoCE", "no interface could be configured (see above)")
+        return
+    ibv = host.fact(IbvDevinfo)
+    has_ibv = host.needs(not ibv.missing, "verify link layer and RDMA MTU", ibv.missing)
+    host.task("verify RoCE").call(verify, live, s.gid_index, has_ibv)

@@ -1,0 +1,581 @@
+"""roles/roce_nic: variables checked first, the commands it renders against the real tools'
+syntax, the boot script and unit (systemd-analyze verify), and real runs on lab hosts.
+
+Plain lab hosts have no RDMA hardware: every hardware step is skipped with its reason, the file
+steps (script, unit, RCCL environment) are applied, check mode changes nothing, a second run
+changes nothing; a host not marked as a lab host fails with the reason.
+
+Syntax sources: `mlnx_qos` options from Mellanox/mlnx-tools python/mlnx_qos at 8fbfd9cf (optparse:
+-i/--interface, --trust pcp|dscp, -f/--pfc "comma separated value for each priority starting from
+0 to 7"); `dcb pfc set dev DEV prio-pfc PRIO:on|off...` from iproute2 dcb/dcb_pfc.c (man
+dcb-pfc); the rdma_cm and bnxt_re configfs writes from FACTS.md and Broadcom's bnxt_setupcc.sh
+(mkdir DEV, write ports/1/cc/{ecn_enable,cc_mode,roce_prio,cnp_prio,roce_dscp,cnp_dscp}, then
+apply); `ip link set dev IF mtu N` is run for real below.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import optparse
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from rich.console import Console
+
+from fxkit.connection.base import Connection, RunResult
+from fxkit.connection.local import LocalConnection
+from fxkit.errors import VarError
+from fxkit.facts.base import FactCache
+from fxkit.facts.rdma import SEPARATOR, GidTypes, IbvDevinfo, NetInterface, RdmaLink
+from fxkit.lab import Fleet
+from fxkit.ops.base import OpContext, Status
+from fxkit.report import Reporter
+from fxkit.role import Host, RoleLoader
+from fxkit.variables import HostVars, Layer
+
+ROLES = Path(__file__).resolve().parents[1] / "roles"
+ROLE_DIR = ROLES / "roce_nic"
+REFERENCE = Path(__file__).parent / "data" / "reference"
+
+
+ROLE = RoleLoader([ROLES]).load("roce_nic")  # as the runner loads it
+#: role.py's module, for its functions (validate, plan, render...).
+R: ModuleType = sys.modules[ROLE.apply.__module__]
+DEFAULTS = ROLE.defaults
+
+
+def hostvars(**values: Any) -> HostVars:
+    return HostVars("gpu01", [Layer("role defaults", DEFAULTS), Layer("inventory", values)])
+
+
+# -- validate -------------------------------------------------------------------------------------
+
+
+def test_the_defaults_and_a_full_interface_list_validate() -> None:
+    R.validate(hostvars())
+    R.validate(
+        hostvars(
+            roce_nic_interfaces=["ens6np0", {"name": "ens5np0", "device": "mlx5_1", "mtu": 4200}]
+        )
+    )
+    R.validate(hostvars(roce_nic_mtu="9000", roce_nic_ecn="yes"))  # INI / -e strings
+
+
+@pytest.mark.parametrize(
+    "values, where, words",
+    [
+        ({"roce_nic_mtu": 1279}, "roce_nic_mtu", "1280..9216"),
+        ({"roce_nic_mtu": 9217}, "roce_nic_mtu", "1280..9216"),
+        ({"roce_nic_mtu": True}, "roce_nic_mtu", "whole number"),
+        ({"roce_nic_pfc_priority": 8}, "roce_nic_pfc_priority", "0..7"),
+        ({"roce_nic_cnp_priority": -1}, "roce_nic_cnp_priority", "0..7"),
+        ({"roce_nic_dscp": 64}, "roce_nic_dscp", "0..63"),
+        ({"roce_nic_cnp_dscp": "high"}, "roce_nic_cnp_dscp", "0..63"),
+        ({"roce_nic_tos": 256}, "roce_nic_tos", "0..255"),
+        ({"roce_nic_tos": 104 + 8}, "roce_nic_tos", "carries DSCP 28, but roce_nic_dscp is 26"),
+        ({"roce_nic_tos": 107}, "roce_nic_tos", "ECN bits 3"),
+        ({"roce_nic_dscp": 46, "roce_nic_tos": 184}, "roce_nic_dscp", "maps to priority 5"),
+        ({"roce_nic_trust": "vlan"}, "roce_nic_trust", "'vlan'"),
+        ({"roce_nic_ecn": "maybe"}, "roce_nic_ecn", "'maybe'"),
+        ({"roce_nic_interfaces": "ens6np0"}, "roce_nic_interfaces", "not a list"),
+        ({"roce_nic_interfaces": [{"device": "mlx5_0"}]}, "roce_nic_interfaces[0]", "is {"),
+        ({"roce_nic_interfaces": [{"name": "a", "speed": 1}]}, "roce_nic_interfaces[0]", "is {"),
+        ({"roce_nic_interfaces": ["a/b"]}, "roce_nic_interfaces[0].name", "interface name"),
+        ({"roce_nic_interfaces": ["x" * 16]}, "roce_nic_interfaces[0].name", "interface name"),
+        (
+            {"roce_nic_interfaces": [{"name": "a", "device": "m x"}]},
+            "roce_nic_interfaces[0].device",
+            "RDMA device name",
+        ),
+        (
+            {"roce_nic_interfaces": [{"name": "a", "mtu": 100}]},
+            "roce_nic_interfaces[0].mtu",
+            "1280..9216",
+        ),
+        ({"roce_nic_interfaces": ["a", "b", "a"]}, "roce_nic_interfaces[2]", "listed twice"),
+        (
+            {"roce_nic_interfaces": [{"name": "a", "device": "d0"}, {"name": "b", "device": "d0"}]},
+            "roce_nic_interfaces[1]",
+            "RDMA device d0 is listed twice",
+        ),
+    ],
+)
+def test_wrong_variables_name_host_and_variable(values: dict, where: str, words: str) -> None:
+    with pytest.raises(VarError) as caught:
+        R.validate(hostvars(**values))
+    assert caught.value.where == f"gpu01: {where}"
+    assert words in caught.value.message
+    assert caught.value.hint
+
+
+def test_pcp_trust_does_not_tie_dscp_to_the_priority() -> None:
+    R.validate(hostvars(roce_nic_trust="pcp", roce_nic_dscp=46, roce_nic_tos=186))
+
+
+# -- the commands, against the real tools' syntax ------------------------------------------------
+
+S = R.settings(hostvars())
+CONNECTX = R.Nic("ens6np0", 9000, "mlx5_0", "connectx")
+THOR2 = R.Nic("ens26np0", 9000, "bnxt_re0", "thor2")
+
+
+def mlnx_qos_parser() -> optparse.OptionParser:
+    """The options of mlnx_qos that the role uses, declared as mlnx-tools declares them."""
+    parser = optparse.OptionParser()
+    parser.add_option("-i", "--interface", dest="intf")
+    parser.add_option("--trust", dest="trust")
+    parser.add_option("-f", "--pfc", dest="pfc", metavar="LIST")
+    return parser
+
+
+def test_connectx_steps() -> None:
+    steps = R.plan(CONNECTX, S)
+    assert [s.what for s in steps] == [
+        "MTU of ens6np0",
+        "trust and PFC of ens6np0",
+        "rdma_cm defaults of mlx5_0",
+        "ECN of ens6np0 priority 3",
+    ]
+    argv = shlex.split(steps[1].command)
+    assert argv[0] == "mlnx_qos"
+    options, args = mlnx_qos_parser().parse_args(argv[1:])
+    assert args == []  # mlnx_qos refuses extra arguments ("Bad arguments")
+    assert (options.intf, options.trust) == ("ens6np0", "dscp")
+    assert [int(x) for x in options.pfc.split(",")] == [0, 0, 0, 1, 0, 0, 0, 0]
+    assert steps[1].want == "trust dscp, pfc 0,0,0,1,0,0,0,0"
+
+    tos = steps[2]
+    assert tos.command == (
+        "mkdir -p /sys/kernel/config/rdma_cm/mlx5_0 && "
+        "printf '%s\\n' 'RoCE v2' > /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_mode && "
+        "printf '%s\\n' 106 > /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos"
+    )
+    assert tos.want == "default_roce_mode RoCE v2, default_roce_tos 106"
+
+    ecn = steps[3]
+    paths = [p for _, p in ecn.attributes]
+    assert paths == [
+        "/sys/class/net/ens6np0/ecn/roce_np/enable/3",
+        "/sys/class/net/ens6np0/ecn/roce_rp/enable/3",
+        "/sys/class/net/ens6np0/ecn/roce_np/cnp_dscp",
+        "/sys/class/net/ens6np0/ecn/roce_np/cnp_802p_prio",
+    ]
+    assert ecn.want == "roce_np 1, roce_rp 1, cnp_dscp 48, cnp_802p_prio 7"
+    assert all(f"> {p}" in ecn.command for p in paths)
+
+
+def test_thor2_steps() -> None:
+    steps = R.plan(THOR2, S)
+    assert [s.kind for s in steps] == ["mtu", "dcb_pfc", "dcb_app", "attributes", "bnxt_cc"]
+    argv = shlex.split(steps[1].command)
+    assert argv[:5] == ["dcb", "pfc", "set", "dev", "ens26np0"] and argv[5] == "prio-pfc"
+    mapping = dict(item.split(":") for item in argv[6:])
+    assert mapping == {str(p): "on" if p == 3 else "off" for p in range(8)}
+    # dcb app { add | del | replace } dev DEV dscp-prio DSCP:PRIO... (dcb/dcb_app.c usage)
+    assert shlex.split(steps[2].command) == [
+        "dcb",
+        "app",
+        "replace",
+        "dev",
+        "ens26np0",
+        "dscp-prio",
+        "26:3",
+        "48:7",
+    ]
+    assert steps[2].want == "dscp-prio 26:3 48:7"
+    assert "/sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos" in steps[3].command
+    cc = steps[4].command.split(" && ")
+    base = "/sys/kernel/config/bnxt_re/bnxt_re0"
+    assert cc[0] == f"mkdir -p {base}"
+    writes = [re.fullmatch(r"printf '%s' (\S+) > (\S+)", c).groups() for c in cc[1:]]  # type: ignore[union-attr]
+    assert writes == [
+        (v, f"{base}/ports/1/cc/{k}")
+        for k, v in [
+            ("ecn_enable", "0x1"),
+            ("cc_mode", "0x1"),
+            ("roce_prio", "0x3"),
+            ("cnp_prio", "0x7"),
+            ("roce_dscp", "0x1a"),
+            ("cnp_dscp", "0x30"),
+            ("apply", "0x1"),
+        ]
+    ]
+
+
+def test_ecn_off_and_other_priorities() -> None:
+    s = R.settings(
+        hostvars(roce_nic_ecn=False, roce_nic_pfc_priority=4, roce_nic_dscp=34, roce_nic_tos=138)
+    )
+    connectx = R.plan(CONNECTX, s)
+    assert "--pfc=0,0,0,0,1,0,0,0" in connectx[1].command
+    assert connectx[3].want.startswith("roce_np 0, roce_rp 0")
+    assert "/enable/4" in connectx[3].command
+    assert "ecn_enable 0, cc_mode 0x1, roce_prio 0x4" in R.plan(THOR2, s)[4].want
+    assert R.plan(THOR2, s)[2].want == "dscp-prio 34:4 48:7"
+    pcp = R.settings(hostvars(roce_nic_trust="pcp"))
+    assert "dcb_app" not in [step.kind for step in R.plan(THOR2, pcp)]
+    assert "--trust=pcp" in R.plan(CONNECTX, pcp)[1].command
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_the_mtu_step_sets_the_mtu_for_real(tmp_path: Path) -> None:
+    """The MTU step as the boot script runs it, by the real ip on a veth in a network namespace
+    of its own (with its own sysfs, where the MTU reads back); then the NetInterface fact there."""
+    mtu = R.plan(CONNECTX, S)[0]
+    script = tmp_path / "fxkit-roce-nic"
+    script.write_text(
+        render("fxkit-roce-nic.sh.j2", nics=[CONNECTX], plans={"ens6np0": [mtu]}, q=shlex.quote)
+    )
+    fact = NetInterface().command("ens6np0")
+    inside = (
+        "mount -t sysfs sysfs /sys && ip link add ens6np0 type veth peer name fxpeer0 && "
+        f"sh {shlex.quote(str(script))} && {fact}"
+    )
+    run = subprocess.run(
+        ["unshare", "--net", "--mount", "sh", "-c", inside],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if run.returncode and "Operation not permitted" in run.stderr:
+        pytest.skip(f"no network namespaces here: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    info = NetInterface().parse(RunResult(fact, 0, run.stdout, ""), "ens6np0")
+    assert (info.mtu, info.driver, info.missing) == (9000, "", "")  # a veth: no device driver
+
+
+def test_the_rdma_mtu_the_kernel_derives() -> None:
+    # iboe_get_mtu: interface MTU minus 96 bytes of RoCEv2 headers, rounded down to an IB MTU.
+    assert [R.ib_mtu(m) for m in (9000, 4192, 4191, 1500, 1280)] == [4096, 4096, 2048, 1024, 1024]
+
+
+# -- converge and verify, the role's own operations ----------------------------------------------
+
+
+def test_converge_writes_only_what_differs_and_reads_it_back(tmp_path: Path) -> None:
+    """The generic step on real files (attributes kind): check mode writes nothing, apply
+    writes and reads back, the second run is ok; a value that does not stick fails."""
+    first, second = tmp_path / "tos", tmp_path / "mode"
+    first.write_text("0\n")
+    step = R.Step(
+        "rdma_cm defaults of t0",
+        "tos 106, mode RoCE v2",
+        f"printf '106\\n' > {first} && printf 'RoCE v2\\n' > {second}",
+        "attributes",
+        "t0",
+        (("tos", str(first)), ("mode", str(second))),
+    )
+    conn = LocalConnection("localhost")
+    checking = OpContext(conn, FactCache(conn), check=True, diff=True)
+    result = R.converge(checking, step)
+    assert (
+        result.changed and result.msg == "would set rdma_cm defaults of t0 to tos 106, mode RoCE v2"
+    )
+    assert result.diff == "rdma_cm defaults of t0: tos 0, mode unset -> tos 106, mode RoCE v2\n"
+    assert first.read_text() == "0\n" and not second.exists()
+    ctx = OpContext(conn, FactCache(conn))
+    assert R.converge(ctx, step).changed
+    assert (first.read_text(), second.read_text()) == ("106\n", "RoCE v2\n")
+    assert R.converge(ctx, step).status is Status.OK
+    stubborn = R.Step("t1", "tos 106", "true", "attributes", "t1", (("tos", str(tmp_path / "x")),))
+    failure = R.converge(ctx, stubborn)
+    assert failure.failed and failure.msg == "t1: wanted tos 106, found tos unset after `true`"
+
+
+def test_each_step_names_what_this_machine_lacks() -> None:
+    """The requirements, read on this machine (no RDMA NIC, no configfs): each step says why
+    it cannot run, from the real tools and paths."""
+    conn = LocalConnection("localhost")
+    reporter = Reporter(Console(file=io.StringIO()))
+    host = Host(
+        OpContext(conn, FactCache(conn)), hostvars(), role=ROLE, play="p", reporter=reporter
+    )
+    lo_connectx = R.Nic("lo", 9000, "mlx5_0", "connectx")
+    lo_thor2 = R.Nic("lo", 9000, "bnxt_re0", "thor2")
+    reasons = [R.requirement(host, step) for step in R.plan(lo_connectx, S)]
+    assert reasons[0] == ""  # the MTU: ip is everywhere
+    if shutil.which("mlnx_qos") is None:
+        assert reasons[1] == "mlnx_qos not found (install MLNX_OFED or DOCA-OFED)"
+    assert reasons[2] == (
+        "no /sys/kernel/config/rdma_cm (configfs not mounted or the rdma_cm module not loaded)"
+    )
+    assert reasons[3] == (
+        "no /sys/class/net/lo/ecn (the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED)"
+    )
+    reasons = [R.requirement(host, step) for step in R.plan(lo_thor2, S)]
+    if shutil.which("dcb"):
+        assert reasons[1] == reasons[2] == "lo has no DCB support (dcb: Operation not supported)"
+    assert reasons[4].startswith("no /sys/kernel/config/bnxt_re")
+
+
+class RecordedHost(Connection):
+    """A host that answers the facts' exact commands with recorded outputs (as a host with those
+    devices prints them); any other command fails. For the verification's logic only."""
+
+    name, user = "gpu01", "root"
+
+    def __init__(self, answers: dict[str, str]):
+        self.answers = answers
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def run(self, command: str, **kwargs: Any) -> RunResult:
+        if command not in self.answers:
+            return RunResult(command, 127, "", "not recorded")
+        return RunResult(command, 0, f"{SEPARATOR}\n{self.answers[command]}", "")
+
+    def get(self, path: str, *, become: bool = False) -> bytes | None:
+        return None
+
+
+def recorded(device: str, netdev: str, state: str, mtu: int, gid3: str) -> RecordedHost:
+    """rdma link in the reference's line format; ibv_devinfo the ConnectX-7 reference itself
+    (rocep1s0f1: PORT_ACTIVE, active_mtu 4096; rocep1s0f0: PORT_DOWN, active_mtu 1024)."""
+    link = f"link {device}/1 state {state} physical_state LINK_UP netdev {netdev}\n"
+    return RecordedHost(
+        {
+            RdmaLink().command(): link,
+            IbvDevinfo().command(): (REFERENCE / "ibv_devinfo_connectx7_roce.txt").read_text(),
+            NetInterface().command(netdev): f"mtu={mtu}\noperstate=up\ndriver=mlx5_core\n",
+            GidTypes().command(device, 1): f"0\tIB/RoCE v1\n1\tRoCE v2\n3\t{gid3}\n",
+        }
+    )
+
+
+def test_verify_passes_on_an_active_roce_port() -> None:
+    host = recorded("rocep1s0f1", "ens1f1np1", "ACTIVE", 9000, "RoCE v2")
+    nic = R.Nic("ens1f1np1", 9000, "rocep1s0f1", "connectx")
+    result = R.verify(OpContext(host, FactCache(host)), [nic], 3, True)
+    assert result.status is Status.OK, result.msg
+    assert result.msg.startswith("rocep1s0f1/1 (ens1f1np1): ACTIVE, Ethernet")
+
+
+def test_verify_names_device_wanted_and_found() -> None:
+    host = recorded("rocep1s0f0", "ens1f0np0", "DOWN", 1500, "IB/RoCE v1")
+    nic = R.Nic("ens1f0np0", 9000, "rocep1s0f0", "connectx")
+    result = R.verify(OpContext(host, FactCache(host)), [nic], 3, True)
+    assert result.failed
+    assert result.msg.split(": ", 1)[1].split("; ") == [
+        "rocep1s0f0/1 (ens1f0np0): wanted state ACTIVE, found DOWN (rdma link)",
+        "ens1f0np0: wanted MTU 9000, found 1500 (/sys/class/net/ens1f0np0/mtu)",
+        "rocep1s0f0: wanted active_mtu 4096 for interface MTU 9000, found 1024 (ibv_devinfo)",
+        "rocep1s0f0: wanted GID 3 of type RoCE v2 (roce_nic_gid_index), found IB/RoCE v1",
+    ]
+    checking = OpContext(host, FactCache(host), check=True)
+    assert R.verify(checking, [nic], 3, True).status is Status.SKIPPED
+
+
+# -- the rendered files ---------------------------------------------------------------------------
+
+
+class FakeRole:
+    templates = ROLE_DIR / "templates"
+
+
+class FakeHost:
+    role = FakeRole
+
+
+def render(template: str, **context: Any) -> str:
+    return R.render(FakeHost, template, **context)
+
+
+def test_the_boot_script_runs_the_plan_commands_in_order(tmp_path: Path) -> None:
+    missing = R.Nic("ens9np0", 9000, missing="rdma not found (install iproute2)")
+    nics = [CONNECTX, THOR2, missing]
+    plans = {n.name: R.plan(n, S) for n in nics if not n.missing}
+    text = render("fxkit-roce-nic.sh.j2", nics=nics, plans=plans, q=shlex.quote)
+    script = tmp_path / "fxkit-roce-nic"
+    script.write_text(text)
+    assert subprocess.run(["sh", "-n", str(script)], capture_output=True).returncode == 0
+    lines = [re.fullmatch(r"\{ (.*); \} \|\| failed (.*)", line) for line in text.splitlines()]
+    runs = [(shlex.split(m.group(2))[0], m.group(1)) for m in lines if m]
+    wanted = [step for n in nics if not n.missing for step in plans[n.name]]
+    assert runs == [(s.what, s.command) for s in wanted]
+    assert "# not configured when this was written: rdma not found (install iproute2)" in text
+
+
+def test_the_boot_script_reports_a_failed_step_and_runs_the_others(tmp_path: Path) -> None:
+    """The script itself, run: a failing command (no such interface here) is reported, the next
+    one still runs, and the exit status is 1."""
+    marker = tmp_path / "ran"
+    nic = R.Nic("fxnone0", 9000, "mlx5_0", "connectx")
+    plans = {
+        "fxnone0": [
+            R.Step("first", "", "false", "mtu", "x"),
+            R.Step("second", "", f"touch {marker}", "mtu", "x"),
+        ]
+    }
+    script = tmp_path / "s"
+    script.write_text(render("fxkit-roce-nic.sh.j2", nics=[nic], plans=plans, q=shlex.quote))
+    run = subprocess.run(["sh", str(script)], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert run.stderr == "fxkit-roce-nic: first failed\n"
+    assert marker.exists()
+
+
+def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    script = tmp_path / "fxkit-roce-nic"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    devices = [R.unit_device("ens6np0"), R.unit_device("eth-1.5")]
+    assert devices[1] == "sys-subsystem-net-devices-eth\\x2d1.5.device"
+    unit = tmp_path / "fxkit-roce-nic.service"
+    unit.write_text(render("fxkit-roce-nic.service.j2", script=str(script), devices=devices))
+    run = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    problems = [line for line in (run.stdout + run.stderr).splitlines() if "fxkit-roce-nic" in line]
+    assert run.returncode == 0 and not problems, run.stdout + run.stderr
+    text = unit.read_text()
+    assert "Type=oneshot" in text and f"ExecStart={script}" in text
+    assert "Wants=sys-subsystem-net-devices-ens6np0.device" in text
+
+
+def test_the_rccl_environment() -> None:
+    text = render("roce-nic.env.j2", s=S, devices=["mlx5_0", "mlx5_1"])
+    assert text.splitlines()[2:] == [
+        "NCCL_IB_TC=106",
+        "NCCL_IB_GID_INDEX=3",
+        "NCCL_IB_HCA=mlx5_0,mlx5_1",
+    ]
+    assert "NCCL_IB_HCA" not in render("roce-nic.env.j2", s=S, devices=[])
+
+
+# -- real runs on lab hosts -----------------------------------------------------------------------
+
+TREES = "/etc /usr/local /var/lib"
+#: Not ctime: on this shared machine the lab hosts' /etc files see ctime changes with nothing
+#: running on them (measured: ~300 files every few seconds), so mode, size, mtime and content.
+PLAYBOOK = "- hosts: all\n  roles: [roce_nic]\n"
+FILES = (
+    "/usr/local/sbin/fxkit-roce-nic",
+    "/etc/systemd/system/fxkit-roce-nic.service",
+    "/etc/fxkit/roce-nic.env",
+)
+
+
+def snapshot(fleet: Fleet, host: str) -> str:
+    with fleet.connect(host) as conn:
+        result = conn.run(
+            f"find {TREES} -xdev -printf '%p %y %m %s %T@\\n' | LC_ALL=C sort; "
+            f"find {TREES} -xdev -type f -size -1M -exec sha256sum {{}} + | LC_ALL=C sort"
+        )
+    assert result.ok, result.stderr
+    return result.stdout
+
+
+def play(folder: Path, fleet: Fleet, *args: str, **hostvars: Any) -> list[dict]:
+    """fxkit play in this process; the JSON log's task events."""
+    from click.testing import CliRunner
+
+    from fxkit.cli import cli
+
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    inventory["all"]["vars"].update(
+        roce_nic_interfaces=["ens6np0", {"name": "ens26np0", "device": "bnxt_re0"}], **hostvars
+    )
+    (folder / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (folder / "site.yml").write_text(PLAYBOOK)
+    log = folder / "log.jsonl"
+    log.unlink(missing_ok=True)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "play",
+            str(folder / "site.yml"),
+            "-i",
+            str(folder / "inventory.yml"),
+            "-l",
+            "lab01",
+            "--log-json",
+            str(log),
+            *args,
+        ],
+        catch_exceptions=False,
+    )
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    tasks = [e for e in events if e["event"] == "task"]
+    assert tasks, result.output
+    return tasks
+
+
+def statuses(tasks: list[dict]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for task in tasks:
+        found[task["status"]] = found.get(task["status"], 0) + 1
+    return found
+
+
+@pytest.mark.lab
+def test_a_plain_lab_host_gets_the_files_and_skips_every_hardware_step(
+    lab_fleet, tmp_path: Path
+) -> None:
+    fleet = lab_fleet(1, name="roce")
+    before = snapshot(fleet, "lab01")
+    checked = play(tmp_path, fleet, "--check", fxkit_lab=True)
+    assert snapshot(fleet, "lab01") == before  # check mode changed nothing
+    assert not [t for t in checked if t["status"] == "failed"]
+    assert {t["operation"] for t in checked if t["status"] == "changed"} >= {
+        f"template {f}" for f in ("/usr/local/sbin/fxkit-roce-nic", "/etc/fxkit/roce-nic.env")
+    }
+
+    first = play(tmp_path, fleet, fxkit_lab=True)
+    assert not [t for t in first if t["status"] == "failed"], first
+    skips = {t["operation"]: t["msg"] for t in first if t["status"] == "skipped"}
+    for name in ("ens6np0", "ens26np0"):
+        reason = skips[f"RoCE on {name}"]
+        assert reason.startswith(f"RoCE on {name}: ")
+        assert "rdma" in reason.lower()  # no rdma tool, or no RDMA in this kernel/netns
+    assert skips["verify RoCE"] == "verify RoCE: no interface could be configured (see above)"
+    assert "systemd is not running" in skips["service fxkit-roce-nic.service"]
+    changed = {t["operation"] for t in first if t["status"] == "changed"}
+    assert {
+        f"template {FILES[0]}",
+        f"template {FILES[2]}",
+        f"unit {FILES[1].rsplit('/')[-1]}",
+    } <= changed
+    # no hardware step reported ok or changed: only the files were
+    hardware = [t for t in first if t["operation"].startswith(("MTU", "trust", "PFC", "ECN"))]
+    assert hardware == []
+
+    with fleet.connect("lab01") as conn:
+        script = conn.run(f"cat {FILES[0]}; stat -c %a {FILES[0]}").stdout
+        unit = conn.run(f"cat {FILES[1]}").stdout
+    assert script.rstrip().endswith("755")
+    assert "# not configured when this was written:" in script
+    assert "ExecStart=/usr/local/sbin/fxkit-roce-nic" in unit
+    assert "Wants=sys-subsystem-net-devices-ens26np0.device" in unit
+
+    again = play(tmp_path, fleet, fxkit_lab=True)
+    assert statuses(again).get("changed", 0) == 0, [t for t in again if t["status"] == "changed"]
+    assert statuses(again)["skipped"] == statuses(first)["skipped"]
+
+
+@pytest.mark.lab
+def test_a_host_not_marked_as_lab_fails_with_the_reason(lab_fleet, tmp_path: Path) -> None:
+    fleet = lab_fleet(1, name="roce-real")  # a fresh host: nothing of the role there yet
+    before = snapshot(fleet, "lab01")
+    tasks = play(tmp_path, fleet)
+    assert snapshot(fleet, "lab01") == before  # it stopped before changing anything
+    assert [t["status"] for t in tasks] == ["failed"]
+    failures = [t for t in tasks if t["status"] == "failed"]
+    assert len(failures) == 1
+    assert failures[0]["msg"].startswith("RoCE on ens6np0: ")
+    assert "not marked as a lab host" in failures[0]["msg"]
