@@ -182,7 +182,9 @@ def _entries(data: Any, command: str) -> list[dict[str, Any]]:
 
 
 def _section(entry: dict[str, Any], name: str, command: str) -> dict[str, Any]:
-    section = entry.get(name) or {}
+    section = entry.get(name, {})
+    if section is None or section == "N/A":  # a section the GPU does not support
+        return {}
     if not isinstance(section, dict):
         raise FactError(f"`{command}`: {name} of GPU {entry.get('gpu')} is not an object")
     return section
