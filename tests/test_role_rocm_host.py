@@ -294,3 +294,14 @@ def test_wrong_variables_are_named_before_any_host_is_touched(lab: Lab) -> None:
             lab.play("--limit", "lab03", **variables)
         assert str(caught.value).startswith(named), caught.value
     assert snapshot(lab.fleet, "lab03") == before
+
+
+def test_an_opt_in_reboot_that_cannot_happen_is_skipped_with_the_reason(lab: Lab) -> None:
+    run = lab.play("--limit", "lab02", rocm_host_reboot=True)
+    assert run.code == 0, run.output
+    skipped = events(run, "lab02", "skipped")
+    assert skipped["reboot"].startswith("cannot reboot this host: PID 1 is sshd"), skipped
+    assert skipped["verify GPUs"].startswith(
+        f"verify GPUs: {NO_TOOL}; a reboot is needed first (the running kernel lacks "
+        "pci=realloc=off iommu=pt"
+    )

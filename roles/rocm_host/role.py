@@ -125,16 +125,17 @@ def apply(host: Host, v: HostVars) -> None:
         host.group_member(user, v.rocm_host_groups)
     for name, value in v.rocm_host_sysctl.items():
         host.sysctl(name, value, file=v.rocm_host_sysctl_file)
-    due = reboot_due(host, v, dkms)
+    due, lacking = reboot_due(host, v, dkms)
     if due and truthy(v.rocm_host_reboot):
-        host.reboot(timeout=v.rocm_host_reboot_timeout)
-        lacking = [a for a in v.rocm_host_kernel_args if a not in host.fact(KernelCmdline)]
-        if lacking and not host.check:
-            host.fail(
-                f"rebooted, but the running kernel lacks {' '.join(lacking)} "
-                "(/proc/cmdline): is the boot loader's config regenerated (update-grub)?"
-            )
-        due = ""
+        rebooted = host.reboot(timeout=v.rocm_host_reboot_timeout)
+        if rebooted.changed and not host.check:  # back, with every fact read anew
+            still = [a for a in lacking if a not in host.fact(KernelCmdline)]
+            if still:
+                host.fail(
+                    f"rebooted, but the running kernel lacks {' '.join(still)} "
+                    "(/proc/cmdline): is the boot loader's config regenerated (update-grub)?"
+                )
+            due = ""
     elif due:
         host.task("reboot").call(
             not_run, "reboot", f"needed ({due}); rocm_host_reboot is false: reboot the host"
@@ -187,10 +188,11 @@ def packages(host: Host, v: HostVars) -> Result:
     return results["amdgpu-dkms"]
 
 
-def reboot_due(host: Host, v: HostVars, dkms: Result) -> str:
-    """Why the host needs a reboot ("" when it does not): the kernel command line is in GRUB's
-    config but not in the running kernel, or amdgpu-dkms was installed in this run."""
-    reasons = []
+def reboot_due(host: Host, v: HostVars, dkms: Result) -> tuple[str, list[str]]:
+    """Why the host needs a reboot ("" when it does not), and the kernel arguments it is to
+    bring: they are in GRUB's config but not in the running kernel, or amdgpu-dkms was
+    installed in this run."""
+    reasons, lacking = [], []
     if v.rocm_host_kernel_args:
         grub = host.fact(FileStat, v.rocm_host_grub_file)
         if host.needs(
@@ -205,7 +207,7 @@ def reboot_due(host: Host, v: HostVars, dkms: Result) -> str:
                 reasons.append(f"the running kernel lacks {' '.join(lacking)}")
     if dkms.changed:
         reasons.append("amdgpu-dkms was installed")
-    return "; ".join(reasons)
+    return "; ".join(reasons), lacking
 
 
 def verify(host: Host, v: HostVars, gpus: GpuInventory, due: str) -> None:
