@@ -3,6 +3,7 @@ whether a module is loaded or can be loaded."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from shlex import quote
 
@@ -86,3 +87,81 @@ class ModuleState(Fact[ModuleInfo]):
         if not lines or lines[0] not in ("loaded", "absent"):
             raise FactError.from_result(f"module {name}", result)
         return ModuleInfo(lines[0] == "loaded", lines[1] if len(lines) > 1 else "")
+
+
+@dataclass(frozen=True)
+class CmdlineInfo:
+    """The running kernel's command line, word by word (``/proc/cmdline``)."""
+
+    args: tuple[str, ...]
+
+    def __contains__(self, arg: object) -> bool:
+        return arg in self.args
+
+    def value(self, key: str) -> str | None:
+        """The last ``key=value``'s value (the kernel reads the last one), ``""`` for a bare
+        ``key``, None when absent."""
+        found = None
+        for arg in self.args:
+            name, sep, value = arg.partition("=")
+            if name == key:
+                found = value if sep else ""
+        return found
+
+
+class KernelCmdline(Fact[CmdlineInfo]):
+    """``/proc/cmdline``: what the running kernel was booted with (a change to the boot
+    loader's config shows here only after a reboot)."""
+
+    stable = True
+    cmd = "cat /proc/cmdline"
+
+    def parse(self, result: RunResult) -> CmdlineInfo:
+        if not result.ok:
+            raise FactError.from_result("kernel command line", result)
+        try:
+            words = shlex.split(result.stdout)  # the kernel's own quoting: name="a b"
+        except ValueError:
+            words = result.stdout.split()
+        return CmdlineInfo(tuple(words))
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    name: str
+    size: int
+    #: How many users the module has (``-`` in /proc/modules: unknown, shown as -1).
+    refcount: int
+    #: The modules that use this one.
+    used_by: tuple[str, ...]
+    #: ``Live``, ``Loading`` or ``Unloading``.
+    state: str
+
+
+class LoadedModules(Fact[dict[str, LoadedModule]]):
+    """The loadable modules in the running kernel (``/proc/modules``), by name; built-in ones
+    are not listed there (:class:`ModuleState` sees those too). Empty when the kernel has no
+    loadable modules (no /proc/modules)."""
+
+    cmd = "if [ -e /proc/modules ]; then cat /proc/modules; fi"
+
+    def parse(self, result: RunResult) -> dict[str, LoadedModule]:
+        if not result.ok:
+            raise FactError.from_result("loaded modules", result)
+        modules = {}
+        for number, line in enumerate(result.stdout.splitlines(), 1):
+            fields = line.split()
+            if len(fields) < 5 or not fields[1].isdigit():
+                raise FactError(
+                    f"/proc/modules line {number} is not `name size refcount users state ...`: "
+                    f"{line[:80]!r}"
+                )
+            name, size, refcount, users, state = fields[:5]
+            modules[name] = LoadedModule(
+                name,
+                int(size),
+                int(refcount) if refcount.isdigit() else -1,
+                tuple(u for u in users.split(",") if u and u != "-"),
+                state,
+            )
+        return modules

@@ -16,6 +16,8 @@ class OsInfo:
     id_like: tuple[str, ...]
     version_id: str
     pretty_name: str
+    #: ``VERSION_CODENAME`` (``noble``), else ``UBUNTU_CODENAME``; empty when neither is set.
+    codename: str = ""
 
     @property
     def family(self) -> str:
@@ -49,6 +51,7 @@ class OsRelease(Fact[OsInfo]):
             id_like=tuple(fields.get("ID_LIKE", "").split()),
             version_id=fields.get("VERSION_ID", ""),
             pretty_name=fields.get("PRETTY_NAME", ""),
+            codename=fields.get("VERSION_CODENAME") or fields.get("UBUNTU_CODENAME", ""),
         )
 
 
