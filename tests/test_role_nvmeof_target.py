@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -373,3 +375,66 @@ def test_wrong_variables_stop_the_play_before_any_host_is_touched(
     assert run.code != 0 and run.events == []
     assert "lab01: nvmeof_target_ports[0].address: port 1 (rdma) has no address" in run.output
     assert changes(before, snapshot(target, "lab01")) == []
+
+
+def stand_in_nvmetcli(folder: Path, root: Path) -> Path:
+    """``nvmetcli restore FILE`` as a test double: it clears ``root`` and writes the file's tree
+    there (test_facts_nvme.write_configfs), and, like the real one, a namespace whose device
+    does not exist stays disabled with a message while the exit status stays 0."""
+    tool = folder / "nvmetcli"
+    tool.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, shutil, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_facts_nvme import write_configfs\n"
+        f"root = {str(root)!r}\n"
+        "assert sys.argv[1] == 'restore', sys.argv\n"
+        "config = json.load(open(sys.argv[2]))\n"
+        "for sub in config['subsystems']:\n"
+        "    for ns in sub['namespaces']:\n"
+        "        if not os.path.exists(ns['device']['path']):\n"
+        "            ns['enable'] = 0\n"
+        "            where = f\"{root}/subsystems/{sub['nqn']}/namespaces/{ns['nsid']}\"\n"
+        "            print(f'Cannot enable {where}: No such file or directory (1), skipped')\n"
+        "shutil.rmtree(root, ignore_errors=True)\n"
+        "write_configfs(__import__('pathlib').Path(root), config)\n"
+    )
+    tool.chmod(0o755)
+    return folder
+
+
+def test_a_restore_is_read_back_and_a_silent_failure_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "nvmet"
+    write_configfs(root, {"hosts": [], "ports": [], "subsystems": []})  # nvmet just loaded
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{stand_in_nvmetcli(bin_dir, root)}:{os.environ['PATH']}")
+    backing = tmp_path / "ns1.img"
+    backing.write_bytes(b"")
+    variables = json.loads(json.dumps(GOOD))
+    variables["nvmeof_target_subsystems"][0]["namespaces"] = [{"nsid": 1, "path": str(backing)}]
+    desired = CODE.nvmet_config(host_vars(**variables))
+    config = tmp_path / "config.json"
+    config.write_text(CODE.render(desired))
+    conn = LocalConnection("localhost")
+
+    def restore(written: bool) -> Any:
+        ctx = OpContext(conn, FactCache(conn), diff=True)
+        return CODE.nvmet_restore(ctx, str(config), desired, written, str(root))
+
+    applied = restore(written=True)
+    assert applied.changed and applied.msg == f"restored {config}", applied
+    assert "subsystems[nqn.2024-01.io.fxkit:models]: not in configfs" in applied.diff
+    assert restore(written=False).msg == f"configfs matches {config}"
+
+    backing.unlink()  # nvmetcli cannot enable the namespace, and still exits 0
+    failed = restore(written=True)
+    assert failed.failed
+    assert failed.msg.startswith(f"nvmetcli restore exited 0 but configfs differs from {config}: ")
+    assert (
+        "subsystems[nqn.2024-01.io.fxkit:models].namespaces[1].enable: wanted 1, configfs has 0"
+        in (failed.msg)
+    )
+    assert "(nvmetcli said: Cannot enable" in failed.msg
