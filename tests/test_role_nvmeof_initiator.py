@@ -408,3 +408,99 @@ def test_a_host_not_marked_as_lab_fails_with_the_reason(initiator: Any, tmp_path
     [(_, msg)] = events_of(run, "lab01", "failed")
     assert msg.startswith("native NVMe multipath: nvme_core is not loaded")
     assert msg.endswith("(this host is not marked as a lab host, so this is a failure)")
+
+
+#: A state-backed stand-in for nvme-cli (a test double, this file's own; the mi308x lab profile
+#: has the shared one): ``connect`` records its arguments, makes the namespace a sparse file
+#: /dev/nvme<K>n1 and a path in ``list-subsys``; ``list`` shows it in nvme-cli 2.x's shape.
+STAND_IN_NVME = r"""#!/usr/bin/python3
+import json, os, sys
+state, log, size = "/var/lib/fxkit-test-nvme.json", "/var/log/fxkit-test-nvme.log", 300 << 20
+args = sys.argv[1:]
+with open(log, "a") as f:
+    f.write(json.dumps(args) + "\n")
+subs = json.load(open(state)) if os.path.exists(state) else []
+if args[:1] == ["connect"]:
+    opts = dict(zip(args[1::2], args[2::2]))
+    k = len(subs) + 1
+    subs.append({"k": k, "nqn": opts["-n"], "transport": opts["-t"],
+                 "address": f"traddr={opts['-a']},trsvcid={opts['-s']}"})
+    with open(f"/dev/nvme{k}n1", "wb") as f:
+        f.truncate(size)
+    json.dump(subs, open(state, "w"))
+    print(f"connecting to device: nvme{k}")
+elif args == ["list-subsys", "-o", "json"]:
+    print(json.dumps([{"HostNQN": open("/etc/nvme/hostnqn").read().strip(), "Subsystems": [
+        {"Name": f"nvme-subsys{s['k']}", "NQN": s["nqn"], "IOPolicy": "numa", "Paths": [
+            {"Name": f"nvme{s['k']}", "Transport": s["transport"], "Address": s["address"],
+             "State": "live"}]} for s in subs]}], indent=2))
+elif args == ["list", "-o", "json"]:
+    print(json.dumps({"Devices": [
+        {"NameSpace": 1, "DevicePath": f"/dev/nvme{s['k']}n1", "GenericPath": f"/dev/ng{s['k']}n1",
+         "Firmware": "6.1", "ModelNumber": "Linux", "SerialNumber": "fx0001", "UsedBytes": 0,
+         "MaximumLBA": size // 512, "PhysicalSize": size, "SectorSize": 512} for s in subs]}))
+else:
+    sys.exit(f"stand-in nvme: {args} not supported")
+"""
+
+
+@pytest.mark.lab
+def test_connect_once_verify_and_format_the_connected_namespace(
+    initiator: Any, tmp_path: Path
+) -> None:
+    """With a stand-in nvme-cli (and /dev/nvme-fabrics) the steps after the gates run: one
+    ``nvme connect`` with the variables' options, none on the second run (list-subsys shows the
+    path), the namespace verified by count and size, XFS on it found through nvme list."""
+    connection = {
+        **LAB_VARS["nvmeof_initiator_connections"][0],
+        "size": "300M",
+        "ctrl_loss_tmo": 600,
+    }
+    variables = {**LAB_VARS, "nvmeof_initiator_connections": [connection]}
+    with initiator.connect("lab01") as conn:
+        if not conn.run("command -v mkfs.xfs && test -x /usr/bin/python3").ok:
+            pytest.skip("needs xfsprogs and python3 on the lab hosts")
+        conn.put("/usr/local/bin/nvme", STAND_IN_NVME.encode())
+        sh(conn, "chmod 755 /usr/local/bin/nvme && touch /dev/nvme-fabrics "
+                 "&& rm -f /var/lib/fxkit-test-nvme.json /var/log/fxkit-test-nvme.log")  # fmt: skip
+        try:
+            first = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", variables)
+            assert first.code == 0, first.output
+            calls = [
+                json.loads(line)
+                for line in sh(conn, "cat /var/log/fxkit-test-nvme.log").splitlines()
+            ]
+            connects = [c for c in calls if c[0] == "connect"]
+            assert connects == [["connect", "-t", "rdma", "-a", "192.168.100.10", "-s", "4420",
+                                 "-i", "8", "-l", "600", "-n", MODELS]]  # fmt: skip
+            done = dict(events_of(first, "lab01", "changed"))
+            assert (
+                done[f"nvme connect {MODELS}"]
+                == f"connected to {MODELS} over rdma 192.168.100.10:4420"
+            )
+            assert done["xfs on /dev/nvme1n1"] == "made xfs on /dev/nvme1n1"
+            uuid = sh(conn, "blkid -p -s UUID -o value /dev/nvme1n1").strip()
+            assert f"UUID={uuid} /mnt/models xfs defaults,_netdev,nofail 0 0\n" in sh(
+                conn, "cat /etc/fstab"
+            )
+
+            second = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", variables)
+            assert second.code == 0 and events_of(second, "lab01", "changed") == [], second.output
+            assert (f"nvme connect {MODELS}", "connected: nvme1 (live)") in events_of(
+                second, "lab01", "ok"
+            )
+            calls = sh(conn, "cat /var/log/fxkit-test-nvme.log")
+            assert calls.count('"connect"') == 1
+
+            wrong = {**variables, "nvmeof_initiator_connections": [
+                {**variables["nvmeof_initiator_connections"][0], "namespaces": 2}]}  # fmt: skip
+            short = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", wrong)
+            assert short.code != 0
+            [(_, msg)] = events_of(short, "lab01", "failed")
+            assert msg == (
+                f"nvme list -o json shows 1 namespace(s) of {MODELS} (/dev/nvme1n1 (314572800 "
+                "bytes)), wanted 2"
+            )
+        finally:
+            sh(conn, "rm -f /usr/local/bin/nvme /dev/nvme-fabrics /dev/nvme1n1 "
+                     "/var/lib/fxkit-test-nvme.json")  # fmt: skip
