@@ -16,6 +16,7 @@ from typing import Any
 from fxkit.errors import VarError
 from fxkit.facts.files import FileStat
 from fxkit.facts.filesystems import BlockSignature
+from fxkit.facts.kernel import ModuleState
 from fxkit.facts.nvme import (
     NvmeDevices,
     NvmeList,
@@ -300,15 +301,19 @@ def apply(host: Host, v: HostVars) -> None:
 
     if v.nvmeof_initiator_multipath:
         multipath = host.fact(NvmeMultipath)
-        on = host.needs(not multipath.missing, "native NVMe multipath", multipath.missing)
-        if on and not multipath.enabled:
+        present = not multipath.missing or would_load(host, "nvme_core")
+        on = host.needs(present, "native NVMe multipath", multipath.missing)
+        if on and multipath.value == "N":
             host.fail(
                 "native NVMe multipath is off in the running kernel (nvme_core multipath="
                 f"{multipath.value}); /etc/modprobe.d/nvme_core.conf turns it on when nvme_core "
                 "is next loaded: reboot (after update-initramfs -u where nvme_core is in the "
                 "initramfs)"
             )
-    state = connect(host, v, connections, bool(installing)) if connections else "done"
+    # In check mode nvme-cli or the fabrics modules may only be about to come: the connections
+    # are then reported as they would be made.
+    coming = host.check and (bool(installing) or any(would_load(host, TRANSPORTS[t]) for t in used))
+    state = connect(host, v, connections, coming) if connections else "done"
     for fs in filesystems:
         if fs.get("device") is None and state != "done":
             if state == "skipped":
@@ -317,12 +322,15 @@ def apply(host: Host, v: HostVars) -> None:
         make_filesystem(host, v, fs)
 
 
-def connect(host: Host, v: HostVars, connections: list[dict[str, Any]], installing: bool) -> str:
+def would_load(host: Host, module: str) -> bool:
+    """In check mode: the module step only said it would load ``module`` (it is not loaded)."""
+    state = host.fact(ModuleState, module)
+    return host.check and not state.loaded and not state.cannot_load
+
+
+def connect(host: Host, v: HostVars, connections: list[dict[str, Any]], coming: bool) -> str:
     """Connect and verify: ``done``, ``pending`` (check mode: connections would be made) or
     ``skipped`` (no nvme-cli or fabrics on a lab host)."""
-    # In check mode nvme-cli may only be about to be installed: the connections are then
-    # reported as they would be made.
-    coming = host.check and installing
     subsystems = host.fact(NvmeListSubsys)
     step = "connect NVMe-oF subsystems"
     if not host.needs(not subsystems.missing or coming, step, subsystems.missing):
