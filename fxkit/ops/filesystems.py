@@ -1,0 +1,72 @@
+"""Filesystems on block devices, made only where there is nothing: never over data.
+
+The device is probed with ``blkid -p`` (:class:`~fxkit.facts.filesystems.BlockSignature`): a
+filesystem of the wanted type is left as it is; any other signature (another filesystem, a
+partition table, LVM, an ambivalent probe, an unreadable device) fails the step and changes
+nothing. Only a device on which blkid finds nothing gets ``mkfs``, and the command that runs it
+probes again first (the device may have changed since it was read) and calls mkfs without its
+force option, so mkfs's own check refuses an existing filesystem too.
+"""
+
+from __future__ import annotations
+
+import re
+from shlex import quote
+
+from fxkit.facts.filesystems import BlockSignature
+from fxkit.ops.base import OpContext, OpError, Result, failed, ok
+
+_FSTYPE = re.compile(r"[a-z0-9]+")
+#: mkfs options that set a label, by filesystem (mkfs.xfs -L is at most 12 characters).
+_LABEL = {"xfs": ("-L", 12), "ext4": ("-L", 16)}
+#: How mkfs is told to be quiet.
+_QUIET = {"xfs": "-q", "ext4": "-q"}
+
+
+def filesystem(
+    ctx: OpContext, device: str, fstype: str = "xfs", label: str | None = None
+) -> Result:
+    """Ensure ``device`` holds a filesystem of ``fstype``: made with ``mkfs`` when the device is
+    empty (blkid finds no signature at all), left alone when it has one of that type, and a
+    failure, changing nothing, when it holds anything else. ``data["uuid"]`` is the filesystem's
+    UUID when there is one.
+
+    Example::
+
+        host.call(filesystem, "/dev/nvme1n1", "xfs", label="models")
+    """
+    if not device.startswith("/") or "\0" in device:
+        raise OpError(f"bad device {device!r}", hint="an absolute path, e.g. /dev/nvme1n1")
+    if fstype not in _LABEL or not _FSTYPE.fullmatch(fstype):
+        raise OpError(f"unsupported filesystem {fstype!r}", hint=f"one of {', '.join(_LABEL)}")
+    option, longest = _LABEL[fstype]
+    if label is not None and (not re.fullmatch(r"[A-Za-z0-9_.-]+", label) or len(label) > longest):
+        raise OpError(f"bad {fstype} label {label!r}", hint=f"up to {longest} of A-Z a-z 0-9 _ . -")
+    found = ctx.probe(BlockSignature, device)
+    if not found.exists:
+        return failed(f"{device} does not exist")
+    if found.error:
+        return failed(f"{device} cannot be probed, so it is left alone: {found.error}")
+    if found.fstype == fstype:
+        return ok(f"{device} has {found.what}", uuid=found.uuid)
+    if not found.empty:
+        return failed(
+            f"{device} holds {found.what}, not {fstype}: fxkit never formats over data "
+            "(wipe it by hand with wipefs if its data may go, or choose another device)"
+        )
+    q = quote(device)
+    labelled = f"{option} {quote(label)} " if label else ""
+    command = (
+        f'e=$(blkid -p -- {q} 2>&1); [ $? -eq 2 ] && [ -z "$e" ] || '
+        f'{{ echo "{device} is not empty any more (blkid: $e); not formatted" >&2; exit 3; }}; '
+        f"mkfs.{fstype} {_QUIET[fstype]} {labelled}-- {q}"
+    )
+    made = ctx.change(
+        command,
+        would=f"make {fstype} on {device}",
+        done=f"made {fstype} on {device}",
+        diff=f"{device}: no signature -> {fstype}\n",
+    )
+    if made.changed and not ctx.check:
+        made.data["uuid"] = ctx.probe(BlockSignature, device).uuid
+    return made

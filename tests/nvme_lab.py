@@ -1,0 +1,106 @@
+"""Helpers of the NVMe role tests on lab hosts: stand-in packages in a local apt repository of
+the host, and ``fxkit play`` of one role with variables.
+
+nvmetcli is not in Debian 12 (this machine) and nvme-cli should not have to be installed on it,
+so the tests give each lab host a file: apt repository holding small packages of those names
+(built with dpkg-deb, documentation only: no executables, so every fact still finds no tool, as on
+a host without NVMe-oF): the roles' install steps then run apt for real.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+from test_play_lab import Run, cli_play, fxkit_play, write_inventory
+
+from fxkit.connection.base import Connection
+from fxkit.lab import Fleet
+
+REPO = "/srv/fxkit-nvme-repo"
+SOURCES = "/etc/apt/sources.list.d/fxkit-nvme-test.list"
+
+
+def sh(conn: Connection, command: str) -> str:
+    result = conn.run(command)
+    assert result.ok, result
+    return result.stdout
+
+
+def stand_in_packages(conn: Connection, *names: str) -> None:
+    """Packages ``names`` (version 0.0-fxkit) in a local repository the host's apt knows."""
+    script = ["set -e", f"rm -rf {REPO} /tmp/fxkit-pkgs", f"mkdir -p {REPO}"]
+    for name in names:
+        root = f"/tmp/fxkit-pkgs/{name}"
+        control = "\n".join(
+            [
+                f"Package: {name}",
+                "Version: 0.0-fxkit",
+                "Architecture: all",
+                "Maintainer: fxkit tests <fxkit@localhost>",
+                f"Description: stand-in for {name} in fxkit's lab tests (no executables)",
+                "",
+            ]
+        )
+        script += [
+            f"mkdir -p {root}/DEBIAN {root}/usr/share/doc/{name}",
+            f"printf %s {shlex.quote(control)} > {root}/DEBIAN/control",
+            f"echo 'fxkit lab stand-in' > {root}/usr/share/doc/{name}/README",
+            f"dpkg-deb --root-owner-group --build {root} {REPO}/{name}.deb >/dev/null",
+        ]
+    script.append(f"cd {REPO} && dpkg-scanpackages --multiversion . > Packages 2>/dev/null")
+    sh(conn, " && ".join(script))
+    conn.put(SOURCES, f"deb [trusted=yes] file:{REPO} ./\n".encode())
+    sh(
+        conn,
+        f"apt-get update -q -o Dir::Etc::SourceList={SOURCES} -o Dir::Etc::SourceParts=- "
+        "-o APT::Get::List-Cleanup=0 >/dev/null",
+    )
+
+
+def play_role(
+    fleet: Fleet,
+    folder: Path,
+    role: str,
+    hosts: str,
+    variables: dict[str, Any],
+    *args: str,
+    lab: bool = True,
+    executable: bool = False,
+) -> Run:
+    """``fxkit play`` of ``role`` on ``hosts`` with ``variables`` (group vars), the fleet
+    marked as lab hosts (``fxkit_lab``) unless ``lab`` is false; in this process, or with
+    ``executable`` as a user runs it."""
+    playbook = folder / f"{role}.yml"
+    playbook.write_text(yaml.safe_dump([{"name": role, "hosts": hosts, "roles": [role]}]))
+    inventory = write_inventory(fleet, folder / "inventory.yml", fxkit_lab=lab, **variables)
+    play = fxkit_play if executable else cli_play
+    return play(playbook, inventory, folder / "events.json", *args)
+
+
+def events_of(run: Run, host: str, status: str) -> list[tuple[str, str]]:
+    return [
+        (e["operation"], e["msg"])
+        for e in run.events
+        if e["host"] == host and e["status"] == status
+    ]
+
+
+def snapshot(fleet: Fleet, host: str) -> str:
+    """A host's file trees: every entry's metadata (no ctime: the fleet's base layer holds hard
+    links to this machine's /etc, so every fleet another session starts moves their ctime) and a
+    sha256 of each small file."""
+    with fleet.connect(host) as conn:
+        return sh(
+            conn,
+            "find /etc /opt /srv /var/lib -xdev -printf '%p %y %m %u %g %s %T@ %l\\n' | "
+            "LC_ALL=C sort; find /etc /srv -xdev -type f -exec sha256sum {} + | LC_ALL=C sort",
+        )
+
+
+def changes(before: str, after: str) -> list[str]:
+    """The lines of two host snapshots that differ."""
+    old, new = set(before.splitlines()), set(after.splitlines())
+    return sorted(f"- {line}" for line in old - new) + sorted(f"+ {line}" for line in new - old)
