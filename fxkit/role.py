@@ -351,6 +351,7 @@ class Host:
     copy = operation(ops.copy)
     download = operation(ops.download)
     mount = operation(ops.mount)
+    filesystem = operation(ops.filesystem)
 
     def __init__(
         self,

@@ -65,6 +65,7 @@ CASES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
         ("/srv/fxkit-check-mnt", "UUID=0b3c4f5e-8d4a-4c7e-9f1a-2a6e3c1d9b7f", "xfs"),
         {"opts": "defaults,_netdev,nofail"},
     ),
+    "filesystem": (("/root/fxkit-check-fs.img", "xfs"), {"label": "check"}),
 }
 
 
@@ -75,7 +76,8 @@ def host(lab_fleet) -> Iterator[Connection]:
         setup = conn.run(
             "set -e; mkdir -p /etc/default; "
             "printf 'GRUB_CMDLINE_LINUX_DEFAULT=\"quiet\"\\n' > /etc/default/grub; "
-            "getent passwd fxkit >/dev/null || useradd fxkit"
+            "getent passwd fxkit >/dev/null || useradd fxkit; "
+            "truncate -s 300M /root/fxkit-check-fs.img"
         )
         assert setup.ok, setup
         yield conn

@@ -199,13 +199,13 @@ def test_example_mi308x_inventory() -> None:
     assert list(inv.hosts) == ["gpu01", "gpu02", "gpu03", "gpu04", "nvme-tgt01", "nvme-tgt02"]
     gpu01, tgt = inv.hosts["gpu01"].vars, inv.hosts["nvme-tgt01"].vars
     assert gpu01["ansible_host"] == "10.20.0.11"  # from host_vars/gpu01.yml
-    assert gpu01["roce_nics"][0] == {"rdma_dev": "mlx5_0", "netdev": "ens6np0"}
-    assert gpu01["rocm_version"] == "7.2" and gpu01["ansible_become"] is True
-    assert tgt["roce_nics"][0]["rdma_dev"] == "bnxt_re0"
-    assert gpu01["nvme_hostnqn"] in tgt["nvmeof_allowed_hosts"]
-    assert [s["nqn"] for s in gpu01["nvmeof_connect"]] == [
-        inv.hosts["nvme-tgt01"].vars["nvmeof_subsystems"][0]["nqn"],
-        inv.hosts["nvme-tgt02"].vars["nvmeof_subsystems"][0]["nqn"],
+    assert gpu01["roce_nic_interfaces"][0] == {"name": "ens6np0", "device": "mlx5_0"}
+    assert gpu01["rocm_host_gpu_model"] == "MI308X" and gpu01["ansible_become"] is True
+    assert tgt["roce_nic_interfaces"][0]["device"] == "bnxt_re0"
+    assert gpu01["nvmeof_initiator_hostnqn"] in tgt["site_gpu_hostnqns"]
+    assert [c["nqn"] for c in gpu01["nvmeof_initiator_connections"]] == [
+        inv.hosts["nvme-tgt01"].vars["nvmeof_target_subsystems"][0]["nqn"],
+        inv.hosts["nvme-tgt02"].vars["nvmeof_target_subsystems"][0]["nqn"],
     ]
     assert inv.hosts["gpu04"].vars["ansible_port"] == 2222
 

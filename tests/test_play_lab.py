@@ -127,11 +127,13 @@ def snapshot(fleet: Fleet, host: str) -> str:
 
 
 def write_inventory(fleet: Fleet, path: Path, **common: object) -> Path:
-    """The fleet's inventory with some group variables changed (None removes one)."""
+    """The fleet's inventory with some variables changed (None removes one)."""
     inventory = yaml.safe_load(fleet.inventory.read_text())
     group_vars = inventory["all"]["vars"]
     group_vars.update(common)
     inventory["all"]["vars"] = {k: v for k, v in group_vars.items() if v is not None}
+    lab = inventory["all"]["children"]["lab"]  # its vars (fxkit_lab) win over all's
+    lab["vars"] = {k: v for k, v in lab.get("vars", {}).items() if k not in common}
     path.write_text(yaml.safe_dump(inventory))
     return path
 

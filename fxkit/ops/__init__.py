@@ -7,6 +7,7 @@ from fxkit.ops.base import OpContext, Operation, OpError, Result, Status
 from fxkit.ops.boot import reboot
 from fxkit.ops.commands import command
 from fxkit.ops.files import directory, file
+from fxkit.ops.filesystems import filesystem
 from fxkit.ops.kernel import kernel_cmdline, module, sysctl
 from fxkit.ops.lines import block, line
 from fxkit.ops.mounts import mount
@@ -48,6 +49,7 @@ OPERATIONS: dict[str, Operation] = {
         copy,
         download,
         mount,
+        filesystem,
     )
 }
 

@@ -33,7 +33,7 @@ def filesystem(
 
     Example::
 
-        host.call(filesystem, "/dev/nvme1n1", "xfs", label="models")
+        host.filesystem("/dev/nvme1n1", "xfs", label="models")
     """
     if not device.startswith("/") or "\0" in device:
         raise OpError(f"bad device {device!r}", hint="an absolute path, e.g. /dev/nvme1n1")

@@ -28,7 +28,6 @@ from fxkit.facts.nvme import (
 )
 from fxkit.ops import files
 from fxkit.ops.base import OpContext, Result, combine, failed, ok
-from fxkit.ops.filesystems import filesystem
 from fxkit.role import Host
 from fxkit.variables import HostVars
 
@@ -363,7 +362,7 @@ def make_filesystem(host: Host, v: HostVars, fs: dict[str, Any]) -> None:
         device = matches[0]
     if not host.needs(host.fact(BlockSignature, device).exists, step, f"{device} does not exist"):
         return
-    made = host.task(f"xfs on {device}").call(filesystem, device, "xfs", fs.get("label"))
+    made = host.task(f"xfs on {device}").filesystem(device, "xfs", fs.get("label"))
     if made.data.get("uuid"):
         opts = fs.get("opts", "defaults,_netdev,nofail")
         host.mount(
