@@ -100,7 +100,7 @@ def build_layer(layer: Path, name: str) -> None:
     # Targets relative to the folder host-init.sh builds the host's root in (root/ there).
     mounts = [f"root/sys/devices/virtual/net/{port['netdev']}/ecn" for port in ports]
     _lines(tmp / "ecn.fstab", [f"fxkit-lab {target} tmpfs {ECN_TMPFS} 0 0" for target in mounts])
-    ecn = []  # roce_np/, roce_rp/: enable/<priority> and the other attributes
+    ecn: list[str] = []  # roce_np/, roce_rp/: enable/<priority> and the other attributes
     for protocol, attributes in data["rdma"]["ecn"].items():
         for attribute, value in attributes.items():
             if isinstance(value, list):
