@@ -1,7 +1,7 @@
 """Lab hosts with the simulated MI308X profile (``fxkit lab up N --profile mi308x``): the stand-in
 tools answer in the real tools' formats, log their calls and keep their state; the host's /sys
-has the profile's grafts and a writable configfs stand-in; its RDMA netdevs are real veth
-interfaces. Plain lab hosts and the real machine have none of it.
+has the profile's grafts, a writable configfs stand-in and writable mlx5 ECN attributes; its
+RDMA netdevs are real veth interfaces. Plain lab hosts and the real machine have none of it.
 
 The expected formats are real outputs in tests/data/reference/, copied from the project's
 reference set (/work/shared/reference, see its SOURCES.md): amd_smi_static_mi300x_FIXTURE_shortened
@@ -237,6 +237,38 @@ def test_sysfs_grafts_and_the_configfs_stand_in(node) -> None:
     ]
     for path in (gid, "/sys/module/nvme_core/parameters/multipath", "/sys/kernel/mm/x"):
         assert run(node, f"echo x > {path}", ok=False).rc != 0, f"{path} is writable"
+
+
+ECN_FILES = [  # what a fresh ConnectX port shows under /sys/class/net/IF/ecn (see the test)
+    "roce_np/cnp_802p_prio:6",
+    "roce_np/cnp_dscp:48",
+    *(f"roce_np/enable/{p}:1" for p in range(8)),
+    *(f"roce_rp/enable/{p}:1" for p in range(8)),
+]
+
+
+def test_each_connectx_netdev_has_writable_mlx5_ecn_attributes(node, lab_fleet) -> None:
+    """The attribute names and read-back format of MLNX_OFED's mlx5 driver (en_sysfs.c and
+    en_ecn.c of drivers/net/ethernet/mellanox/mlx5/core/ in oracle/linux-uek at f57c6307;
+    mlx5e_sysfs_create: ecn/roce_rp and ecn/roce_np, each with enable/0..7, and roce_np's
+    cnp_dscp and cnp_802p_prio, mode 0644 on a PF; en_ecn.c prints each as "%d\n"); the values
+    of a fresh port are the firmware's defaults as `mlxconfig query` lists them for ConnectX
+    (ROCE_CC_PRIO_MASK 255: ECN on every priority; CNP_DSCP 48; CNP_802P_PRIO 6)."""
+    for netdev in NETDEVS:
+        ecn = f"/sys/class/net/{netdev}/ecn"
+        assert run(node, f"cd {ecn} && grep -r . | LC_ALL=C sort").stdout.split() == ECN_FILES
+    np = "/sys/class/net/ens6np0/ecn/roce_np"
+    assert run(node, f"stat -c %a {np}/cnp_dscp {np}/enable/3").stdout.split() == ["644"] * 2
+    try:
+        run(node, f"echo 7 > {np}/cnp_802p_prio && echo 0 > {np}/enable/3")
+        assert run(node, f"cat {np}/cnp_802p_prio {np}/enable/3").stdout == "7\n0\n"
+        other = "/sys/class/net/ens5np0/ecn/roce_np/cnp_802p_prio"
+        assert run(node, f"cat {other}").stdout == "6\n"  # each port its own
+    finally:
+        run(node, f"echo 6 > {np}/cnp_802p_prio && echo 1 > {np}/enable/3")
+    assert run(node, "test -e /sys/class/net/fxpeer0/ecn", ok=False).rc != 0  # not a ConnectX
+    with lab_fleet(1).connect("lab01") as plain:
+        assert run(plain, "ls -d /sys/class/net/*/ecn", ok=False).rc != 0
 
 
 # -- mlnx_qos -----------------------------------------------------------------------------------

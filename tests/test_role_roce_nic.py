@@ -36,7 +36,7 @@ from fxkit.connection.local import LocalConnection
 from fxkit.errors import VarError
 from fxkit.facts.base import FactCache
 from fxkit.facts.rdma import SEPARATOR, GidTypes, IbvDevinfo, NetInterface, RdmaLink
-from fxkit.lab import Fleet
+from fxkit.lab import Fleet, calls
 from fxkit.ops.base import OpContext, Status
 from fxkit.report import Reporter
 from fxkit.role import Host, RoleLoader
@@ -489,7 +489,7 @@ def play(folder: Path, fleet: Fleet, *args: str, **hostvars: Any) -> list[dict]:
 
     inventory = yaml.safe_load(fleet.inventory.read_text())
     inventory["all"]["vars"].update(
-        roce_nic_interfaces=["ens6np0", {"name": "ens26np0", "device": "bnxt_re0"}], **hostvars
+        {"roce_nic_interfaces": ["ens6np0", {"name": "ens26np0", "device": "bnxt_re0"}]}, **hostvars
     )
     (folder / "inventory.yml").write_text(yaml.safe_dump(inventory))
     (folder / "site.yml").write_text(PLAYBOOK)
@@ -579,3 +579,27 @@ def test_a_host_not_marked_as_lab_fails_with_the_reason(lab_fleet, tmp_path: Pat
     assert len(failures) == 1
     assert failures[0]["msg"].startswith("RoCE on ens6np0: ")
     assert "not marked as a lab host" in failures[0]["msg"]
+
+
+@pytest.mark.lab
+def test_on_an_mi308x_lab_host_the_ecn_step_runs_for_real(lab_fleet, tmp_path: Path) -> None:
+    """The simulated ConnectX netdevs have the mlx5 ECN attributes (docs/lab.md): the ECN step
+    writes them, and the trust and PFC step runs the mlnx_qos stand-in."""
+    fleet = lab_fleet(1, name="roce-mi308x", profile="mi308x")
+    ecn = "ECN of ens6np0 priority 3"
+    first = play(tmp_path, fleet, roce_nic_interfaces=["ens6np0"])
+    assert not [t for t in first if t["status"] == "failed"], first
+    assert {t["operation"]: t["status"] for t in first}[ecn] == "changed"
+    again = play(tmp_path, fleet, roce_nic_interfaces=["ens6np0"])
+    assert {t["operation"]: t["status"] for t in again}[ecn] == "ok"
+    assert statuses(again).get("changed", 0) == 0, [t for t in again if t["status"] == "changed"]
+    with fleet.connect("lab01") as conn:
+        folder = "/sys/class/net/ens6np0/ecn"
+        values = conn.run(
+            f"cat {folder}/roce_np/enable/3 {folder}/roce_rp/enable/3 "
+            f"{folder}/roce_np/cnp_dscp {folder}/roce_np/cnp_802p_prio"
+        ).stdout.split()
+        assert values == ["1", "1", "48", "7"]
+        qos = [c["argv"] for c in calls(conn) if c["argv"][0] == "mlnx_qos"]
+    assert ["mlnx_qos", "-i", "ens6np0", "--trust=dscp", "--pfc=0,0,0,1,0,0,0,0"] in qos
+    assert ["mlnx_qos", "-i", "ens6np0"] in qos  # the read before it and after

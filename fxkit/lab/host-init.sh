@@ -16,8 +16,9 @@
 #
 # With PROFILE_LAYER (a simulated hardware profile, built by fxkit/lab/profile.py) the host also
 # gets the profile's stand-in tools (a lower layer of its /usr overlay), veth pairs named like
-# the profile's RDMA netdevs, a /sys with the profile's grafts and a writable configfs stand-in,
-# and keeps CAP_NET_ADMIN (in its own network namespace) to configure those interfaces.
+# the profile's RDMA netdevs, a /sys with the profile's grafts, a writable configfs stand-in and
+# writable mlx5 ECN attributes on each of those netdevs, and keeps CAP_NET_ADMIN (in its own
+# network namespace) to configure those interfaces.
 set -eu
 step=$1 name=$2 address=$3 port=$4 hostdir=$5 layer=${7:-}
 rt=$hostdir/rt
@@ -123,12 +124,29 @@ else
     # The profile's interfaces first: the overlay below must see them when it is made.
     ip -batch "$layer/netdevs"
     # A read-only overlay of the profile's grafts (class/infiniband, module/nvme_core,
-    # kernel/config) over the host's sysfs, and on kernel/config a writable tmpfs: the configfs
-    # stand-in. Nothing is written to sysfs; reads of its attributes go to the kernel's files.
+    # kernel/config, devices/virtual/net/IF/ecn) over the host's sysfs, and on kernel/config a
+    # writable tmpfs: the configfs stand-in. Nothing is written to sysfs; reads of its
+    # attributes go to the kernel's files.
     mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab sysfs
     mount -t overlay fxkit-lab -o "ro,nosuid,nodev,noexec,lowerdir=$layer/sys:sysfs" root/sys
     mount -t tmpfs -o mode=0755,nosuid,nodev,noexec fxkit-lab root/sys/kernel/config
     cp -a "$layer/config/." root/sys/kernel/config/
+    # On each RDMA netdev's ecn folder (a graft) a small writable tmpfs with the ECN attributes
+    # MLNX_OFED's mlx5 driver puts there (mode 0644), as a fresh port has them: all mounts in
+    # one process, one mkdir for the folders ("$@" collects them), the files written by the
+    # shell itself (a subshell: its umask and "$@" stay its own).
+    mount --all --fstab "$layer/ecn.fstab"
+    (
+        umask 022
+        set --
+        while read -r _ ecn _; do
+            while read -r file _; do set -- "$@" "$ecn/${file%/*}"; done < "$layer/ecn"
+        done < "$layer/ecn.fstab"
+        mkdir -p "$@"
+        while read -r _ ecn _; do
+            while read -r file value; do printf '%s\n' "$value" > "$ecn/$file"; done < "$layer/ecn"
+        done < "$layer/ecn.fstab"
+    )
 fi
 # The new root must be a mount of this namespace (the outer one's are locked here).
 mount --rbind root root

@@ -8,9 +8,12 @@ name it is called by (see docs/lab.md, "Simulated hardware: test doubles").
 :func:`build_layer` writes, once per fleet, what ``host-init.sh`` mounts into each host of the
 profile: ``usr/`` (a lower layer of the host's /usr overlay: the stand-ins in /usr/local/bin,
 their data in /usr/local/lib/fxkit-lab), ``sys/`` (read-only layers over the host's sysfs:
-``class/infiniband``, ``module/nvme_core``, ``kernel/config``), ``config/`` (what the host's
-writable configfs stand-in starts with) and ``netdevs`` (an ``ip -batch`` file making a veth
-pair per RDMA netdev). :func:`calls` reads the log the stand-ins write on a host.
+``class/infiniband``, ``module/nvme_core``, ``kernel/config``, ``devices/virtual/net/IF/ecn``),
+``config/`` (what the host's writable configfs stand-in starts with), ``ecn.fstab`` and ``ecn``
+(a small writable tmpfs on each RDMA netdev's ``ecn`` folder, and the attribute files, one
+``PATH VALUE`` a line, each of them starts with: the mlx5 ECN attributes) and ``netdevs`` (an
+``ip -batch`` file making a veth pair per RDMA netdev). :func:`calls` reads the log the
+stand-ins write on a host.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ MARKER = "/etc/fxkit-lab/host.json"
 CALL_LOG = "/var/log/fxkit-lab/calls.jsonl"
 STATE_DIR = "/var/lib/fxkit-lab"
 FABRIC = "/etc/fxkit-lab/fabric.json"
+#: Mount options of the tmpfs on each RDMA netdev's /sys/class/net/IF/ecn (18 files of a page).
+ECN_TMPFS = "mode=0755,size=256k,nosuid,nodev,noexec"
 
 
 def names() -> list[str]:
@@ -80,6 +85,8 @@ def build_layer(layer: Path, name: str) -> None:
                 "node_guid": port["node_guid"],
             },
         )
+        # The mount point of the netdev's ECN stand-in (/sys/class/net/IF links here).
+        (sys_dir / "devices" / "virtual" / "net" / port["netdev"] / "ecn").mkdir(parents=True)
     _files(sys_dir / "module" / "nvme_core" / "parameters", {"multipath": "Y"})
     (sys_dir / "kernel" / "config").mkdir(parents=True)  # the configfs stand-in's mount point
 
@@ -90,13 +97,29 @@ def build_layer(layer: Path, name: str) -> None:
         port_dir = config / "rdma_cm" / port["dev"] / "ports" / "1"
         _files(port_dir, {"default_roce_tos": "0", "default_roce_mode": "RoCE v2"})
 
+    # Targets relative to the folder host-init.sh builds the host's root in (root/ there).
+    mounts = [f"root/sys/devices/virtual/net/{port['netdev']}/ecn" for port in ports]
+    _lines(tmp / "ecn.fstab", [f"fxkit-lab {target} tmpfs {ECN_TMPFS} 0 0" for target in mounts])
+    ecn: list[str] = []  # roce_np/, roce_rp/: enable/<priority> and the other attributes
+    for protocol, attributes in data["rdma"]["ecn"].items():
+        for attribute, value in attributes.items():
+            if isinstance(value, list):
+                ecn += [f"{protocol}/{attribute}/{i} {x}" for i, x in enumerate(value)]
+            else:
+                ecn.append(f"{protocol}/{attribute} {value}")
+    _lines(tmp / "ecn", ecn)
+
     batch = []
     for port in ports:
         batch.append(f"link add {port['netdev']} type veth peer name {port['peer']}")
         batch += [f"link set {port['netdev']} up", f"link set {port['peer']} up"]
-    (tmp / "netdevs").write_text("".join(line + "\n" for line in batch))
+    _lines(tmp / "netdevs", batch)
     shutil.rmtree(layer, ignore_errors=True)
     tmp.rename(layer)
+
+
+def _lines(path: Path, lines: list[str]) -> None:
+    path.write_text("".join(line + "\n" for line in lines))
 
 
 def _files(folder: Path, files: dict[str, str]) -> None:
