@@ -488,7 +488,8 @@ def play(folder: Path, fleet: Fleet, *args: str, **hostvars: Any) -> list[dict]:
     from fxkit.cli import cli
 
     inventory = yaml.safe_load(fleet.inventory.read_text())
-    inventory["all"]["vars"].update(
+    # The lab group's vars: they win over all's (the group says fxkit_lab: true).
+    inventory["all"]["children"]["lab"].setdefault("vars", {}).update(
         {"roce_nic_interfaces": ["ens6np0", {"name": "ens26np0", "device": "bnxt_re0"}]}, **hostvars
     )
     (folder / "inventory.yml").write_text(yaml.safe_dump(inventory))
@@ -572,7 +573,7 @@ def test_a_plain_lab_host_gets_the_files_and_skips_every_hardware_step(
 def test_a_host_not_marked_as_lab_fails_with_the_reason(lab_fleet, tmp_path: Path) -> None:
     fleet = lab_fleet(1, name="roce-real")  # a fresh host: nothing of the role there yet
     before = snapshot(fleet, "lab01")
-    tasks = play(tmp_path, fleet)
+    tasks = play(tmp_path, fleet, fxkit_lab=False)
     assert snapshot(fleet, "lab01") == before  # it stopped before changing anything
     assert [t["status"] for t in tasks] == ["failed"]
     failures = [t for t in tasks if t["status"] == "failed"]

@@ -495,7 +495,8 @@ def mlnx_qos(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> 
                 2,
             )
         mine["pfc"] = [int(v) for v in values]
-    _save("mlnx_qos.json", state)
+    if opts.trust or opts.pfc is not None:  # a query changes nothing, as on the real NIC
+        _save("mlnx_qos.json", state)
     print(_qos_text(mine), end="")
     return 0
 
