@@ -1,12 +1,13 @@
 """Upload benchmark: fxkit's atomic, verified file write against scp and sftp, same lab fleet.
 
 One file (random bytes) goes to 1 and to 8 lab hosts at once: fxkit with one connection per
-host from one process (threads, as ``fxkit play`` runs hosts), ``put()`` as every file operation
-writes (temp file, size and sha256 checked on the host, rename); scp and sftp (OpenSSH's, one
-process per host, the same key and known_hosts). Each round runs the tools in a rotating order;
-every upload is timed from connecting to the last host done, then checked (sha256 on every host)
-and removed (the lab hosts keep /tmp in memory). Reported: the median seconds, MB/s, and the
-ratio of fxkit to scp and to sftp.
+host from one process (threads, as ``fxkit play`` runs hosts), the file mapped as ``host.copy()``
+maps it and written with ``put()`` as every file operation writes (the sha256 sent after the
+content, the temp file's size and sha256 checked on the host, rename); scp and sftp (OpenSSH's,
+one process per host, the same key and known_hosts). Each round runs the tools in a rotating
+order; every upload is timed from connecting to the last host done, then checked (sha256 on
+every host) and removed (the lab hosts keep /tmp in memory). Reported: the median seconds, MB/s,
+and the ratio of fxkit to scp and to sftp.
 
     .venv/bin/python bench/upload.py --sizes 10M,100M,1G --hosts 1,8 --runs 3
 
@@ -34,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from fxkit.connection import ConnectOptions  # noqa: E402
 from fxkit.lab import Fleet  # noqa: E402
+from fxkit.ops.transfer import local_file  # noqa: E402
 
 TOOLS = ("fxkit", "scp", "sftp")
 DEST = "/tmp/fxkit-upload-bench"
@@ -57,14 +59,14 @@ def source_file(folder: Path, size: int) -> Path:
 
 
 def upload_fxkit(fleet: Fleet, names: list[str], src: Path) -> None:
-    data = src.read_bytes()
     options = ConnectOptions(known_hosts=str(fleet.known_hosts))
+    with local_file(src) as data:  # mapped, as host.copy() reads a controller file
 
-    def one(name: str) -> None:
-        with fleet.connect(name, options) as conn:
-            conn.put(DEST, data)
+        def one(name: str) -> None:
+            with fleet.connect(name, options) as conn:
+                conn.put(DEST, data)
 
-    _parallel(one, names)
+        _parallel(one, names)
 
 
 def _openssh(fleet: Fleet, name: str) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from fxkit.connection.atomic import TEMP_MARK
+from fxkit.connection.base import buffers
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import FxkitError
 from fxkit.facts.base import FactCache
@@ -28,8 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class DroppedLink(LocalConnection):
-    """A local connection whose link drops after ``keep`` bytes of a command's stdin: the
-    command gets end-of-file early, as the host does when fxkit dies mid-upload."""
+    """A local connection whose link drops after ``keep`` bytes of a command's stdin (the
+    content, then its sha256 line): the command gets end-of-file early, as the host does when
+    fxkit dies mid-upload."""
 
     def __init__(self, keep: int):
         super().__init__("localhost")
@@ -37,7 +39,7 @@ class DroppedLink(LocalConnection):
 
     def execute(self, command, *, become, timeout, stdin):  # type: ignore[no-untyped-def]
         if stdin is not None:
-            stdin = stdin[: self.keep]
+            stdin = b"".join(buffers(stdin))[: self.keep]
         return super().execute(command, become=become, timeout=timeout, stdin=stdin)
 
 
@@ -61,11 +63,23 @@ def test_a_write_that_breaks_off_leaves_the_old_file(tmp_path: Path, keep: int) 
     assert target.read_bytes() == b"old content\n"
 
 
-def test_corrupted_content_is_not_installed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keep", [10**6, 10**6 + 64])
+def test_content_without_its_whole_sha256_line_is_not_installed(tmp_path: Path, keep: int) -> None:
+    # All the content arrived; the link dropped before (or in) the sha256 line that follows it.
+    target = tmp_path / "app.bin"
+    target.write_bytes(b"old content\n")
+    with pytest.raises(FxkitError, match="broke off after 1000000 of 1000000 bytes"):
+        DroppedLink(keep).put(str(target), b"n" * 10**6)
+    assert target.read_bytes() == b"old content\n" and _temps(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", [0, 10, -2], ids=["content", "content-end", "sha256-line"])
+def test_corrupted_content_is_not_installed(tmp_path: Path, where: int) -> None:
     class Corrupting(LocalConnection):
         def execute(self, command, *, become, timeout, stdin):  # type: ignore[no-untyped-def]
-            flipped = bytes([stdin[0] ^ 1]) + stdin[1:] if stdin else stdin
-            return super().execute(command, become=become, timeout=timeout, stdin=flipped)
+            flipped = bytearray(b"".join(buffers(stdin)))
+            flipped[where] ^= 1
+            return super().execute(command, become=become, timeout=timeout, stdin=bytes(flipped))
 
     target = tmp_path / "f"
     target.write_bytes(b"old")

@@ -3,6 +3,7 @@ error kind (a failed step vs an unreachable host) and the message."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 
@@ -64,3 +65,20 @@ def test_stdin_stdout_and_stderr_are_bytes_for_bytes(conn: Connection) -> None:
     path = "/tmp/fxkit-consistency.bin"
     conn.put(path, data)
     assert conn.get(path) == data
+
+
+@pytest.mark.parametrize("size", [0, 2**20 - 1, 2**20, 3 * 2**20 + 1])
+def test_put_at_the_edges_of_the_chunk_size(conn: Connection, size: int) -> None:
+    # The host copies exactly the content's bytes (dd, 1 MiB blocks), then reads the sha256 line.
+    data = os.urandom(size)
+    path = "/tmp/fxkit-consistency-chunks.bin"
+    conn.put(path, data)
+    assert conn.get(path) == data
+
+
+def test_stdin_made_while_it_is_sent(conn: Connection) -> None:
+    # An upload's stdin: buffers produced one by one (the content, then its sha256 line).
+    parts = [b"", os.urandom(3 * 2**20 + 1), b"", memoryview(b"tail\n")]
+    result = conn.run("sha256sum", stdin=iter(parts))
+    assert result.stdout.split()[0] == hashlib.sha256(b"".join(parts)).hexdigest()
+    assert conn.run("wc -c", stdin=iter(())).stdout.strip() == "0"

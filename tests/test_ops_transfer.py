@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from fxkit.connection.base import buffers
 from fxkit.connection.local import LocalConnection
+from fxkit.errors import ConnectionFailed
 from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, OpError, Status
 from fxkit.ops.transfer import check_sha256, copy, download
@@ -51,6 +53,25 @@ def test_copy_is_verified_and_idempotent(tmp_path: Path) -> None:
     assert update.diff == f"{dest}: sha256 {sha(data)} -> sha256 {sha(v2)} (3 bytes from {src})\n"
     assert dest.read_bytes() == b"v2\n" and dest.stat().st_mode & 0o777 == 0o600
     assert leftovers(dest.parent) == []
+
+
+def test_a_link_lost_mid_copy_is_reported_as_such(tmp_path: Path) -> None:
+    class LostMidUpload(LocalConnection):
+        """The link drops after two chunks of an upload, as an SSH send fails: the error's
+        traceback still holds views of the controller's (mapped) file."""
+
+        def execute(self, command, *, become, timeout, stdin):  # type: ignore[no-untyped-def]
+            if stdin is not None and not isinstance(stdin, bytes):
+                sent = [view for _, view in zip(range(2), buffers(stdin), strict=False)]
+                raise ConnectionFailed(f"connection lost after {len(sent)} chunks")
+            return super().execute(command, become=become, timeout=timeout, stdin=stdin)
+
+    src, dest = tmp_path / "big.bin", tmp_path / "dest.bin"
+    src.write_bytes(os.urandom(5 << 20))
+    conn = LostMidUpload("localhost")
+    with pytest.raises(ConnectionFailed, match="lost after 2 chunks"):
+        copy(OpContext(conn, FactCache(conn)), str(src), str(dest))
+    assert not dest.exists() and leftovers(tmp_path) == []
 
 
 def test_copy_refuses_a_controller_file_with_another_digest(tmp_path: Path) -> None:

@@ -1,30 +1,40 @@
 """Replacing a file on a host so that it is always the old file or the new one, whole.
 
-The new content arrives on the command's stdin into a temp file beside the target,
-``.NAME.fxkit.PID.XXXXXX`` (PID: the writing shell's). Only when exactly the expected number
-of bytes arrived and their sha256 matches is the temp file renamed over the target; a transfer
-that broke off (fxkit killed, the link dropped) leaves the old file untouched. The writing shell
-removes its temp file on every exit, HUP, INT, PIPE and TERM included; one killed outright
-(SIGKILL, a crash) leaves it behind, and the next write of the same file removes it: temp files
-whose writing shell is gone (no ``/proc/PID``) are deleted before a new one is made.
+The new content arrives on the command's stdin, followed by its sha256 on a line of its own
+(:func:`content_stream`: a thread hashes each chunk while the connection sends it, so the
+controller's hash costs no time of its own). The host copies exactly the expected number of bytes
+into a temp file beside the target, ``.NAME.fxkit.PID.XXXXXX`` (PID: the writing shell's), reads
+the sha256 line after them and hashes the temp file. Only when all the bytes and the sha256 line
+arrived and the sha256 matches is the temp file renamed over the target; a transfer that broke off
+(fxkit killed, the link dropped) leaves the old file untouched. The writing shell removes its temp
+file on every exit, HUP, INT, PIPE and TERM included; one killed outright (SIGKILL, a crash)
+leaves it behind, and the next write of the same file removes it: temp files whose writing shell
+is gone (no ``/proc/PID``) are deleted before a new one is made.
+
+The host needs sh and GNU coreutils only (``dd`` with ``count_bytes`` never reads past its count,
+so the sha256 line is left for ``read``); openssl's sha256 is used where it is installed.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from shlex import quote
 
 #: Between a target's name and the writer's PID in its temp files' names.
 TEMP_MARK = ".fxkit."
+#: Bytes hashed and handed to the connection at a time.
+CHUNK = 2**20
 
 
-def replace_command(path: str, data: bytes, *, before_rename: str = "") -> str:
-    """The shell command that replaces ``path`` with ``data`` (sent to its stdin).
+def replace_command(path: str, size: int, *, before_rename: str = "") -> str:
+    """The shell command that replaces ``path`` with the ``size`` bytes of
+    :func:`content_stream`, which it reads on its stdin.
 
     ``before_rename`` runs once the content is verified, with ``"$t"`` the temp file and ``"$p"``
     the target (set attributes, keep a backup); when it fails, nothing is renamed. The command
     fails (rc != 0, the reason on stderr) when the content did not arrive whole."""
-    size, digest = len(data), hashlib.sha256(data).hexdigest()
     temp = f'"$d/.$n{TEMP_MARK}"'  # a quoted shell word: the prefix of every temp file
     steps = [
         f"p={quote(path)}",
@@ -35,16 +45,30 @@ def replace_command(path: str, data: bytes, *, before_rename: str = "") -> str:
         f"t=$(mktemp -- {temp}$$.XXXXXX) || exit 1",
         "trap 'rm -f -- \"$t\"' EXIT",
         "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 141' PIPE; trap 'exit 143' TERM",
-        'cat > "$t" || exit 1',
+        f'dd bs={CHUNK} iflag=fullblock,count_bytes count={size} status=none of="$t" || exit 1',
         'got=$(wc -c < "$t")',
-        f'[ "$got" -eq {size} ] || {{ echo "fxkit: the transfer broke off after $got of {size} '
-        'bytes; $p is unchanged" >&2; exit 1; }',
+        # The sha256 line comes after the content: without it the transfer broke off.
+        f'{{ read -r want && [ "$got" -eq {size} ]; }} || {{ echo "fxkit: the transfer broke '
+        f'off after $got of {size} bytes; $p is unchanged" >&2; exit 1; }}',
         # openssl's sha256 (SHA-NI where the CPU has it) is 5-8x faster than coreutils'.
         'if command -v openssl >/dev/null; then sum=$(openssl dgst -sha256 -r < "$t"); '
         'else sum=$(sha256sum < "$t"); fi',
-        f'[ "${{sum%% *}}" = {digest} ] || {{ echo "fxkit: the content arrived corrupted '
+        '[ "${sum%% *}" = "$want" ] || { echo "fxkit: the content arrived corrupted '
         '(sha256 differs); $p is unchanged" >&2; exit 1; }',
     ]
     final = 'mv -f -- "$t" "$p"'
     steps.append(f"{before_rename} && {final}" if before_rename else final)
     return "\n".join(steps)
+
+
+def content_stream(data: bytes) -> Iterator[memoryview]:
+    """What :func:`replace_command`'s command reads: ``data`` in chunks (views, no copies), then
+    their sha256 on a line of its own. Each chunk is hashed by a thread while it is sent
+    (hashlib releases the GIL)."""
+    view, digest = memoryview(data), hashlib.sha256()
+    with ThreadPoolExecutor(1) as hasher:  # one thread: the chunks are hashed in order
+        for start in range(0, len(view), CHUNK):
+            chunk = view[start : start + CHUNK]
+            hasher.submit(digest.update, chunk)
+            yield chunk
+    yield memoryview(f"{digest.hexdigest()}\n".encode())

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from fxkit.connection.atomic import replace_command
+from fxkit.connection.atomic import content_stream, replace_command
 from fxkit.errors import FxkitError
 from fxkit.redaction import redact
 
@@ -23,6 +23,10 @@ from fxkit.redaction import redact
 TIMEOUT_RC = 124
 #: Exit status of the command that reads a file through sudo when the file does not exist.
 MISSING_RC = 107
+
+#: What a command reads on its stdin: one buffer (bytes, a mapped file), or buffers made while
+#: they are sent (an upload's content and then its sha256, :mod:`fxkit.connection.atomic`).
+Stdin = bytes | Iterator[bytes | memoryview] | None
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,15 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.rc == 0
+
+
+def buffers(stdin: Stdin) -> Iterable[memoryview]:
+    """``stdin`` as the buffers to send, one after the other."""
+    if stdin is None:
+        return ()
+    if isinstance(stdin, Iterator):
+        return map(memoryview, stdin)
+    return (memoryview(stdin),)
 
 
 def timed_out(timeout: float, killed: bool) -> bytes:
@@ -65,7 +78,7 @@ class Connection(ABC):
         """Close the connection (idempotent)."""
 
     def execute(
-        self, command: str, *, become: bool, timeout: float | None, stdin: bytes | None
+        self, command: str, *, become: bool, timeout: float | None, stdin: Stdin
     ) -> tuple[int, bytes, bytes]:
         """Run ``command`` with ``sh -c`` (via sudo when ``become`` needs it): rc, out, err.
 
@@ -81,7 +94,7 @@ class Connection(ABC):
         *,
         become: bool = False,
         timeout: float | None = None,
-        stdin: bytes | None = None,
+        stdin: Stdin = None,
     ) -> RunResult:
         """Run ``command`` (see :meth:`execute`); never raises on rc != 0; secrets masked."""
         rc, out, err = self.execute(command, become=become, timeout=timeout, stdin=stdin)
@@ -99,9 +112,8 @@ class Connection(ABC):
     def put(self, path: str, data: bytes, *, become: bool = False) -> None:
         """Replace ``path`` with ``data`` atomically: the old file or the new one, whole, even
         when the transfer breaks off (see :mod:`fxkit.connection.atomic`)."""
-        rc, _, err = self.execute(
-            replace_command(path, data), become=become, timeout=None, stdin=data
-        )
+        command = replace_command(path, len(data))
+        rc, _, err = self.execute(command, become=become, timeout=None, stdin=content_stream(data))
         if rc != 0:
             raise self.file_error("write", path, err)
 

@@ -14,10 +14,12 @@ import pwd
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
-from fxkit.connection.base import TIMEOUT_RC, Connection, timed_out
+from fxkit.connection.base import TIMEOUT_RC, Connection, Stdin, buffers, timed_out
 from fxkit.connection.become import Sudo
 from fxkit.errors import ConnectionFailed
 from fxkit.redaction import maskable
@@ -40,7 +42,7 @@ class LocalConnection(Connection):
         """Nothing to close."""
 
     def execute(
-        self, command: str, *, become: bool, timeout: float | None, stdin: bytes | None
+        self, command: str, *, become: bool, timeout: float | None, stdin: Stdin
     ) -> tuple[int, bytes, bytes]:
         sudo = Sudo(self.become_user, self._become_password) if self.needs_sudo(become) else None
         line = sudo.command(command) if sudo else command
@@ -61,13 +63,15 @@ class LocalConnection(Connection):
             try:
                 rc = sudo.start(stream) if sudo else None
                 if rc is None:
-                    stream.collect(*proc.communicate(stdin, timeout=stream.time_left()))
-                    rc = _status(proc.returncode)
+                    stream.feed(stdin)
+                    stream.drain()
+                    rc = _status(stream.exit_status())
                 else:
                     _kill(proc)  # sudo refused the password and may wait for another
             except (subprocess.TimeoutExpired, _Timeout):
                 _kill(proc)
-                stream.collect(*proc.communicate())
+                stream.deadline = None
+                stream.drain()  # the output it wrote before it was killed
                 stream.err += timed_out(timeout or 0, killed=True)
                 rc = TIMEOUT_RC
         return rc, bytes(stream.out), bytes(stream.err)
@@ -88,7 +92,8 @@ class _Timeout(Exception):
 
 
 class _Process:
-    """A local process's output read as it comes (for sudo's prompt), and its stdin."""
+    """A local process's output read as it comes (sudo's prompt, then all of it), and its stdin
+    (written by a thread of its own meanwhile, so that neither side waits on a full pipe)."""
 
     def __init__(self, proc: subprocess.Popen, deadline: float | None):
         self.proc, self.deadline = proc, deadline
@@ -97,16 +102,25 @@ class _Process:
         self._selector = selectors.DefaultSelector()
         self._selector.register(proc.stdout, selectors.EVENT_READ, self.out)
         self._selector.register(proc.stderr, selectors.EVENT_READ, self.err)
+        self._feeder: threading.Thread | None = None
 
     def __enter__(self) -> _Process:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._selector.close()
+        if self._feeder is not None:
+            self._feeder.join()  # the process is gone: its last write failed or was read
 
-    def collect(self, out: bytes, err: bytes) -> None:
-        self.out += out
-        self.err += err
+    def feed(self, stdin: Stdin) -> None:
+        """Start writing ``stdin`` to the process, then close its stdin."""
+        if self.proc.stdin is not None:
+            self._feeder = threading.Thread(target=_write, args=(self.proc.stdin, stdin))
+            self._feeder.start()
+
+    def drain(self) -> None:
+        while self.pump():
+            pass
 
     def time_left(self) -> float | None:
         if self.deadline is None:
@@ -137,6 +151,12 @@ class _Process:
 
     def exit_status(self) -> int:
         return self.proc.wait(self.time_left())
+
+
+def _write(pipe: IO[bytes], stdin: Stdin) -> None:
+    with contextlib.suppress(BrokenPipeError), pipe:  # it ended: its exit status says why
+        for view in buffers(stdin):
+            pipe.write(view)
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import fabric
 import paramiko
 
-from fxkit.connection.base import TIMEOUT_RC, Connection, timed_out
+from fxkit.connection.base import TIMEOUT_RC, Connection, Stdin, buffers, timed_out
 from fxkit.connection.become import Started, Sudo, become_settings, reveal
 from fxkit.connection.hostkeys import (
     AcceptNewKey,
@@ -286,7 +286,7 @@ class SSHConnection(Connection):
     # -- commands --------------------------------------------------------------------------
 
     def execute(
-        self, command: str, *, become: bool, timeout: float | None, stdin: bytes | None
+        self, command: str, *, become: bool, timeout: float | None, stdin: Stdin
     ) -> tuple[int, bytes, bytes]:
         return self._exec(command, become=become, timeout=timeout, stdin=stdin)
 
@@ -296,7 +296,7 @@ class SSHConnection(Connection):
         *,
         become: bool,
         timeout: float | None,
-        stdin: bytes | None,
+        stdin: Stdin,
         kill: bool = True,
     ) -> tuple[int, bytes, bytes]:
         timeout = timeout if timeout is not None else self.options.command_timeout
@@ -427,10 +427,17 @@ class _Session:
     def send(self, data: bytes) -> None:
         self.chan.sendall(data)
 
-    def send_stdin(self, data: bytes | None) -> None:
-        """Send ``data`` and close the command's stdin, in linear time: paramiko's sendall
+    def send_stdin(self, stdin: Stdin) -> None:
+        """Send ``stdin`` and close the command's stdin, in linear time: paramiko's sendall
         copies the rest of a bytes object for every 32 KiB packet; a memoryview slices free."""
-        view = memoryview(data or b"")
+        for view in buffers(stdin):
+            if not self._send(view):
+                return  # the command ended before reading it all: its exit status says why
+        self.chan.settimeout(None)
+        self.chan.shutdown_write()
+
+    def _send(self, view: memoryview) -> bool:
+        """Send all of ``view``; False when the command ended before reading it."""
         while view:
             if self.deadline is not None:
                 left = self.deadline - time.monotonic()
@@ -443,10 +450,9 @@ class _Session:
                 raise _Timeout from None
             except OSError:
                 if self.transport.is_active() and self.chan.exit_status_ready():
-                    return  # the command ended before reading it all: its exit status says why
+                    return False
                 raise
-        self.chan.settimeout(None)
-        self.chan.shutdown_write()
+        return True
 
     def pump(self) -> bool:
         """Wait for output and collect it; False when the command's output has ended."""

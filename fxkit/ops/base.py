@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from fxkit.connection.base import Connection, RunResult
+from fxkit.connection.base import Connection, RunResult, Stdin
 from fxkit.errors import FxkitError
 from fxkit.facts.base import Fact, FactCache
 
@@ -148,7 +148,7 @@ class OpContext:
         would: str,
         done: str,
         diff: str | None = None,
-        stdin: bytes | None = None,
+        stdin: Stdin = None,
         timeout: float | None = None,
     ) -> Result:
         """Change the host by running ``command``, or in check mode only say so.

@@ -13,7 +13,7 @@ import posixpath
 from collections.abc import Callable
 from shlex import quote
 
-from fxkit.connection.atomic import replace_command
+from fxkit.connection.atomic import content_stream, replace_command
 from fxkit.facts.files import FileInfo, FileStat
 from fxkit.ops.base import (
     OpContext,
@@ -104,7 +104,8 @@ def write_command(
     group: Owner = None,
     backup: bool = False,
 ) -> str:
-    """The one command that atomically replaces ``path`` with ``data``, sent to its stdin.
+    """The one command that atomically replaces ``path`` with ``data``, sent to its stdin as
+    :func:`fxkit.connection.atomic.content_stream`.
 
     The host verifies size and sha256 before the rename: a broken transfer leaves the old file
     (see :mod:`fxkit.connection.atomic`). The new file takes the old file's mode and owner (or
@@ -123,7 +124,7 @@ def write_command(
             '{ [ ! -e "$p" ] || { b="$p.$(date +%Y-%m-%d@%H:%M:%S)~" && '
             'cp -p -- "$p" "$b" && echo "$b"; }; }'
         )
-    return replace_command(path, data, before_rename=" && ".join(steps))
+    return replace_command(path, len(data), before_rename=" && ".join(steps))
 
 
 def update_content(
@@ -162,7 +163,11 @@ def _put(
     verb = "update" if exists else "create"
     command = write_command(path, data, mode=mode, owner=owner, group=group, backup=backup)
     result = ctx.change(
-        command, stdin=data, would=f"{verb} {path}", done=f"{verb}d {path}", diff=diff
+        command,
+        stdin=content_stream(data),
+        would=f"{verb} {path}",
+        done=f"{verb}d {path}",
+        diff=diff,
     )
     if backup and result.changed and result.data.get("stdout", "").strip():
         result.data["backup"] = result.data["stdout"].strip()

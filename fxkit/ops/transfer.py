@@ -16,7 +16,7 @@ import posixpath
 import re
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from shlex import quote
 from typing import cast
@@ -66,9 +66,15 @@ def local_file(src: str | Path) -> Iterator[bytes]:
         if os.fstat(f.fileno()).st_size == 0:
             yield b""
             return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
             # Connections send stdin from any buffer; a mapping is one, without a copy.
             yield cast(bytes, mapped)
+        finally:
+            # A link lost mid-upload: its error's traceback still holds views of the mapping,
+            # which is unmapped once they go. Its error is the one to report.
+            with suppress(BufferError):
+                mapped.close()
 
 
 def _as_wanted(
