@@ -16,6 +16,7 @@ Ubuntu /etc/os-release; both hosts get stand-in packages named nvmetcli and nvme
 from __future__ import annotations
 
 import difflib
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -218,3 +219,31 @@ def every_hardware_step_ran(site: Site, run: Run) -> None:
     for netdev in ("ens6np0", "ens5np0"):
         assert ["mlnx_qos", "-i", netdev, "--trust=dscp", "--pfc=0,0,0,1,0,0,0,0"] in argvs
     assert ["amd-smi", "static", "--json"] in argvs
+
+
+def test_the_example_inventory_passes_every_role_s_validation() -> None:
+    """inventory/mi308x.yml with its group_vars/host_vars, against site.yml's roles: every
+    variable validates (only the key's digest must be the site's own); no host is contacted."""
+    from rich.console import Console
+
+    from fxkit.errors import ConnectionFailed
+    from fxkit.playbook import Playbook
+    from fxkit.report import Reporter
+    from fxkit.results import Outcome
+    from fxkit.runner import Runner, RunOptions, load_inventory
+
+    def unreachable(name: str, *_: object) -> None:
+        raise ConnectionFailed("not contacted by this test", where=f"host {name}")
+
+    options = RunOptions(check=True, extra_vars={"rocm_host_key_sha256": "ab" * 32})
+    runner = Runner(
+        Playbook.load(SITE),
+        load_inventory(REPO / "inventory" / "mi308x.yml"),
+        options,
+        Reporter(Console(file=io.StringIO())),
+        connector=unreachable,  # type: ignore[arg-type]
+    )
+    results = runner.run()
+    assert {h: r.outcome for h, r in results.hosts.items()} == dict.fromkeys(
+        ["gpu01", "gpu02", "gpu03", "gpu04", "nvme-tgt01", "nvme-tgt02"], Outcome.UNREACHABLE
+    )
