@@ -30,8 +30,8 @@ from fxkit.connection.base import RunResult
 from fxkit.connection.local import LocalConnection
 from fxkit.facts.base import Fact, FactError
 from fxkit.facts.filesystems import BlockSignature
+from fxkit.facts.lab import SEPARATOR
 from fxkit.facts.nvme import (
-    SEPARATOR,
     NvmeList,
     NvmeListSubsys,
     NvmeMultipath,

@@ -27,9 +27,9 @@ import pytest
 from fxkit.connection.base import RunResult
 from fxkit.connection.local import LocalConnection
 from fxkit.facts.base import FactCache, FactError
+from fxkit.facts.lab import SEPARATOR
 from fxkit.facts.rdma import (
     NOT_FOUND,
-    SEPARATOR,
     BnxtCc,
     DcbAppDscp,
     DcbPfc,

@@ -35,7 +35,8 @@ from fxkit.connection.base import Connection, RunResult
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import VarError
 from fxkit.facts.base import FactCache
-from fxkit.facts.rdma import SEPARATOR, GidTypes, IbvDevinfo, NetInterface, RdmaLink
+from fxkit.facts.lab import SEPARATOR
+from fxkit.facts.rdma import GidTypes, IbvDevinfo, NetInterface, RdmaLink
 from fxkit.lab import Fleet, calls
 from fxkit.ops.base import OpContext, Status
 from fxkit.report import Reporter

@@ -35,7 +35,7 @@ from typing import Any
 
 from fxkit.connection.base import RunResult
 from fxkit.facts.base import Fact, FactError
-from fxkit.facts.lab import LAB_MARKER, parse_marker
+from fxkit.facts.lab import marked, split_marked
 
 #: Instinct PCI device ids and their marketing names (libdrm data/amdgpu.ids).
 INSTINCT_IDS = {
@@ -361,9 +361,6 @@ def tools_command(tools: tuple[Tool, ...]) -> str:
         f'run() {{ printf \'{_MARK} out %s\\n\' "$*"; "$@" 2>"$e"; r=$?; '
         f"printf '\\n{_MARK} rc %s\\n' \"$r\"; "
         f'[ "$r" = 0 ] || {{ tail -c 300 "$e"; printf \'\\n{_MARK} end\\n\'; }}; return "$r"; }}',
-        f"printf '{_MARK} lab\\n'",
-        f"cat {LAB_MARKER} 2>/dev/null",
-        f"printf '\\n{_MARK} end\\n'",
     ]
     for tool in tools:
         runs = " && ".join(f"run {cmd}" for cmd in tool.commands)
@@ -373,7 +370,7 @@ def tools_command(tools: tuple[Tool, ...]) -> str:
             f"else printf '{_MARK} absent %s\\n' {quote(tool.executable)}; fi"
         )
     lines.append("exit 0")
-    return "\n".join(lines)
+    return marked("\n".join(lines))
 
 
 @dataclass
@@ -384,9 +381,8 @@ class _Output:
     error: str = ""
 
 
-def _split(stdout: str) -> tuple[str, list[str], list[_Output]]:
-    """The command's output: the lab marker's text, the absent tools, each command's output."""
-    marker: list[str] = []
+def _split(stdout: str) -> tuple[list[str], list[_Output]]:
+    """The tools' output: the absent tools, each command's output."""
     absent: list[str] = []
     outputs: list[_Output] = []
     into: list[str] | None = None
@@ -396,9 +392,7 @@ def _split(stdout: str) -> tuple[str, list[str], list[_Output]]:
                 into.append(line)
             continue
         kind, _, rest = line[len(_MARK) + 1 :].partition(" ")
-        if kind == "lab":
-            into = marker
-        elif kind == "absent":
+        if kind == "absent":
             absent.append(rest)
             into = None
         elif kind == "out":
@@ -412,7 +406,7 @@ def _split(stdout: str) -> tuple[str, list[str], list[_Output]]:
             if outputs and into is not None and outputs[-1].rc is not None:
                 outputs[-1].error = "\n".join(into).strip()
             into = None
-    return "\n".join(marker), absent, outputs
+    return absent, outputs
 
 
 class GpuFact(Fact[GpuInventory]):
@@ -426,8 +420,9 @@ class GpuFact(Fact[GpuInventory]):
     def parse(self, result: RunResult) -> GpuInventory:
         if not result.ok:
             raise FactError.from_result("GPUs", result)
-        marker, absent, outputs = _split(result.stdout)
-        simulated = parse_marker(marker).simulated
+        lab, out = split_marked(result, "GPUs")
+        simulated = lab.simulated
+        absent, outputs = _split(out)
         by_command = {o.command: o for o in outputs}
         reasons = []
         for tool in self.tools:

@@ -12,7 +12,7 @@ and v2.0-v2.8, nvme-print.c / nvme-print-json.c):
   the paths are inside it; 2.x a list of hosts ``[{HostNQN, HostID, Subsystems: [{Name, NQN,
   IOPolicy, Paths: [{Name, Transport, Address, State, ANAState}]}]}]``.
 
-Every fact here reads the lab marker (:data:`fxkit.facts.lab.LAB_MARKER`) in the same command:
+Every fact here reads the lab marker in the same command (:func:`fxkit.facts.lab.marked`):
 ``simulated`` is true on a lab host whose tools are stand-ins. A host without the tool or the
 driver gets a value whose ``missing`` says why, never an exception, so roles gate with
 ``host.needs()``; output that is not what nvme-cli prints is a :class:`FactError`.
@@ -27,10 +27,8 @@ from typing import Any
 
 from fxkit.connection.base import RunResult
 from fxkit.facts.base import Fact, FactError
-from fxkit.facts.lab import LAB_MARKER, parse_marker
+from fxkit.facts.lab import marked, split_marked
 
-#: Splits the lab marker from the tool's output in one command's stdout.
-SEPARATOR = "--- fxkit: tool output ---"
 #: A line a fact command prints instead of the tool's output when it cannot run it.
 MISSING = "fxkit-missing: "
 
@@ -72,22 +70,6 @@ def nqn_problem(nqn: object) -> str:
     if match["rest"] is None and nqn != DISCOVERY_NQN:
         return f"{nqn!r} has no ':name' after the domain"
     return ""
-
-
-# -- the lab marker and the tool's output in one command ------------------------------------------
-
-
-def with_marker(script: str) -> str:
-    """``script`` preceded by the lab marker's content and :data:`SEPARATOR`."""
-    return f"cat {LAB_MARKER} 2>/dev/null; echo; echo '{SEPARATOR}'; {script}"
-
-
-def split_marker(result: RunResult, fact: str) -> tuple[bool, str]:
-    """(simulated, the script's stdout) of a command made by :func:`with_marker`."""
-    marker, sep, rest = result.stdout.partition(f"\n{SEPARATOR}\n")
-    if not sep:
-        raise FactError.from_result(fact, result)
-    return parse_marker(marker).simulated, rest
 
 
 def tool_script(tool: str, command: str) -> str:
@@ -173,18 +155,18 @@ class NvmeList(Fact[NvmeDevices]):
     """``nvme list -o json``: every NVMe namespace of the host."""
 
     become = True
-    cmd = with_marker(tool_script("nvme", "nvme list -o json"))
+    cmd = marked(tool_script("nvme", "nvme list -o json"))
 
     def parse(self, result: RunResult, *args: object) -> NvmeDevices:
-        simulated, out = split_marker(result, "nvme list")
+        lab, out = split_marked(result, "nvme list")
         why = missing_reason(out)
         if why or not result.ok:
             why = why or _no_driver(result)
             if not why:
                 raise FactError.from_result("nvme list -o json", result)
-            return NvmeDevices(missing=why, simulated=simulated)
+            return NvmeDevices(missing=why, simulated=lab.simulated)
         devices, shape = parse_nvme_list(out)
-        return NvmeDevices(devices, simulated=simulated, shape=shape)
+        return NvmeDevices(devices, simulated=lab.simulated, shape=shape)
 
 
 def parse_nvme_list(text: str) -> tuple[tuple[NvmeNamespace, ...], str]:
@@ -277,18 +259,18 @@ class NvmeListSubsys(Fact[NvmeSubsystems]):
     """``nvme list-subsys -o json``: the subsystems this host is connected to, with their paths."""
 
     become = True
-    cmd = with_marker(tool_script("nvme", "nvme list-subsys -o json"))
+    cmd = marked(tool_script("nvme", "nvme list-subsys -o json"))
 
     def parse(self, result: RunResult, *args: object) -> NvmeSubsystems:
-        simulated, out = split_marker(result, "nvme list-subsys")
+        lab, out = split_marked(result, "nvme list-subsys")
         why = missing_reason(out)
         if why or not result.ok:
             why = why or _no_driver(result)
             if not why:
                 raise FactError.from_result("nvme list-subsys -o json", result)
-            return NvmeSubsystems(missing=why, simulated=simulated)
+            return NvmeSubsystems(missing=why, simulated=lab.simulated)
         subsystems, shape, hostnqn = parse_list_subsys(out)
-        return NvmeSubsystems(subsystems, simulated=simulated, shape=shape, hostnqn=hostnqn)
+        return NvmeSubsystems(subsystems, simulated=lab.simulated, shape=shape, hostnqn=hostnqn)
 
 
 def parse_list_subsys(text: str) -> tuple[tuple[NvmeSubsystem, ...], str, str]:
@@ -379,7 +361,7 @@ class MultipathInfo:
 class NvmeMultipath(Fact[MultipathInfo]):
     """Whether the running kernel's native NVMe multipath is on (``nvme_core multipath``)."""
 
-    cmd = with_marker(
+    cmd = marked(
         f"p={MULTIPATH_PARAMETER}; if [ -r $p ]; then cat $p; "
         f"elif [ -d /sys/module/nvme_core ]; then echo '{MISSING}nvme_core has no multipath "
         "parameter (a kernel built without CONFIG_NVME_MULTIPATH)'; "
@@ -387,11 +369,11 @@ class NvmeMultipath(Fact[MultipathInfo]):
     )
 
     def parse(self, result: RunResult, *args: object) -> MultipathInfo:
-        simulated, out = split_marker(result, "nvme multipath")
+        lab, out = split_marked(result, "nvme multipath")
         why = missing_reason(out)
         if why:
-            return MultipathInfo(missing=why, simulated=simulated)
+            return MultipathInfo(missing=why, simulated=lab.simulated)
         value = out.strip()
         if not result.ok or value not in ("Y", "N"):
             raise FactError(f"{MULTIPATH_PARAMETER} says {value!r}, not Y or N")
-        return MultipathInfo(value, simulated=simulated)
+        return MultipathInfo(value, simulated=lab.simulated)

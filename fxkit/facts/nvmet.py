@@ -25,7 +25,8 @@ from typing import Any
 
 from fxkit.connection.base import RunResult
 from fxkit.facts.base import Fact, FactError
-from fxkit.facts.nvme import MISSING, missing_reason, split_marker, with_marker
+from fxkit.facts.lab import marked, split_marked
+from fxkit.facts.nvme import MISSING, missing_reason
 
 NVMET = "/sys/kernel/config/nvmet"
 #: Separates the list of directories and links from the attribute files' contents.
@@ -59,7 +60,7 @@ class NvmetConfig(Fact[NvmetState]):
 
     def command(self, root: str = NVMET) -> str:
         q = quote(root)
-        return with_marker(
+        return marked(
             f"if [ ! -d {q} ]; then echo '{MISSING}{root} does not exist (configfs is not "
             f"mounted or the nvmet module is not loaded)'; exit 0; fi; cd {q} && "
             "find . -mindepth 1 \\( -type d -o -type l -o \\( -type f -perm -u=r "
@@ -69,14 +70,14 @@ class NvmetConfig(Fact[NvmetState]):
         )
 
     def parse(self, result: RunResult, root: str = NVMET) -> NvmetState:
-        simulated, out = split_marker(result, "nvmet configfs")
+        lab, out = split_marked(result, "nvmet configfs")
         why = missing_reason(out)
         if why:
-            return NvmetState(missing=why, simulated=simulated)
+            return NvmetState(missing=why, simulated=lab.simulated)
         listing, sep, contents = out.partition(f"{_FILES}\n")
         if not result.ok or not sep:
             raise FactError.from_result(f"nvmet configfs at {root}", result)
-        return NvmetState(read_tree(listing, contents), simulated=simulated)
+        return NvmetState(read_tree(listing, contents), simulated=lab.simulated)
 
 
 def read_tree(listing: str, contents: str) -> dict[str, Any]:

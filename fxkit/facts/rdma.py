@@ -2,10 +2,10 @@
 network interfaces (MTU, driver), and the NIC's QoS (``mlnx_qos``, ``dcb pfc`` and ``dcb app``,
 bnxt_re congestion control).
 
-Every command first prints the lab marker (:data:`fxkit.facts.lab.LAB_MARKER`) and a separator,
-so each value says whether it came from a simulated lab host's stand-in tools (``simulated``).
-An absent tool, device or interface is a value with ``missing`` set to the reason, never an
-exception: roles gate their steps on it with ``host.needs()``. Output that cannot be read is a
+Every command first prints the lab marker (:func:`fxkit.facts.lab.marked`), so each value says
+whether it came from a simulated lab host's stand-in tools (``simulated``). An absent tool,
+device or interface is a value with ``missing`` set to the reason, never an exception: roles
+gate their steps on it with ``host.needs()``. Output that cannot be read is a
 :class:`~fxkit.facts.base.FactError` naming the command.
 
 Which driver a NIC uses: the interface's ``/sys/class/net/IF/device/driver`` link (``mlx5_core``
@@ -25,36 +25,30 @@ from typing import Any
 
 from fxkit.connection.base import RunResult
 from fxkit.facts.base import Fact, FactError
-from fxkit.facts.lab import LAB_MARKER, parse_marker
+from fxkit.facts.lab import marked, split_marked
 
-#: Printed between the lab marker and the tool's output.
-SEPARATOR = "--- fxkit ---"
-#: Printed instead of the tool's output when the tool is not installed.
+#: Printed instead of the tool's output when the tool (or folder) is not there.
 NOT_FOUND = "--- fxkit: not found ---"
 
 
-_MARKER = f"cat {LAB_MARKER} 2>/dev/null; echo {quote(SEPARATOR)}; "
 _ABSENT = f"{{ echo {quote(NOT_FOUND)}; exit 0; }}"
 
 
-def with_marker(tool: str, command: str) -> str:
-    """``command`` preceded by the lab marker; ``tool`` missing prints :data:`NOT_FOUND`."""
-    return f"{_MARKER}command -v {quote(tool)} >/dev/null 2>&1 || {_ABSENT}; {command}"
+def with_tool(tool: str, command: str) -> str:
+    """``command``, :func:`~fxkit.facts.lab.marked`; ``tool`` missing prints :data:`NOT_FOUND`."""
+    return marked(f"command -v {quote(tool)} >/dev/null 2>&1 || {_ABSENT}; {command}")
 
 
 def in_folder(folder: str, command: str) -> str:
-    """``command`` run in ``folder``, preceded by the lab marker; no such folder prints
+    """``command`` run in ``folder``, :func:`~fxkit.facts.lab.marked`; no such folder prints
     :data:`NOT_FOUND`."""
-    return f"{_MARKER}cd {quote(folder)} 2>/dev/null || {_ABSENT}; {command}"
+    return marked(f"cd {quote(folder)} 2>/dev/null || {_ABSENT}; {command}")
 
 
-def split_marker(fact: str, result: RunResult) -> tuple[bool, str | None]:
-    """(simulated, the tool's output or None when the tool is not installed)."""
-    marker, sep, rest = result.stdout.partition(SEPARATOR + "\n")
-    if not sep:
-        raise FactError.from_result(fact, result)
-    simulated = parse_marker(marker).simulated
-    return simulated, None if rest.strip() == NOT_FOUND else rest
+def tool_output(fact: str, result: RunResult) -> tuple[bool, str | None]:
+    """(simulated, the tool's output or None when the tool or folder is not there)."""
+    lab, out = split_marked(result, fact)
+    return lab.simulated, None if out.strip() == NOT_FOUND else out
 
 
 # -- rdma link ----------------------------------------------------------------------------------
@@ -154,10 +148,10 @@ def _json_port(entry: Any, index: int) -> RdmaPort:
 class RdmaLink(Fact[RdmaLinks]):
     """``rdma -j link`` (iproute2); the text form is read too, should a tool print it."""
 
-    cmd = with_marker("rdma", "rdma -j link")
+    cmd = with_tool("rdma", "rdma -j link")
 
     def parse(self, result: RunResult, *args: object) -> RdmaLinks:
-        simulated, out = split_marker("rdma link", result)
+        simulated, out = tool_output("rdma link", result)
         if out is None:
             return RdmaLinks(missing="rdma not found (install iproute2)", simulated=simulated)
         if not result.ok:
@@ -274,10 +268,10 @@ def _code(value: str) -> str:
 class IbvDevinfo(Fact[IbvDevices]):
     """``ibv_devinfo`` (rdma-core's ibverbs-utils): HCAs, their ports, link layer and MTUs."""
 
-    cmd = with_marker("ibv_devinfo", "ibv_devinfo")
+    cmd = with_tool("ibv_devinfo", "ibv_devinfo")
 
     def parse(self, result: RunResult, *args: object) -> IbvDevices:
-        simulated, out = split_marker("ibv_devinfo", result)
+        simulated, out = tool_output("ibv_devinfo", result)
         if out is None:
             return IbvDevices(
                 missing="ibv_devinfo not found (install ibverbs-utils)", simulated=simulated
@@ -317,7 +311,7 @@ class GidTypes(Fact[GidTypesInfo]):
         )
 
     def parse(self, result: RunResult, device: str, port: int = 1) -> GidTypesInfo:
-        simulated, out = split_marker(f"GID types of {device}/{port}", result)
+        simulated, out = tool_output(f"GID types of {device}/{port}", result)
         if out is None:
             where = f"/sys/class/infiniband/{device}/ports/{port}/gid_attrs/types"
             return GidTypesInfo({}, f"no GID table ({where} does not exist)", simulated)
@@ -360,7 +354,7 @@ class NetInterface(Fact[NetInterfaceInfo]):
         )
 
     def parse(self, result: RunResult, name: str) -> NetInterfaceInfo:
-        simulated, out = split_marker(f"interface {name}", result)
+        simulated, out = tool_output(f"interface {name}", result)
         if out is None:
             missing = f"no network interface {name} (/sys/class/net/{name} does not exist)"
             return NetInterfaceInfo(name, missing, simulated=simulated)
@@ -423,10 +417,10 @@ class MlnxQos(Fact[QosInfo]):
     port."""
 
     def command(self, interface: str) -> str:
-        return with_marker("mlnx_qos", f"mlnx_qos -i {quote(interface)}")
+        return with_tool("mlnx_qos", f"mlnx_qos -i {quote(interface)}")
 
     def parse(self, result: RunResult, interface: str) -> QosInfo:
-        simulated, out = split_marker(f"mlnx_qos -i {interface}", result)
+        simulated, out = tool_output(f"mlnx_qos -i {interface}", result)
         if out is None:
             return QosInfo(
                 interface,
@@ -462,10 +456,10 @@ class DcbPfc(Fact[QosInfo]):
     """``dcb -j pfc show dev IF`` (iproute2): PFC per priority, for NICs without mlnx_qos."""
 
     def command(self, interface: str) -> str:
-        return with_marker("dcb", f"dcb -j pfc show dev {quote(interface)}")
+        return with_tool("dcb", f"dcb -j pfc show dev {quote(interface)}")
 
     def parse(self, result: RunResult, interface: str) -> QosInfo:
-        simulated, out = split_marker(f"dcb pfc show dev {interface}", result)
+        simulated, out = tool_output(f"dcb pfc show dev {interface}", result)
         if out is None:
             return QosInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
         if not result.ok and "Operation not supported" in result.stderr:
@@ -508,10 +502,10 @@ class DcbAppDscp(Fact[DscpMapInfo]):
     """``dcb -j app show dev IF dscp-prio`` (iproute2): which priority each DSCP maps to."""
 
     def command(self, interface: str) -> str:
-        return with_marker("dcb", f"dcb -j app show dev {quote(interface)} dscp-prio")
+        return with_tool("dcb", f"dcb -j app show dev {quote(interface)} dscp-prio")
 
     def parse(self, result: RunResult, interface: str) -> DscpMapInfo:
-        simulated, out = split_marker(f"dcb app show dev {interface}", result)
+        simulated, out = tool_output(f"dcb app show dev {interface}", result)
         if out is None:
             return DscpMapInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
         if not result.ok and "Operation not supported" in result.stderr:
