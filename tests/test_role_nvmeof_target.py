@@ -195,7 +195,7 @@ def bad(change: dict[str, Any]) -> dict[str, Any]:
         (bad({"nvmeof_target_ports": [{"id": 1, "transport": "fc", "address": "10.0.0.1"}]}),
          "nvmeof_target_ports[0].transport", "transport 'fc' is not one of rdma, tcp"),
         (bad({"nvmeof_target_ports": [{"id": 9000, "transport": "tcp", "address": "10.0.0.1"}]}),
-         "nvmeof_target_ports[0].id", "9000 is out of range"),
+         "nvmeof_target_ports[0].id", "is 9000: wanted a whole number 1..8192"),
         (bad({"nvmeof_target_ports": [{"id": 1, "transport": "tcp", "address": "storage01"}]}),
          "nvmeof_target_ports[0].address", "'storage01' is not an IP address"),
         (bad({"nvmeof_target_ports": [{"id": 1, "transport": "tcp", "address": "10.0.0.1",

@@ -41,8 +41,9 @@ _DATE_DOMAIN_NQN = re.compile(
     r"(?P<domain>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+)"
     r"(?::(?P<rest>.+))?"
 )
-_UUID_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+#: The prefix of an NQN made from a UUID.
+UUID_NQN = "nqn.2014-08.org.nvmexpress:uuid:"
+UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 def nqn_problem(nqn: object) -> str:
@@ -55,10 +56,10 @@ def nqn_problem(nqn: object) -> str:
         return f"{nqn!r} is longer than {NQN_MAX_BYTES} bytes"
     if any(c.isspace() or c == "/" or not c.isprintable() for c in nqn):
         return f"{nqn!r} holds a space, '/' or a control character"
-    if nqn.startswith(_UUID_PREFIX):
-        if _UUID.fullmatch(nqn[len(_UUID_PREFIX) :]):
+    if nqn.startswith(UUID_NQN):
+        if UUID.fullmatch(nqn[len(UUID_NQN) :]):
             return ""
-        return f"{nqn!r}: after {_UUID_PREFIX} comes a UUID (8-4-4-4-12 hex digits)"
+        return f"{nqn!r}: after {UUID_NQN} comes a UUID (8-4-4-4-12 hex digits)"
     match = _DATE_DOMAIN_NQN.fullmatch(nqn)
     if not match:
         return (

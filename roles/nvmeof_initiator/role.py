@@ -13,11 +13,12 @@ import uuid
 from shlex import quote
 from typing import Any
 
-from fxkit.errors import VarError
 from fxkit.facts.files import FileStat
 from fxkit.facts.filesystems import BlockSignature
 from fxkit.facts.kernel import ModuleState
 from fxkit.facts.nvme import (
+    UUID,
+    UUID_NQN,
     NvmeDevices,
     NvmeList,
     NvmeListSubsys,
@@ -29,12 +30,12 @@ from fxkit.facts.nvme import (
 from fxkit.ops import files
 from fxkit.ops.base import OpContext, Result, combine, failed, ok
 from fxkit.role import Host
+from fxkit.rolevars import is_interface_name, mappings, valid_nqn, var_error
 from fxkit.variables import HostVars
 
 TRANSPORTS = {"rdma": "nvme-rdma", "tcp": "nvme-tcp"}
 #: nvme-cli's default service ids (fabrics.c get_default_trsvcid): discovery over TCP 8009.
 DISCOVERY_PORT = {"rdma": 4420, "tcp": 8009}
-UUID_NQN = "nqn.2014-08.org.nvmexpress:uuid:"
 FABRICS = "/dev/nvme-fabrics"
 #: Connect options from variables, as nvme-cli's short options (fabrics.c NVMF_ARGS).
 OPTIONS = {
@@ -44,30 +45,11 @@ OPTIONS = {
     "ctrl_loss_tmo": "-l",
     "reconnect_delay": "-c",
 }
-_IFACE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
 _SIZE = re.compile(r"([1-9][0-9]*)([KMGT]?)")
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _DEVICE = re.compile(r"/dev/nvme(\d+)n(\d+)")
 
 
 # -- variables --------------------------------------------------------------------------------
-
-
-def _error(v: HostVars, var: str, msg: str, hint: str | None = None) -> VarError:
-    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
-
-
-def _entries(v: HostVars, name: str) -> list[dict[str, Any]]:
-    value = v.get(name) or []
-    if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
-        raise _error(v, name, f"{name} must be a list of mappings, not {value!r:.60}")
-    return value
-
-
-def _nqn(v: HostVars, var: str, value: object) -> None:
-    problem = nqn_problem(value)
-    if problem:
-        raise _error(v, var, problem, hint="nqn.YYYY-MM.reverse.domain:name (NVMe base spec)")
 
 
 def size_bytes(text: object) -> int:
@@ -82,7 +64,7 @@ def _check_fabric(v: HostVars, var: str, entry: dict[str, Any]) -> None:
     """transport, address, service id and the connect options of one line/connection; values
     must not hold what nvme-cli splits discovery.conf lines at (space, '=', '#')."""
     if entry.get("transport") not in TRANSPORTS:
-        raise _error(
+        raise var_error(
             v, f"{var}.transport", f"transport {entry.get('transport')!r} is not one of rdma, tcp"
         )
     for key in ("address", "host_traddr"):
@@ -90,23 +72,23 @@ def _check_fabric(v: HostVars, var: str, entry: dict[str, Any]) -> None:
             try:
                 ipaddress.ip_address(str(entry.get(key)))
             except ValueError:
-                raise _error(
+                raise var_error(
                     v, f"{var}.{key}", f"{entry.get(key)!r} is not an IP address"
                 ) from None
-    if entry.get("host_iface") is not None and not _IFACE.fullmatch(str(entry["host_iface"])):
-        raise _error(v, f"{var}.host_iface", f"{entry['host_iface']!r} is not an interface name")
+    if entry.get("host_iface") is not None and not is_interface_name(entry["host_iface"]):
+        raise var_error(v, f"{var}.host_iface", f"{entry['host_iface']!r} is not an interface name")
     service = entry.get("service_id", 4420)
     if isinstance(service, bool) or not str(service).isdigit() or not 0 < int(service) < 65536:
-        raise _error(v, f"{var}.service_id", f"service id {service!r} is not a port (1-65535)")
+        raise var_error(v, f"{var}.service_id", f"service id {service!r} is not a port (1-65535)")
     for key in ("nr_io_queues", "reconnect_delay"):
         value = entry.get(key)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
-            raise _error(v, f"{var}.{key}", f"{key} must be a positive number, not {value!r}")
+            raise var_error(v, f"{var}.{key}", f"{key} must be a positive number, not {value!r}")
     loss = entry.get("ctrl_loss_tmo")
     if loss is not None and (isinstance(loss, bool) or not isinstance(loss, int) or loss < -1):
-        raise _error(
+        raise var_error(
             v, f"{var}.ctrl_loss_tmo", f"ctrl_loss_tmo must be seconds or -1, not {loss!r}"
         )
 
@@ -114,13 +96,13 @@ def _check_fabric(v: HostVars, var: str, entry: dict[str, Any]) -> None:
 def validate(v: HostVars) -> None:
     """Every variable of one initiator, before any host is touched."""
     if v.get("nvmeof_initiator_hostnqn"):
-        _nqn(v, "nvmeof_initiator_hostnqn", v.nvmeof_initiator_hostnqn)
-    for i, entry in enumerate(_entries(v, "nvmeof_initiator_discovery")):
+        valid_nqn(v, "nvmeof_initiator_hostnqn", v.nvmeof_initiator_hostnqn)
+    for i, entry in enumerate(mappings(v, "nvmeof_initiator_discovery")):
         _check_fabric(v, f"nvmeof_initiator_discovery[{i}]", entry)
     seen: set[tuple[str, str, str, str]] = set()
-    for i, entry in enumerate(_entries(v, "nvmeof_initiator_connections")):
+    for i, entry in enumerate(mappings(v, "nvmeof_initiator_connections")):
         var = f"nvmeof_initiator_connections[{i}]"
-        _nqn(v, f"{var}.nqn", entry.get("nqn"))
+        valid_nqn(v, f"{var}.nqn", entry.get("nqn"))
         _check_fabric(v, var, entry)
         key = (
             entry["nqn"],
@@ -129,40 +111,44 @@ def validate(v: HostVars) -> None:
             str(entry.get("service_id", 4420)),
         )
         if key in seen:
-            raise _error(v, var, f"{entry['nqn']} over {key[1]} {key[2]}:{key[3]} is listed twice")
+            raise var_error(
+                v, var, f"{entry['nqn']} over {key[1]} {key[2]}:{key[3]} is listed twice"
+            )
         seen.add(key)
         count = entry.get("namespaces")
         if count is not None and (
             isinstance(count, bool) or not isinstance(count, int) or count < 0
         ):
-            raise _error(v, f"{var}.namespaces", f"namespaces must be a count, not {count!r}")
+            raise var_error(v, f"{var}.namespaces", f"namespaces must be a count, not {count!r}")
         if entry.get("size") is not None:
             try:
                 size_bytes(entry["size"])
             except ValueError as exc:
-                raise _error(
+                raise var_error(
                     v, f"{var}.size", str(exc), hint="bytes, or a number with K, M, G or T"
                 ) from None
-    connected = {e["nqn"] for e in _entries(v, "nvmeof_initiator_connections")}
+    connected = {e["nqn"] for e in mappings(v, "nvmeof_initiator_connections")}
     paths: set[str] = set()
-    for i, fs in enumerate(_entries(v, "nvmeof_initiator_filesystems")):
+    for i, fs in enumerate(mappings(v, "nvmeof_initiator_filesystems")):
         var = f"nvmeof_initiator_filesystems[{i}]"
         path = fs.get("path")
         if not isinstance(path, str) or not path.startswith("/") or path in paths or path == "/":
-            raise _error(
+            raise var_error(
                 v, f"{var}.path", f"mount point {path!r} is not an absolute path, or is used twice"
             )
         paths.add(path)
         if fs.get("device") is not None:
             if not str(fs["device"]).startswith("/dev/"):
-                raise _error(v, f"{var}.device", f"{fs['device']!r} is not a device under /dev")
+                raise var_error(v, f"{var}.device", f"{fs['device']!r} is not a device under /dev")
         elif fs.get("nqn") not in connected or not str(fs.get("nsid", "")).isdigit():
-            raise _error(
+            raise var_error(
                 v, var, "give device, or nqn (one of nvmeof_initiator_connections) and nsid"
             )
         label = fs.get("label")
         if label is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,12}", str(label)):
-            raise _error(v, f"{var}.label", f"XFS label {label!r}: up to 12 of A-Z a-z 0-9 _ . -")
+            raise var_error(
+                v, f"{var}.label", f"XFS label {label!r}: up to 12 of A-Z a-z 0-9 _ . -"
+            )
 
 
 # -- what is written and run ------------------------------------------------------------------
@@ -186,7 +172,7 @@ def discovery_conf(v: HostVars) -> str:
         "# arguments of `nvme discover`; `nvme connect-all` (nvmf-autoconnect.service) reads them.",
     ]
     lines += [
-        " ".join(fabric_args(d, discovery=True)) for d in _entries(v, "nvmeof_initiator_discovery")
+        " ".join(fabric_args(d, discovery=True)) for d in mappings(v, "nvmeof_initiator_discovery")
     ]
     return "\n".join(lines) + "\n"
 
@@ -215,7 +201,7 @@ def host_identity(ctx: OpContext, nqn_file: str, id_file: str, wanted: str = "")
         tail = nqn[len(UUID_NQN) :]
         hostid = tail if nqn.startswith(UUID_NQN) else str(uuid.uuid4())
         steps.append(files.file(ctx, id_file, f"{hostid}\n", mode="0644"))
-    elif not _UUID.fullmatch(old_id.decode(errors="replace").strip()):
+    elif not UUID.fullmatch(old_id.decode(errors="replace").strip()):
         return failed(
             f"{id_file} does not hold a UUID; fxkit never rotates a host ID: fix it by hand"
         )
@@ -278,8 +264,8 @@ def verify(host: Host, v: HostVars) -> None:
 
 
 def apply(host: Host, v: HostVars) -> None:
-    connections = _entries(v, "nvmeof_initiator_connections")
-    filesystems = _entries(v, "nvmeof_initiator_filesystems")
+    connections = mappings(v, "nvmeof_initiator_connections")
+    filesystems = mappings(v, "nvmeof_initiator_filesystems")
     extra = ["xfsprogs"] if filesystems else []
     installing = host.packages([*v.nvmeof_initiator_packages, *extra])
     host.directory("/etc/nvme", mode="0755")
@@ -291,7 +277,7 @@ def apply(host: Host, v: HostVars) -> None:
     )
     if v.nvmeof_initiator_multipath:
         host.module("nvme_core", params={"multipath": "Y"})
-    used = {e["transport"] for e in [*connections, *_entries(v, "nvmeof_initiator_discovery")]}
+    used = {e["transport"] for e in [*connections, *mappings(v, "nvmeof_initiator_discovery")]}
     for transport in sorted(used):
         host.module(TRANSPORTS[transport])
     discovery = v.nvmeof_initiator_discovery_file

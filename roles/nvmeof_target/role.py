@@ -17,54 +17,22 @@ from typing import Any
 
 from fxkit.errors import VarError
 from fxkit.facts.kernel import ModuleState
-from fxkit.facts.nvme import nqn_problem
+from fxkit.facts.nvme import UUID
 from fxkit.facts.nvmet import NVMET, NvmetConfig, PathKinds, differences
 from fxkit.ops.base import OpContext, Result, failed, ok
 from fxkit.role import Host
+from fxkit.rolevars import mappings, valid_nqn, var_error, whole_number
 from fxkit.variables import HostVars
 
 TRANSPORTS = ("rdma", "tcp", "loop")
 MAX_ID = 8192  # nvmetcli: Port.MAX_PORTID and Namespace.MAX_NSID
 _SIZE = re.compile(r"[1-9][0-9]*[KMGT]?")
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _ATTR = re.compile(r"[a-z][a-z0-9_]*")
 #: attr_serial and attr_model limits (NVMe Identify Controller: SN 20, MN 40 ASCII bytes).
 _TEXT_LIMITS = {"serial": 20, "model": 40}
 
 
 # -- variables --------------------------------------------------------------------------------
-
-
-def _error(v: HostVars, var: str, msg: str, hint: str | None = None) -> VarError:
-    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
-
-
-def _list(v: HostVars, name: str) -> list[dict[str, Any]]:
-    value = v.get(name) or []
-    if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
-        raise _error(v, name, f"{name} must be a list of mappings, not {value!r:.60}")
-    return value
-
-
-def _number(v: HostVars, var: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
-        raise _error(v, var, f"{value!r} is not a number")
-    if not low <= int(value) <= high:
-        raise _error(v, var, f"{value} is out of range", hint=f"use {low} to {high}")
-    return int(value)
-
-
-def _nqn(v: HostVars, var: str, value: object) -> str:
-    problem = nqn_problem(value)
-    if problem:
-        raise _error(
-            v,
-            var,
-            problem,
-            hint="NVMe base spec: nqn.YYYY-MM.reverse.domain:name or "
-            "nqn.2014-08.org.nvmexpress:uuid:<uuid>",
-        )
-    return str(value)
 
 
 def adrfam(address: str) -> str:
@@ -74,37 +42,37 @@ def adrfam(address: str) -> str:
 
 def validate(v: HostVars) -> None:
     """Every variable of one target, before any host is touched."""
-    subsystems = _list(v, "nvmeof_target_subsystems")
+    subsystems = mappings(v, "nvmeof_target_subsystems")
     names: set[str] = set()
     for i, sub in enumerate(subsystems):
         var = f"nvmeof_target_subsystems[{i}]"
-        nqn = _nqn(v, f"{var}.nqn", sub.get("nqn"))
+        nqn = valid_nqn(v, f"{var}.nqn", sub.get("nqn"))
         if nqn in names:
-            raise _error(v, f"{var}.nqn", f"subsystem {nqn} is defined twice")
+            raise var_error(v, f"{var}.nqn", f"subsystem {nqn} is defined twice")
         names.add(nqn)
         _check_subsystem(v, var, sub)
     for i, nqn in enumerate(v.get("nvmeof_target_hosts") or []):
-        _nqn(v, f"nvmeof_target_hosts[{i}]", nqn)
+        valid_nqn(v, f"nvmeof_target_hosts[{i}]", nqn)
     _check_ports(v, names)
 
 
 def _check_subsystem(v: HostVars, var: str, sub: dict[str, Any]) -> None:
     hosts = sub.get("allowed_hosts") or []
     if not isinstance(hosts, list):
-        raise _error(v, f"{var}.allowed_hosts", "allowed_hosts must be a list of host NQNs")
+        raise var_error(v, f"{var}.allowed_hosts", "allowed_hosts must be a list of host NQNs")
     for j, host in enumerate(hosts):
-        _nqn(v, f"{var}.allowed_hosts[{j}]", host)
+        valid_nqn(v, f"{var}.allowed_hosts[{j}]", host)
     if sub.get("allow_any_host") not in (None, True, False):
-        raise _error(v, f"{var}.allow_any_host", "allow_any_host must be true or false")
+        raise var_error(v, f"{var}.allow_any_host", "allow_any_host must be true or false")
     if sub.get("allow_any_host") and hosts:
-        raise _error(
+        raise var_error(
             v,
             f"{var}.allow_any_host",
             "allow_any_host is true and allowed_hosts are given",
             hint="with allow_any_host every host may connect: drop one of the two",
         )
     if not sub.get("allow_any_host") and not hosts:
-        raise _error(
+        raise var_error(
             v,
             f"{var}.allowed_hosts",
             f"no host may connect to {sub['nqn']}",
@@ -115,23 +83,23 @@ def _check_subsystem(v: HostVars, var: str, sub: dict[str, Any]) -> None:
         if text is not None and (
             not isinstance(text, str) or not text.isascii() or not 0 < len(text) <= limit
         ):
-            raise _error(v, f"{var}.{key}", f"{key} must be 1 to {limit} ASCII characters")
+            raise var_error(v, f"{var}.{key}", f"{key} must be 1 to {limit} ASCII characters")
     attr = sub.get("attr") or {}
     if not isinstance(attr, dict) or not all(_ATTR.fullmatch(str(k)) for k in attr):
-        raise _error(v, f"{var}.attr", "attr must map attribute names (attr_<name>) to values")
+        raise var_error(v, f"{var}.attr", "attr must map attribute names (attr_<name>) to values")
     namespaces = sub.get("namespaces") or []
     if not isinstance(namespaces, list) or not all(isinstance(n, dict) for n in namespaces):
-        raise _error(v, f"{var}.namespaces", "namespaces must be a list of mappings")
+        raise var_error(v, f"{var}.namespaces", "namespaces must be a list of mappings")
     nsids: set[int] = set()
     for j, ns in enumerate(namespaces):
         at = f"{var}.namespaces[{j}]"
-        nsid = _number(v, f"{at}.nsid", ns.get("nsid"), 1, MAX_ID)
+        nsid = whole_number(v, f"{at}.nsid", ns.get("nsid"), 1, MAX_ID)
         if nsid in nsids:
-            raise _error(v, f"{at}.nsid", f"nsid {nsid} is used twice in {sub['nqn']}")
+            raise var_error(v, f"{at}.nsid", f"nsid {nsid} is used twice in {sub['nqn']}")
         nsids.add(nsid)
         path = ns.get("path")
         if not isinstance(path, str) or not path.startswith("/") or path.endswith("/"):
-            raise _error(
+            raise var_error(
                 v,
                 f"{at}.path",
                 f"backing path {path!r} is not an absolute path",
@@ -139,39 +107,39 @@ def _check_subsystem(v: HostVars, var: str, sub: dict[str, Any]) -> None:
             )
         size = ns.get("size")
         if size is not None and not _SIZE.fullmatch(str(size)):
-            raise _error(
+            raise var_error(
                 v,
                 f"{at}.size",
                 f"size {size!r} is not a size",
                 hint="bytes, or a number with K, M, G or T (truncate -s)",
             )
         for key in ("uuid", "nguid"):
-            if ns.get(key) is not None and not _UUID.fullmatch(str(ns[key])):
-                raise _error(v, f"{at}.{key}", f"{ns[key]!r} is not a UUID")
+            if ns.get(key) is not None and not UUID.fullmatch(str(ns[key])):
+                raise var_error(v, f"{at}.{key}", f"{ns[key]!r} is not a UUID")
 
 
 def _check_ports(v: HostVars, subsystems: set[str]) -> None:
     ids: set[int] = set()
     listeners: set[tuple[str, str, int]] = set()
-    for i, port in enumerate(_list(v, "nvmeof_target_ports")):
+    for i, port in enumerate(mappings(v, "nvmeof_target_ports")):
         var = f"nvmeof_target_ports[{i}]"
-        portid = _number(v, f"{var}.id", port.get("id"), 1, MAX_ID)
+        portid = whole_number(v, f"{var}.id", port.get("id"), 1, MAX_ID)
         if portid in ids:
-            raise _error(v, f"{var}.id", f"port id {portid} is used twice")
+            raise var_error(v, f"{var}.id", f"port id {portid} is used twice")
         ids.add(portid)
         transport = port.get("transport")
         if transport not in TRANSPORTS:
-            raise _error(
+            raise var_error(
                 v,
                 f"{var}.transport",
                 f"transport {transport!r} is not one of rdma, tcp",
                 hint="rdma (RoCE, InfiniBand) or tcp; loop only for local tests",
             )
-        service = _number(v, f"{var}.service_id", port.get("service_id", 4420), 1, 65535)
+        service = whole_number(v, f"{var}.service_id", port.get("service_id", 4420), 1, 65535)
         address = port.get("address")
         if transport != "loop":
             if not address:
-                raise _error(
+                raise var_error(
                     v,
                     f"{var}.address",
                     f"port {portid} ({transport}) has no address",
@@ -180,23 +148,23 @@ def _check_ports(v: HostVars, subsystems: set[str]) -> None:
             try:
                 family = adrfam(str(address))
             except ValueError:
-                raise _error(v, f"{var}.address", f"{address!r} is not an IP address") from None
+                raise var_error(v, f"{var}.address", f"{address!r} is not an IP address") from None
             if port.get("adrfam", family) != family:
-                raise _error(
+                raise var_error(
                     v, f"{var}.adrfam", f"adrfam {port['adrfam']!r} but {address} is {family}"
                 )
             if (transport, str(address), service) in listeners:
-                raise _error(
+                raise var_error(
                     v, f"{var}.address", f"{transport} {address}:{service} is used by two ports"
                 )
             listeners.add((transport, str(address), service))
         offered = port.get("subsystems")
         if offered is not None:
             if not isinstance(offered, list):
-                raise _error(v, f"{var}.subsystems", "subsystems must be a list of NQNs")
+                raise var_error(v, f"{var}.subsystems", "subsystems must be a list of NQNs")
             unknown = [n for n in offered if n not in subsystems]
             if unknown:
-                raise _error(
+                raise var_error(
                     v, f"{var}.subsystems", f"{unknown[0]} is not in nvmeof_target_subsystems"
                 )
 
@@ -205,7 +173,7 @@ def validate_all(hosts: dict[str, HostVars]) -> None:
     """An NQN names one subsystem in the whole fabric: no two targets may define the same one."""
     owner: dict[str, str] = {}
     for name, v in hosts.items():
-        for i, sub in enumerate(_list(v, "nvmeof_target_subsystems")):
+        for i, sub in enumerate(mappings(v, "nvmeof_target_subsystems")):
             nqn = sub.get("nqn")
             if nqn in owner and owner[nqn] != name:
                 raise VarError(
@@ -222,13 +190,13 @@ def validate_all(hosts: dict[str, HostVars]) -> None:
 def nvmet_config(v: HostVars) -> dict[str, Any]:
     """The desired state in nvmetcli's config.json structure (linux-nvme/nvmetcli, nvme.py
     ``Root.dump``): ``hosts``, ``ports``, ``subsystems``; values as nvmetcli writes them."""
-    subsystems = _list(v, "nvmeof_target_subsystems")
+    subsystems = mappings(v, "nvmeof_target_subsystems")
     allowed = {h for s in subsystems for h in s.get("allowed_hosts") or []}
     hosts = sorted(allowed | set(v.get("nvmeof_target_hosts") or []))
     every = [s["nqn"] for s in subsystems]
     return {
         "hosts": [{"nqn": nqn} for nqn in hosts],
-        "ports": [_port(p, every) for p in _list(v, "nvmeof_target_ports")],
+        "ports": [_port(p, every) for p in mappings(v, "nvmeof_target_ports")],
         "subsystems": [_subsystem(s) for s in subsystems],
     }
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from shlex import quote
 from typing import Any
 
-from fxkit.errors import VarError
 from fxkit.facts.rdma import (
     BNXT_CC,
     BnxtCc,
@@ -31,6 +30,7 @@ from fxkit.facts.rdma import (
 from fxkit.facts.sysfs import Attribute
 from fxkit.ops.base import OpContext, Result, failed, ok, skipped
 from fxkit.role import Host
+from fxkit.rolevars import is_interface_name, var_error, whole_number
 from fxkit.variables import HostVars, environment, truthy
 
 #: RoCE MTU range: 1280 is the least an IPv6 link carries (RoCEv2 GIDs are IPv4 and IPv6
@@ -44,7 +44,6 @@ IB_MTUS = (4096, 2048, 1024, 512, 256)
 RDMA_CM = "/sys/kernel/config/rdma_cm"
 BNXT_RE = "/sys/kernel/config/bnxt_re"
 #: Linux interface names: at most 15 bytes, no slash, colon or whitespace (dev_valid_name).
-_IFNAME = re.compile(r"[^\s/:]{1,15}")
 _DEVICE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 
 
@@ -105,29 +104,17 @@ def interfaces(v: HostVars) -> list[Interface]:
     return found
 
 
-def _error(v: HostVars, var: str, msg: str, hint: str) -> VarError:
-    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
-
-
-def _number(v: HostVars, var: str, value: Any, low: int, high: int, why: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():  # INI inventories, -e k=v
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _error(v, var, f"{var} is {value!r}: wanted a whole number {low}..{high}", why)
-    return value
-
-
 def validate(v: HostVars) -> None:
     """Check every variable before any host is touched (VarError naming host and variable)."""
     prio = "a priority is a 802.1p class, 0..7"
-    pfc = _number(v, "roce_nic_pfc_priority", v.roce_nic_pfc_priority, 0, 7, prio)
-    _number(v, "roce_nic_cnp_priority", v.roce_nic_cnp_priority, 0, 7, prio)
-    dscp = _number(v, "roce_nic_dscp", v.roce_nic_dscp, 0, 63, "DSCP is 6 bits: 0..63")
-    _number(v, "roce_nic_cnp_dscp", v.roce_nic_cnp_dscp, 0, 63, "DSCP is 6 bits: 0..63")
-    tos = _number(v, "roce_nic_tos", v.roce_nic_tos, 0, 255, "ToS is one byte: DSCP<<2 | ECN")
-    _number(v, "roce_nic_gid_index", v.roce_nic_gid_index, 0, 255, "a GID table index")
+    pfc = whole_number(v, "roce_nic_pfc_priority", v.roce_nic_pfc_priority, 0, 7, prio)
+    whole_number(v, "roce_nic_cnp_priority", v.roce_nic_cnp_priority, 0, 7, prio)
+    dscp = whole_number(v, "roce_nic_dscp", v.roce_nic_dscp, 0, 63, "DSCP is 6 bits: 0..63")
+    whole_number(v, "roce_nic_cnp_dscp", v.roce_nic_cnp_dscp, 0, 63, "DSCP is 6 bits: 0..63")
+    tos = whole_number(v, "roce_nic_tos", v.roce_nic_tos, 0, 255, "ToS is one byte: DSCP<<2 | ECN")
+    whole_number(v, "roce_nic_gid_index", v.roce_nic_gid_index, 0, 255, "a GID table index")
     if v.roce_nic_trust not in ("dscp", "pcp"):
-        raise _error(
+        raise var_error(
             v,
             "roce_nic_trust",
             f"roce_nic_trust is {v.roce_nic_trust!r}",
@@ -136,12 +123,12 @@ def validate(v: HostVars) -> None:
     hint = f"ToS = DSCP<<2 | ECN bits: use {dscp << 2 | 2} (ECN-capable, ECT(0)) or {dscp << 2}"
     if tos >> 2 != dscp:
         msg = f"roce_nic_tos {tos} carries DSCP {tos >> 2}, but roce_nic_dscp is {dscp}"
-        raise _error(v, "roce_nic_tos", msg, hint)
+        raise var_error(v, "roce_nic_tos", msg, hint)
     if tos & 3 == 3:
         msg = f"roce_nic_tos {tos} has ECN bits 3 (CE): only a congested switch sets those"
-        raise _error(v, "roce_nic_tos", msg, hint)
+        raise var_error(v, "roce_nic_tos", msg, hint)
     if v.roce_nic_trust == "dscp" and dscp >> 3 != pfc:
-        raise _error(
+        raise var_error(
             v,
             "roce_nic_dscp",
             f"roce_nic_dscp {dscp} maps to priority {dscp >> 3}, but PFC is on priority {pfc} "
@@ -152,12 +139,12 @@ def validate(v: HostVars) -> None:
     ecn = v.roce_nic_ecn
     words = ("1", "0", "true", "false", "yes", "no", "on", "off")
     if not isinstance(ecn, bool) and not (isinstance(ecn, str) and ecn.strip().lower() in words):
-        raise _error(v, "roce_nic_ecn", f"roce_nic_ecn is {ecn!r}", "true or false")
+        raise var_error(v, "roce_nic_ecn", f"roce_nic_ecn is {ecn!r}", "true or false")
     mtu_why = (
         f"RoCE MTU {MTU_RANGE[0]}..{MTU_RANGE[1]}: IPv6 needs 1280, switches forward up to "
         "9216-byte jumbo frames"
     )
-    _number(v, "roce_nic_mtu", v.roce_nic_mtu, *MTU_RANGE, mtu_why)
+    whole_number(v, "roce_nic_mtu", v.roce_nic_mtu, *MTU_RANGE, mtu_why)
     _validate_interfaces(v, mtu_why)
 
 
@@ -168,7 +155,7 @@ def _validate_interfaces(v: HostVars, mtu_why: str) -> None:
         "a list of interface names, or of {name: IF, device: DEV, mtu: N} (device, mtu optional)"
     )
     if not isinstance(entries, list):
-        raise _error(v, var, f"{var} is {type(entries).__name__}, not a list", shape)
+        raise var_error(v, var, f"{var} is {type(entries).__name__}, not a list", shape)
     names: set[str] = set()
     devices: set[str] = set()
     for i, entry in enumerate(entries):
@@ -179,28 +166,30 @@ def _validate_interfaces(v: HostVars, mtu_why: str) -> None:
             or "name" not in item
             or set(item) - {"name", "device", "mtu"}
         ):
-            raise _error(v, where, f"{where} is {entry!r}", shape)
+            raise var_error(v, where, f"{where} is {entry!r}", shape)
         name, device = item["name"], item.get("device")
-        if not isinstance(name, str) or not _IFNAME.fullmatch(name) or name in (".", ".."):
-            raise _error(
+        if not is_interface_name(name):
+            raise var_error(
                 v,
                 f"{where}.name",
                 f"{name!r} is not a Linux interface name",
                 "1-15 characters, no '/', ':' or spaces (ip link shows the names)",
             )
         if device is not None and not (isinstance(device, str) and _DEVICE.fullmatch(device)):
-            raise _error(
+            raise var_error(
                 v,
                 f"{where}.device",
                 f"{device!r} is not an RDMA device name",
                 "as `rdma link` shows it, e.g. mlx5_0 or bnxt_re0",
             )
         if "mtu" in item:
-            _number(v, f"{where}.mtu", item["mtu"], *MTU_RANGE, mtu_why)
+            whole_number(v, f"{where}.mtu", item["mtu"], *MTU_RANGE, mtu_why)
         if name in names:
-            raise _error(v, where, f"interface {name} is listed twice", "list each interface once")
+            raise var_error(
+                v, where, f"interface {name} is listed twice", "list each interface once"
+            )
         if device and device in devices:
-            raise _error(
+            raise var_error(
                 v,
                 where,
                 f"RDMA device {device} is listed twice",

@@ -15,7 +15,6 @@ import posixpath
 import re
 from shlex import quote
 
-from fxkit.errors import VarError
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.files import FileStat
 from fxkit.facts.gpu import GpuInventory, Gpus
@@ -25,6 +24,7 @@ from fxkit.facts.system import OsRelease
 from fxkit.ops.base import OpContext, Result, ok, skipped
 from fxkit.ops.packages import version_matches
 from fxkit.role import Host
+from fxkit.rolevars import var_error
 from fxkit.variables import HostVars, truthy
 
 #: The Ubuntu releases ROCm 7.2 supports, by codename.
@@ -38,15 +38,11 @@ _NAME = re.compile(r"[a-z_][a-z0-9_-]*\$?")
 _WORD = re.compile(r"[^\s\"'`$\\]+")
 
 
-def _problem(v: HostVars, var: str, msg: str, hint: str) -> VarError:
-    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
-
-
 def validate(v: HostVars) -> None:
     """The variables, before any host is touched: URL, versions, key digest, users, the
     expected GPUs."""
     if not isinstance(v.rocm_repo_base, str) or not _URL.fullmatch(v.rocm_repo_base):
-        raise _problem(
+        raise var_error(
             v,
             "rocm_repo_base",
             f"{v.rocm_repo_base!r} is not a URL",
@@ -54,19 +50,19 @@ def validate(v: HostVars) -> None:
         )
     for var in ("rocm_host_rocm_repo", "rocm_host_graphics_repo", "rocm_host_amdgpu_repo"):
         if not _REPO_VERSION.fullmatch(str(v[var])):
-            raise _problem(
+            raise var_error(
                 v, var, f"{v[var]!r} is not a repository version", "e.g. 7.2.2, 7.2.1, 30.30"
             )
     for var in ("rocm_host_amdgpu_dkms_version", "rocm_host_rocm_version"):
         if v[var] and not _APT_VERSION.fullmatch(str(v[var])):
-            raise _problem(
+            raise var_error(
                 v,
                 var,
                 f"{v[var]!r} is not an apt version",
                 'the full version as `apt-cache policy` shows it, or "" for the candidate',
             )
     if not _SHA256.fullmatch(str(v.rocm_host_key_sha256).lower().removeprefix("sha256:")):
-        raise _problem(
+        raise var_error(
             v,
             "rocm_host_key_sha256",
             f"{v.rocm_host_key_sha256!r} is not a sha256",
@@ -77,14 +73,14 @@ def validate(v: HostVars) -> None:
     if not isinstance(users, list) or not all(
         isinstance(u, str) and _NAME.fullmatch(u) for u in users
     ):
-        raise _problem(
+        raise var_error(
             v, "rocm_host_users", f"{users!r} is not a list of user names", "e.g. [vllm, alice]"
         )
     args = v.rocm_host_kernel_args
     if not isinstance(args, list) or not all(
         isinstance(a, str) and _WORD.fullmatch(a) for a in args
     ):
-        raise _problem(
+        raise var_error(
             v,
             "rocm_host_kernel_args",
             f"{args!r} is not a list of kernel arguments",
@@ -92,11 +88,11 @@ def validate(v: HostVars) -> None:
         )
     for var in ("rocm_host_gpu_count", "rocm_host_gpu_vram_gib"):
         if isinstance(v[var], bool) or not isinstance(v[var], int) or v[var] < 1:
-            raise _problem(v, var, f"{v[var]!r} is not a number >= 1", "e.g. 8 GPUs, 192 GiB")
+            raise var_error(v, var, f"{v[var]!r} is not a number >= 1", "e.g. 8 GPUs, 192 GiB")
     if not isinstance(v.rocm_host_gpu_model, str) or not _WORD.fullmatch(v.rocm_host_gpu_model):
-        raise _problem(v, "rocm_host_gpu_model", "wants a model name", "e.g. MI308X or MI300X")
+        raise var_error(v, "rocm_host_gpu_model", "wants a model name", "e.g. MI308X or MI300X")
     if not _WORD.fullmatch(str(v.rocm_host_apt_arch)):
-        raise _problem(v, "rocm_host_apt_arch", "wants a Debian architecture", "e.g. amd64")
+        raise var_error(v, "rocm_host_apt_arch", "wants a Debian architecture", "e.g. amd64")
 
 
 def not_run(ctx: OpContext, step: str, reason: str) -> Result:
