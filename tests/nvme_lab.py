@@ -18,15 +18,10 @@ from test_play_lab import Run, cli_play, fxkit_play, write_inventory
 
 from fxkit.connection.base import Connection
 from fxkit.lab import Fleet
+from tests.lab_helpers import sh
 
 REPO = "/srv/fxkit-nvme-repo"
 SOURCES = "/etc/apt/sources.list.d/fxkit-nvme-test.list"
-
-
-def sh(conn: Connection, command: str) -> str:
-    result = conn.run(command)
-    assert result.ok, result
-    return result.stdout
 
 
 def stand_in_packages(conn: Connection, *names: str) -> None:
@@ -78,29 +73,3 @@ def play_role(
     inventory = write_inventory(fleet, folder / "inventory.yml", fxkit_lab=lab, **variables)
     play = fxkit_play if executable else cli_play
     return play(playbook, inventory, folder / "events.json", *args)
-
-
-def events_of(run: Run, host: str, status: str) -> list[tuple[str, str]]:
-    return [
-        (e["operation"], e["msg"])
-        for e in run.events
-        if e["host"] == host and e["status"] == status
-    ]
-
-
-def snapshot(fleet: Fleet, host: str) -> str:
-    """A host's file trees: every entry's metadata (no ctime: the fleet's base layer holds hard
-    links to this machine's /etc, so every fleet another session starts moves their ctime) and a
-    sha256 of each small file."""
-    with fleet.connect(host) as conn:
-        return sh(
-            conn,
-            "find /etc /opt /srv /var/lib -xdev -printf '%p %y %m %u %g %s %T@ %l\\n' | "
-            "LC_ALL=C sort; find /etc /srv -xdev -type f -exec sha256sum {} + | LC_ALL=C sort",
-        )
-
-
-def changes(before: str, after: str) -> list[str]:
-    """The lines of two host snapshots that differ."""
-    old, new = set(before.splitlines()), set(after.splitlines())
-    return sorted(f"- {line}" for line in old - new) + sorted(f"+ {line}" for line in new - old)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvme_lab import changes, events_of, play_role, sh, snapshot, stand_in_packages
+from nvme_lab import play_role, stand_in_packages
 
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import VarError
@@ -31,6 +31,7 @@ from fxkit.ops.base import OpContext
 from fxkit.ops.filesystems import filesystem
 from fxkit.role import RoleLoader, roles_path
 from fxkit.variables import HostVars, Layer
+from tests.lab_helpers import changes, events_of, sh, snapshot
 
 REFERENCE = Path(__file__).parent / "data" / "reference"
 ROLE = RoleLoader(roles_path(None)).load("nvmeof_initiator")

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from fxkit.connection.base import Connection
 from fxkit.errors import VarError
 from fxkit.lab import Fleet
 from tests.gpg_helpers import SigningKey, signing_key
+from tests.lab_helpers import events_of, sh, snapshot
 from tests.rocm_mirror import PACKAGES, REPOS, Mirror, build, install
 from tests.test_play_lab import Run, cli_play, write_inventory
-from tests.test_play_lab import snapshot as snapshot_with_ctime
 
 pytestmark = pytest.mark.lab
 
@@ -72,12 +71,6 @@ class Lab:
         return cli_play(self.folder / "rocm.yml", inventory, self.folder / "events.json", *args)
 
 
-def sh(conn: Connection, command: str) -> str:
-    result = conn.run(command)
-    assert result.ok, result
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
 def lab(lab_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     fleet: Fleet = lab_fleet(3, name="rocm")  # of its own: apt state, users, os-release
@@ -102,22 +95,6 @@ def lab(lab_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         with fleet.connect("lab02") as conn:
             conn.put(GRUB, b'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\n')
         yield Lab(fleet, key, mirror, arch, folder)
-
-
-def snapshot(fleet: Fleet, host: str) -> str:
-    """test_play_lab's snapshot of a host's trees without the ctime column: the machine's own
-    /etc (the hosts' lower layer) has its ctimes moved by others while the tests run."""
-    rows = [row.split(" ") for row in snapshot_with_ctime(fleet, host).splitlines()]
-    # find's rows: path type mode user group size mtime ctime link; sha256sum's: digest  path.
-    return "\n".join(
-        " ".join(row[:7] + row[8:] if len(row) >= 9 and len(row[1]) == 1 else row) for row in rows
-    )
-
-
-def events(run: Run, host: str, status: str) -> dict[str, str]:
-    return {
-        e["operation"]: e["msg"] for e in run.events if e["host"] == host and e["status"] == status
-    }
 
 
 def test_check_then_apply_then_nothing_more(lab: Lab) -> None:
@@ -165,7 +142,7 @@ def test_check_then_apply_then_nothing_more(lab: Lab) -> None:
             assert key_sum.hexdigest() == lab.mirror.key_sha256
 
     # lab01: no GRUB, no GPU, no reboot. lab02: GRUB's config changed, the running kernel not.
-    skipped = events(first, "lab01", "skipped")
+    skipped = dict(events_of(first, "lab01", "skipped"))
     assert skipped["kernel command line"] == (
         f"kernel command line: {GRUB} does not exist (no GRUB here)"
     )
@@ -178,10 +155,10 @@ def test_check_then_apply_then_nothing_more(lab: Lab) -> None:
     with lab.fleet.connect("lab02") as conn:
         grub = sh(conn, f"cat {GRUB}")
     assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash pci=realloc=off iommu=pt"\n' in grub
-    changed = events(first, "lab02", "changed")
+    changed = dict(events_of(first, "lab02", "changed"))
     assert "reboot required" in changed["kernel_cmdline"]
     lacking = "the running kernel lacks pci=realloc=off iommu=pt"
-    assert events(first, "lab02", "skipped")["reboot"] == (
+    assert dict(events_of(first, "lab02", "skipped"))["reboot"] == (
         f"reboot: needed ({lacking}; amdgpu-dkms was installed); rocm_host_reboot is false: "
         "reboot the host"
     )
@@ -191,9 +168,9 @@ def test_check_then_apply_then_nothing_more(lab: Lab) -> None:
     assert again.code == 0, again.output
     assert again.counts("changed") == dict.fromkeys(HOSTS, 0)
     assert {h: snapshot(lab.fleet, h) for h in HOSTS} == converged
-    assert events(again, "lab01", "skipped")["verify GPUs"] == f"verify GPUs: {NO_TOOL}"
-    assert "reboot" not in events(again, "lab01", "skipped")
-    assert events(again, "lab02", "skipped")["verify GPUs"] == (
+    assert dict(events_of(again, "lab01", "skipped"))["verify GPUs"] == f"verify GPUs: {NO_TOOL}"
+    assert "reboot" not in dict(events_of(again, "lab01", "skipped"))
+    assert dict(events_of(again, "lab02", "skipped"))["verify GPUs"] == (
         f"verify GPUs: {NO_TOOL}; a reboot is needed first ({lacking})"
     )
     assert lab.play("--check", "--limit", "lab01,lab02").counts("changed") == dict.fromkeys(
@@ -205,11 +182,11 @@ def test_a_host_not_marked_as_lab_fails_the_missing_gpu_and_grub(lab: Lab) -> No
     assert lab.play("--limit", "lab01").code == 0  # converged (a no-op when it already is)
     run = lab.play("--limit", "lab01", fxkit_lab=False, rocm_host_kernel_args=[])
     assert run.code == 1
-    assert events(run, "lab01", "failed")["fail"] == (
+    assert dict(events_of(run, "lab01", "failed"))["fail"] == (
         f"verify GPUs: {NO_TOOL} (this host is not marked as a lab host, so this is a failure)"
     )
     run = lab.play("--limit", "lab01", fxkit_lab=False)
-    assert events(run, "lab01", "failed")["fail"].startswith(
+    assert dict(events_of(run, "lab01", "failed"))["fail"].startswith(
         f"kernel command line: {GRUB} does not exist (no GRUB here) (this host is not marked"
     )
 
@@ -230,13 +207,13 @@ def test_verification_reads_the_gpus_and_says_what_it_found(lab: Lab) -> None:
     try:
         wrong = lab.play("--limit", "lab01")
         assert wrong.code == 1
-        assert events(wrong, "lab01", "failed")["fail"] == (
+        assert dict(events_of(wrong, "lab01", "failed"))["fail"] == (
             "verify GPUs: wanted 8x MI308X with 192 GiB each, found 1, not as wanted: "
             "GPU 0: AMD Instinct MI300X (0x74a1), 192 GiB (source: amd-smi static --json)"
         )
         right = lab.play("--limit", "lab01", rocm_host_gpu_count=1, rocm_host_gpu_model="MI300X")
         assert right.code == 0, right.output
-        assert events(right, "lab01", "ok")["verify GPUs"] == (
+        assert dict(events_of(right, "lab01", "ok"))["verify GPUs"] == (
             "1x MI300X with 192 GiB each (source: amd-smi static --json)"
         )
     finally:
@@ -251,7 +228,7 @@ def test_a_key_with_another_digest_is_not_kept_and_nothing_is_written(lab: Lab) 
     wrong = "0" * 64
     run = lab.play("--limit", "lab03", rocm_host_key_sha256=wrong)
     assert run.code == 1
-    failure = events(run, "lab03", "failed")
+    failure = dict(events_of(run, "lab03", "failed"))
     [msg] = failure.values()
     assert f"not the expected {wrong}" in msg
     with lab.fleet.connect("lab03") as conn:
@@ -273,7 +250,7 @@ def test_not_ubuntu_fails_before_any_change(lab: Lab) -> None:
             sh(conn, "rm -f /etc/os-release")
             conn.put("/etc/os-release", saved or b"")
     assert run.code == 1 and run.counts("changed") == {"lab03": 0}
-    assert events(run, "lab03", "failed")["fail"] == (
+    assert dict(events_of(run, "lab03", "failed"))["fail"] == (
         "ROCm 7.2 is for Ubuntu 22.04 (jammy) and 24.04 (noble); this host runs "
         "Debian GNU/Linux 12 (bookworm) (bookworm)"
     )
@@ -299,7 +276,7 @@ def test_wrong_variables_are_named_before_any_host_is_touched(lab: Lab) -> None:
 def test_an_opt_in_reboot_that_cannot_happen_is_skipped_with_the_reason(lab: Lab) -> None:
     run = lab.play("--limit", "lab02", rocm_host_reboot=True)
     assert run.code == 0, run.output
-    skipped = events(run, "lab02", "skipped")
+    skipped = dict(events_of(run, "lab02", "skipped"))
     assert skipped["reboot"].startswith("cannot reboot this host: PID 1 is sshd"), skipped
     assert skipped["verify GPUs"].startswith(
         f"verify GPUs: {NO_TOOL}; a reboot is needed first (the running kernel lacks "

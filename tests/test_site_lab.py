@@ -27,7 +27,8 @@ import yaml
 
 from fxkit.lab import Fleet, calls
 from tests.gpg_helpers import signing_key
-from tests.nvme_lab import sh, stand_in_packages
+from tests.lab_helpers import events_of, sh
+from tests.nvme_lab import stand_in_packages
 from tests.rocm_mirror import build, install
 from tests.test_play_lab import Run, cli_play, snapshot
 from tests.test_role_rocm_host import OS_RELEASE
@@ -140,14 +141,6 @@ def site(request, lab_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield Site(fleet, form, path, folder)
 
 
-def skipped(run: Run, host: str) -> dict[str, str]:
-    return {
-        e["operation"]: e["msg"]
-        for e in run.events
-        if e["host"] == host and e["status"] == "skipped"
-    }
-
-
 def test_site_converges_in_check_then_apply_then_nothing_more(site: Site) -> None:
     before = site.snapshots()
     check = site.play("--check", "--diff")
@@ -171,7 +164,10 @@ def test_site_converges_in_check_then_apply_then_nothing_more(site: Site) -> Non
 
 
 def plain_hardware_steps_are_skipped_with_their_reasons(run: Run) -> None:
-    node, target = skipped(run, "lab02"), skipped(run, "lab01")
+    node, target = (
+        dict(events_of(run, "lab02", "skipped")),
+        dict(events_of(run, "lab01", "skipped")),
+    )
     assert node["verify GPUs"].startswith("verify GPUs: no GPU tool found (amd-smi, rocm-smi")
     for host, interfaces in ((target, ["ens6np0"]), (node, ["ens6np0", "ens5np0"])):
         for netdev in interfaces:
@@ -191,7 +187,7 @@ def every_hardware_step_ran(site: Site, run: Run) -> None:
     not_run = [
         f"{host}: {operation}: {msg}"
         for host in ("lab01", "lab02")
-        for operation, msg in skipped(run, host).items()
+        for operation, msg in events_of(run, host, "skipped")
         if not any(reason in msg for reason in NOT_HARDWARE)
     ]
     assert not_run == []
