@@ -58,7 +58,8 @@ def filesystem(
     labelled = f"{option} {quote(label)} " if label else ""
     command = (
         f'e=$(blkid -p -- {q} 2>&1); [ $? -eq 2 ] && [ -z "$e" ] || '
-        f'{{ echo "{device} is not empty any more (blkid: $e); not formatted" >&2; exit 3; }}; '
+        f"{{ printf '%s is not empty any more (blkid: %s); not formatted\\n' {q} \"$e\" >&2; "
+        "exit 3; }; "
         f"mkfs.{fstype} {_QUIET[fstype]} {labelled}-- {q}"
     )
     made = ctx.change(

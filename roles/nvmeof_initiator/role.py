@@ -31,7 +31,7 @@ from fxkit.ops import files
 from fxkit.ops.base import OpContext, Result, combine, failed, ok
 from fxkit.role import Host
 from fxkit.rolevars import is_interface_name, mappings, valid_nqn, var_error
-from fxkit.variables import HostVars
+from fxkit.variables import HostVars, truthy
 
 TRANSPORTS = {"rdma": "nvme-rdma", "tcp": "nvme-tcp"}
 #: nvme-cli's default service ids (fabrics.c get_default_trsvcid): discovery over TCP 8009.
@@ -75,8 +75,14 @@ def _check_fabric(v: HostVars, var: str, entry: dict[str, Any]) -> None:
                 raise var_error(
                     v, f"{var}.{key}", f"{entry.get(key)!r} is not an IP address"
                 ) from None
-    if entry.get("host_iface") is not None and not is_interface_name(entry["host_iface"]):
-        raise var_error(v, f"{var}.host_iface", f"{entry['host_iface']!r} is not an interface name")
+    iface = entry.get("host_iface")
+    if iface is not None and (not is_interface_name(iface) or set(iface) & set("=#")):
+        raise var_error(
+            v,
+            f"{var}.host_iface",
+            f"{iface!r} is not an interface name without '=' or '#'",
+            hint="as `ip link` shows it, e.g. ens6np0",
+        )
     service = entry.get("service_id", 4420)
     if isinstance(service, bool) or not str(service).isdigit() or not 0 < int(service) < 65536:
         raise var_error(v, f"{var}.service_id", f"service id {service!r} is not a port (1-65535)")
@@ -275,7 +281,7 @@ def apply(host: Host, v: HostVars) -> None:
         v.nvmeof_initiator_hostid_file,
         v.nvmeof_initiator_hostnqn or "",
     )
-    if v.nvmeof_initiator_multipath:
+    if truthy(v.nvmeof_initiator_multipath):
         host.module("nvme_core", params={"multipath": "Y"})
     used = {e["transport"] for e in [*connections, *mappings(v, "nvmeof_initiator_discovery")]}
     for transport in sorted(used):
@@ -284,7 +290,7 @@ def apply(host: Host, v: HostVars) -> None:
     host.task(f"file {discovery}").file(discovery, discovery_conf(v), mode="0644")
     host.service(v.nvmeof_initiator_service, enabled=True)
 
-    if v.nvmeof_initiator_multipath:
+    if truthy(v.nvmeof_initiator_multipath):
         multipath = host.fact(NvmeMultipath)
         present = not multipath.missing or would_load(host, "nvme_core")
         on = host.needs(present, "native NVMe multipath", multipath.missing)

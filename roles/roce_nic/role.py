@@ -43,7 +43,7 @@ ROCE_HEADERS = 96
 IB_MTUS = (4096, 2048, 1024, 512, 256)
 RDMA_CM = "/sys/kernel/config/rdma_cm"
 BNXT_RE = "/sys/kernel/config/bnxt_re"
-#: Linux interface names: at most 15 bytes, no slash, colon or whitespace (dev_valid_name).
+#: RDMA device names, as `rdma link` shows them (mlx5_0, bnxt_re0, rocep1s0f0).
 _DEVICE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 
 
