@@ -27,7 +27,7 @@ from typing import Any
 
 from fxkit.connection.base import RunResult
 from fxkit.facts.base import Fact, FactError
-from fxkit.facts.lab import marked, split_marked
+from fxkit.facts.lab import LabInfo, marked, split_marked
 
 #: A line a fact command prints instead of the tool's output when it cannot run it.
 MISSING = "fxkit-missing: "
@@ -96,6 +96,18 @@ def _no_driver(result: RunResult) -> str:
     return ""
 
 
+def _nvme_output(result: RunResult, command: str) -> tuple[LabInfo, str, str]:
+    """(the lab marker, nvme-cli's output, why there is none: no nvme-cli or no driver; "" when
+    there is) of a command made by ``marked(tool_script("nvme", command))``."""
+    lab, out = split_marked(result, command)
+    why = missing_reason(out)
+    if not why and not result.ok:
+        why = _no_driver(result)
+        if not why:
+            raise FactError.from_result(command, result)
+    return lab, out, why
+
+
 def _json(text: str, fact: str) -> Any:
     if not text.strip():
         raise FactError(f"{fact} printed nothing", hint="is nvme-cli broken on this host?")
@@ -159,12 +171,8 @@ class NvmeList(Fact[NvmeDevices]):
     cmd = marked(tool_script("nvme", "nvme list -o json"))
 
     def parse(self, result: RunResult, *args: object) -> NvmeDevices:
-        lab, out = split_marked(result, "nvme list")
-        why = missing_reason(out)
-        if why or not result.ok:
-            why = why or _no_driver(result)
-            if not why:
-                raise FactError.from_result("nvme list -o json", result)
+        lab, out, why = _nvme_output(result, "nvme list -o json")
+        if why:
             return NvmeDevices(missing=why, simulated=lab.simulated)
         devices, shape = parse_nvme_list(out)
         return NvmeDevices(devices, simulated=lab.simulated, shape=shape)
@@ -263,12 +271,8 @@ class NvmeListSubsys(Fact[NvmeSubsystems]):
     cmd = marked(tool_script("nvme", "nvme list-subsys -o json"))
 
     def parse(self, result: RunResult, *args: object) -> NvmeSubsystems:
-        lab, out = split_marked(result, "nvme list-subsys")
-        why = missing_reason(out)
-        if why or not result.ok:
-            why = why or _no_driver(result)
-            if not why:
-                raise FactError.from_result("nvme list-subsys -o json", result)
+        lab, out, why = _nvme_output(result, "nvme list-subsys -o json")
+        if why:
             return NvmeSubsystems(missing=why, simulated=lab.simulated)
         subsystems, shape, hostnqn = parse_list_subsys(out)
         return NvmeSubsystems(subsystems, simulated=lab.simulated, shape=shape, hostnqn=hostnqn)

@@ -452,6 +452,15 @@ def parse_dcb_pfc(text: str, interface: str) -> tuple[int, ...]:
     return tuple(int(x) for x in prio)
 
 
+def _no_dcb(result: RunResult, interface: str, what: str) -> str:
+    """Why ``dcb WHAT show dev IF`` has no answer (the NIC has no DCB); "" when it succeeded."""
+    if result.ok:
+        return ""
+    if "Operation not supported" in result.stderr:
+        return f"{interface} has no DCB support (dcb: Operation not supported)"
+    raise FactError.from_result(f"dcb {what} show dev {interface}", result)
+
+
 class DcbPfc(Fact[QosInfo]):
     """``dcb -j pfc show dev IF`` (iproute2): PFC per priority, for NICs without mlnx_qos."""
 
@@ -462,11 +471,9 @@ class DcbPfc(Fact[QosInfo]):
         simulated, out = tool_output(f"dcb pfc show dev {interface}", result)
         if out is None:
             return QosInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
-        if not result.ok and "Operation not supported" in result.stderr:
-            missing = f"{interface} has no DCB support (dcb: Operation not supported)"
+        missing = _no_dcb(result, interface, "pfc")
+        if missing:
             return QosInfo(interface, missing, simulated=simulated)
-        if not result.ok:
-            raise FactError.from_result(f"dcb pfc show dev {interface}", result)
         return QosInfo(interface, pfc=parse_dcb_pfc(out, interface), simulated=simulated)
 
 
@@ -508,11 +515,9 @@ class DcbAppDscp(Fact[DscpMapInfo]):
         simulated, out = tool_output(f"dcb app show dev {interface}", result)
         if out is None:
             return DscpMapInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
-        if not result.ok and "Operation not supported" in result.stderr:
-            missing = f"{interface} has no DCB support (dcb: Operation not supported)"
+        missing = _no_dcb(result, interface, "app")
+        if missing:
             return DscpMapInfo(interface, missing, simulated=simulated)
-        if not result.ok:
-            raise FactError.from_result(f"dcb app show dev {interface}", result)
         return DscpMapInfo(
             interface, dscp_prio=parse_dcb_app_dscp(out, interface), simulated=simulated
         )
