@@ -265,6 +265,8 @@ def test_wrong_variables_are_named_before_any_host_is_touched(lab: Lab) -> None:
         ({"rocm_host_rocm_version": "7.2 beta"}, "lab03: rocm_host_rocm_version"),
         ({"rocm_host_gpu_count": 0}, "lab03: rocm_host_gpu_count"),
         ({"rocm_host_users": "alice"}, "lab03: rocm_host_users"),
+        ({"rocm_host_groups": "render"}, "lab03: rocm_host_groups"),
+        ({"rocm_host_sysctl": ["kernel.numa_balancing=0"]}, "lab03: rocm_host_sysctl"),
         ({"rocm_host_kernel_args": ["iommu=pt quiet"]}, "lab03: rocm_host_kernel_args"),
     ]:
         with pytest.raises(VarError) as caught:

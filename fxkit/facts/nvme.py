@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from shlex import quote
 from typing import Any
 
 from fxkit.connection.base import RunResult
@@ -76,8 +77,8 @@ def nqn_problem(nqn: object) -> str:
 def tool_script(tool: str, command: str) -> str:
     """Run ``command`` when ``tool`` is installed; otherwise print why not."""
     return (
-        f"if ! command -v {tool} >/dev/null 2>&1; then echo '{MISSING}{tool} not found'; exit 0; "
-        f"fi; {command}"
+        f"if ! command -v {quote(tool)} >/dev/null 2>&1; then "
+        f"echo {quote(f'{MISSING}{tool} not found')}; exit 0; fi; {command}"
     )
 
 

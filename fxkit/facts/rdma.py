@@ -35,13 +35,14 @@ _ABSENT = f"{{ echo {quote(NOT_FOUND)}; exit 0; }}"
 
 
 def with_tool(tool: str, command: str) -> str:
-    """``command``, :func:`~fxkit.facts.lab.marked`; ``tool`` missing prints :data:`NOT_FOUND`."""
+    """``command`` after the lab marker (:func:`~fxkit.facts.lab.marked`); where ``tool`` is not
+    installed, :data:`NOT_FOUND` instead."""
     return marked(f"command -v {quote(tool)} >/dev/null 2>&1 || {_ABSENT}; {command}")
 
 
 def in_folder(folder: str, command: str) -> str:
-    """``command`` run in ``folder``, :func:`~fxkit.facts.lab.marked`; no such folder prints
-    :data:`NOT_FOUND`."""
+    """``command`` run in ``folder``, after the lab marker; where there is no such folder,
+    :data:`NOT_FOUND` instead."""
     return marked(f"cd {quote(folder)} 2>/dev/null || {_ABSENT}; {command}")
 
 

@@ -39,8 +39,8 @@ _WORD = re.compile(r"[^\s\"'`$\\]+")
 
 
 def validate(v: HostVars) -> None:
-    """The variables, before any host is touched: URL, versions, key digest, users, the
-    expected GPUs."""
+    """The variables, before any host is touched: URL, versions, key digest, users and groups,
+    kernel settings, the expected GPUs."""
     if not isinstance(v.rocm_repo_base, str) or not _URL.fullmatch(v.rocm_repo_base):
         raise var_error(
             v,
@@ -75,6 +75,23 @@ def validate(v: HostVars) -> None:
     ):
         raise var_error(
             v, "rocm_host_users", f"{users!r} is not a list of user names", "e.g. [vllm, alice]"
+        )
+    groups = v.rocm_host_groups
+    if not isinstance(groups, list) or not all(
+        isinstance(g, str) and _NAME.fullmatch(g) for g in groups
+    ):
+        raise var_error(
+            v,
+            "rocm_host_groups",
+            f"{groups!r} is not a list of group names",
+            "e.g. [render, video]",
+        )
+    if not isinstance(v.rocm_host_sysctl, dict):
+        raise var_error(
+            v,
+            "rocm_host_sysctl",
+            f"{v.rocm_host_sysctl!r} is not a mapping",
+            "name: value, e.g. {kernel.numa_balancing: 0}",
         )
     args = v.rocm_host_kernel_args
     if not isinstance(args, list) or not all(
