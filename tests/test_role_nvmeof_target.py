@@ -426,7 +426,8 @@ def test_a_restore_is_read_back_and_a_silent_failure_is_caught(
         return CODE.nvmet_restore(ctx, str(config), desired, written, str(root))
 
     applied = restore(written=True)
-    assert applied.changed and applied.msg == f"restored {config}", applied
+    assert applied.changed, applied
+    assert applied.msg == f"restored {config}; configfs read back matches it"
     assert "subsystems[nqn.2024-01.io.fxkit:models]: not in configfs" in applied.diff
     assert restore(written=False).msg == f"configfs matches {config}"
 

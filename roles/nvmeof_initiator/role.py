@@ -248,25 +248,28 @@ def namespaces_of(
     ]
 
 
-def verify(host: Host, v: HostVars) -> None:
+def verify(ctx: OpContext, connections: list[dict[str, Any]]) -> Result:
     """Every connection shows its namespaces in ``nvme list -o json`` (count, and size)."""
-    subsystems, devices = host.fact(NvmeListSubsys), host.fact(NvmeList)
-    for entry in v.nvmeof_initiator_connections:
+    subsystems, devices = ctx.probe(NvmeListSubsys), ctx.probe(NvmeList)
+    seen = []
+    for entry in connections:
         found = namespaces_of(entry["nqn"], subsystems, devices)
         shown = ", ".join(f"{ns.device} ({ns.size} bytes)" for ns in found) or "none"
         wanted = entry.get("namespaces")
         if (wanted is None and not found) or (wanted is not None and len(found) != wanted):
-            host.fail(
+            return failed(
                 f"nvme list -o json shows {len(found)} namespace(s) of {entry['nqn']} ({shown}), "
                 f"wanted {'at least 1' if wanted is None else wanted}"
             )
         if entry.get("size") is not None:
             size = size_bytes(entry["size"])
-            wrong = [ns for ns in found if ns.size != size]
-            if wrong:
-                host.fail(
+            if any(ns.size != size for ns in found):
+                return failed(
                     f"namespaces of {entry['nqn']} are not {entry['size']} ({size} bytes): {shown}"
                 )
+        seen.append(f"{entry['nqn']}: {shown}")
+    where = ", simulated lab host" if devices.simulated else ""
+    return ok(f"{'; '.join(seen)} (source: nvme list -o json{where})")
 
 
 def apply(host: Host, v: HostVars) -> None:
@@ -336,7 +339,7 @@ def connect(host: Host, v: HostVars, connections: list[dict[str, Any]], coming: 
     ]
     if host.check and any(made):
         return "pending"
-    verify(host, v)
+    host.task("verify NVMe-oF namespaces").call(verify, v.nvmeof_initiator_connections)
     return "done"
 
 

@@ -253,9 +253,11 @@ def nvmet_restore(
 ) -> Result:
     """``nvmetcli restore`` the file when it was just written or configfs differs from it; then
     read configfs back: the step fails unless every key of the file is what configfs holds."""
-    before = differences(desired, ctx.probe(NvmetConfig, configfs).config)
+    state = ctx.probe(NvmetConfig, configfs)
+    where = " (simulated lab host)" if state.simulated else ""
+    before = differences(desired, state.config)
     if not before and not written:
-        return ok(f"configfs matches {config_file}")
+        return ok(f"configfs matches {config_file}{where}")
     why = "; ".join(before[:5]) if before else f"{config_file} changed"
     restored = ctx.change(
         f"nvmetcli restore {quote(config_file)}",
@@ -274,6 +276,7 @@ def nvmet_restore(
             + (f" (nvmetcli said: {said[-400:]})" if said else ""),
             stdout=said,
         )
+    restored.msg = f"restored {config_file}; configfs read back matches it{where}"
     return restored
 
 
