@@ -12,19 +12,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fxkit.loader.cache import resident_fraction
 from fxkit.loader.errors import LoaderError
 from fxkit.loader.files import ModelPath
 from fxkit.loader.format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
+from fxkit.loader.options import DirectIO, LoadOptions
 from fxkit.loader.plan import FilePlan, normalise_chunk_size, plan_file
 from fxkit.loader.read import FileReader, MappedFile
 from fxkit.loader.sinks import HostSink, make_sink
 
-DirectIO = Literal["auto", "on", "off"] | bool
-
-DEFAULT_THREADS = 8
 #: ``direct_io="auto"``: O_DIRECT below this fraction of a file in the page cache, mapping from
 #: the second (CPU loads without ``drop_cache``), buffered reads between.
 DIRECT_BELOW = 0.5
@@ -32,7 +30,7 @@ MAP_FROM = 0.99
 #: How many spread-out windows of a file mincore() is asked about to choose its read mode.
 RESIDENCY_WINDOWS = 64
 
-__all__ = ["iter_tensors", "load", "open_checkpoint"]
+__all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
 
 
 def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
@@ -48,8 +46,6 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
         return "direct"
     if direct_io in ("off", False):
         return "buffered"
-    if direct_io != "auto":
-        raise LoaderError(f"direct_io must be 'auto', 'on' or 'off', got {direct_io!r}")
     try:
         cached = resident_fraction(path, windows=RESIDENCY_WINDOWS)
     except OSError:
@@ -128,31 +124,26 @@ class _Progress:
 def iter_tensors(
     path: ModelPath | Checkpoint,
     device: Any = "cpu",
-    threads: int | None = None,
-    chunk_size: int | None = None,
-    dtype: Any = None,
-    direct_io: DirectIO = "auto",
-    drop_cache: bool = False,
-    progress: bool = False,
     *,
+    dtype: Any = None,
+    options: LoadOptions | None = None,
     _staged: bool | None = None,
+    **overrides: Any,
 ) -> Iterator[tuple[str, Any]]:
     """Yield ``(name, tensor)`` in file order, each as soon as its bytes are in.
 
     ``path`` is a safetensors file, a list of files, a model directory, or an opened checkpoint.
-    ``dtype`` casts floating-point tensors. At most two files' buffers are in flight at a time.
+    ``dtype`` casts floating-point tensors. How the files are read is ``options``, with keyword
+    arguments (``threads=16``...) set over it: see :class:`fxkit.loader.options.LoadOptions`.
+    At most two files' buffers are in flight at a time.
     """
+    opts = LoadOptions.from_mapping(overrides, options, where="iter_tensors")
     checkpoint = path if isinstance(path, Checkpoint) else open_checkpoint(path)
-    threads = threads or DEFAULT_THREADS
-    if threads < 1:
-        raise LoaderError(f"threads must be at least 1, got {threads}")
-    try:
-        chunk = normalise_chunk_size(chunk_size)
-    except ValueError as exc:
-        raise LoaderError(str(exc)) from None
+    threads, direct_io, drop_cache = opts.threads, opts.direct_io, opts.drop_cache
+    chunk = normalise_chunk_size(opts.chunk_size)
     sink = make_sink(device, threads, chunk, staged=_staged)
     with ExitStack() as stack:
-        bar = _Progress(stack, checkpoint.total_bytes, progress)
+        bar = _Progress(stack, checkpoint.total_bytes, opts.progress)
         in_flight: deque[tuple[FilePlan, Any, FileReader | MappedFile, list[Future]]] = deque()
         stack.callback(_close_all, in_flight)  # runs after the pool has stopped
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
@@ -210,23 +201,13 @@ def _done(fn: Any, *args: Any) -> Future:
 def load(
     path: ModelPath | Checkpoint,
     device: Any = "cpu",
-    threads: int | None = None,
-    chunk_size: int | None = None,
+    *,
     dtype: Any = None,
-    direct_io: DirectIO = "auto",
-    drop_cache: bool = False,
-    progress: bool = False,
+    options: LoadOptions | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
-    """Load every tensor of a model into a ``{name: tensor}`` dict (CPU tensors share buffers)."""
-    return dict(
-        iter_tensors(
-            path,
-            device=device,
-            threads=threads,
-            chunk_size=chunk_size,
-            dtype=dtype,
-            direct_io=direct_io,
-            drop_cache=drop_cache,
-            progress=progress,
-        )
-    )
+    """Load every tensor of a model into a ``{name: tensor}`` dict (CPU tensors share buffers).
+
+    The arguments are those of :func:`iter_tensors`.
+    """
+    return dict(iter_tensors(path, device, dtype=dtype, options=options, **overrides))
