@@ -3,7 +3,7 @@
 ``load`` / ``iter_tensors`` read a model; ``open_checkpoint`` validates and describes it without
 reading tensor data; ``make_checkpoint`` writes a synthetic one. torch is imported on first use.
 
-    from fxkit.loader import LoadOptions, load, iter_tensors, open_checkpoint
+    from . import LoadOptions, load, iter_tensors, open_checkpoint
     tensors = load("/models/llama", threads=8, chunk_size=32 << 20)   # {name: CPU tensor}
     tensors = load("/models/llama", options=LoadOptions(threads=16))  # the same, as one value
     for name, tensor in iter_tensors("/models/llama", device="cuda:0"):  # streamed, in file order
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxkit.loader.errors import LoaderError
+from .errors import LoaderError
 
 __all__ = [
     "LoadOptions",

@@ -12,16 +12,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fxkit.loader.cache import resident_fraction
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.files import ModelPath
-from fxkit.loader.format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
-from fxkit.loader.options import DirectIO, LoadOptions
-from fxkit.loader.plan import FilePlan, normalise_chunk_size, plan_file
-from fxkit.loader.read import FileReader, MappedFile
-from fxkit.loader.sinks import HostSink, make_sink
+from .cache import resident_fraction
+from .errors import LoaderError
+from .files import ModelPath
+from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
+from .options import DirectIO, LoadOptions
+from .plan import FilePlan, normalise_chunk_size, plan_file
+from .read import FileReader, MappedFile
+from .sinks import HostSink, make_sink
+
+if TYPE_CHECKING:
+    import torch
 
 #: ``direct_io="auto"``: O_DIRECT below this fraction of a file in the page cache, mapping from
 #: the second (CPU loads without ``drop_cache``), buffered reads between.
@@ -55,7 +58,7 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
     return "direct" if cached < DIRECT_BELOW else "buffered"
 
 
-def _torch_dtype(header_path: Path, tensor: TensorInfo):
+def _torch_dtype(header_path: Path, tensor: TensorInfo) -> torch.dtype:
     import torch
 
     name = DTYPES[tensor.dtype][1]
@@ -67,7 +70,9 @@ def _torch_dtype(header_path: Path, tensor: TensorInfo):
     return getattr(torch, name)
 
 
-def _tensor(plan: FilePlan, buffer, tensor: TensorInfo, dtype):
+def _tensor(
+    plan: FilePlan, buffer: torch.Tensor, tensor: TensorInfo, dtype: torch.dtype | None
+) -> torch.Tensor:
     """A view of ``tensor`` in its file's buffer (a copy only where its offset is misaligned)."""
     import torch
 
@@ -153,9 +158,10 @@ def iter_tensors(
             can_map = isinstance(sink, HostSink) and not drop_cache
             mode = _read_mode(direct_io, header.path, can_map)
             plan = plan_file(header, chunk, whole_file=mode == "map")
+            reader: FileReader | MappedFile
             if mode == "map":
-                reader: FileReader | MappedFile = MappedFile(header.path, header.file_size)
-                buffer = reader.buffer
+                reader = mapped = MappedFile(header.path, header.file_size)
+                buffer = mapped.buffer
             else:
                 reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
                 buffer = sink.allocate(plan.buffer_size)

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxkit.loader import cache
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.files import model_files
+from . import cache
+from .errors import LoaderError
+from .files import model_files
 
 GB = 1e9
 PREFETCH_THREADS = 8
@@ -72,7 +72,7 @@ def _prefetch(path: Path, files: list[Path], options: dict[str, Any]) -> Iterato
 
 
 def _fxkit(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
-    from fxkit.loader import load
+    from . import load
 
     yield from load(path, **options).values()
 
@@ -186,6 +186,8 @@ def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
     import torch  # noqa: F401  (imported before the clock starts, as every method needs it)
 
     spec = METHODS[method]
+    if spec.read is None:
+        raise LoaderError(f"{method} is not a loader: it runs as a tool, not in this process")
     importlib.import_module(spec.needs.partition(":")[0])
     files = model_files(path).files
     rss_before = _rss_now()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxkit.loader.errors import (
+from .errors import (
     DuplicateTensor,
     HeaderTooLarge,
     HeaderTooSmall,
@@ -32,7 +32,7 @@ from fxkit.loader.errors import (
     UnknownDtype,
     ValidationOverflow,
 )
-from fxkit.loader.files import ModelPath, model_files, open_regular
+from .files import ModelPath, model_files, open_regular
 
 MAX_HEADER_SIZE = 100_000_000
 U64_MAX = 2**64 - 1

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.plan import DEFAULT_CHUNK
+from .errors import LoaderError
+from .plan import DEFAULT_CHUNK
 
 DirectIO = Literal["auto", "on", "off"] | bool
 DIRECT_IO_CHOICES = ("auto", "on", "off")

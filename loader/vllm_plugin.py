@@ -17,8 +17,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.options import LoadOptions, names
+from .errors import LoaderError
+from .options import LoadOptions, names
 
 LOAD_FORMAT = "fxkit"
 
@@ -41,7 +41,7 @@ def split_extra_config(extra: dict[str, Any] | None) -> tuple[dict[str, Any], di
 
 def weights_iterator(files: list[str], options: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """What vLLM's weight iterators yield: ``(name, CPU tensor)`` in file order."""
-    from fxkit.loader.api import iter_tensors
+    from .api import iter_tensors
 
     yield from iter_tensors(list(files), device="cpu", **options)
 
