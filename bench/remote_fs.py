@@ -49,6 +49,7 @@ from typing import Any
 
 import yaml
 from fxkit.loader import bench
+from fxkit.loader.files import model_files
 from plot_latency import FIELD_SPEEDUP, plot
 from rich.console import Console
 from rich.table import Table
@@ -311,7 +312,7 @@ def remote_mounts(args: argparse.Namespace, model: Path) -> Iterator[Callable[[f
 
 def run(args: argparse.Namespace, console: Console) -> list[dict]:
     model = Path(args.model).resolve()
-    backing = bench.Checkpoint.find(model).files
+    backing = model_files(model).files
     results = []
     with remote_mounts(args, model) as mount:
         for ms in args.latencies:

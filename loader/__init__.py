@@ -3,8 +3,9 @@
 ``load`` / ``iter_tensors`` read a model; ``open_checkpoint`` validates and describes it without
 reading tensor data; ``make_checkpoint`` writes a synthetic one. torch is imported on first use.
 
-    from fxkit.loader import load, iter_tensors, open_checkpoint
+    from . import LoadOptions, load, iter_tensors, open_checkpoint
     tensors = load("/models/llama", threads=8, chunk_size=32 << 20)   # {name: CPU tensor}
+    tensors = load("/models/llama", options=LoadOptions(threads=16))  # the same, as one value
     for name, tensor in iter_tensors("/models/llama", device="cuda:0"):  # streamed, in file order
         ...
 
@@ -17,11 +18,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxkit.loader.errors import LoaderError
+from .errors import LoaderError
 
-__all__ = ["LoaderError", "iter_tensors", "load", "make_checkpoint", "open_checkpoint"]
+__all__ = [
+    "LoadOptions",
+    "LoaderError",
+    "iter_tensors",
+    "load",
+    "make_checkpoint",
+    "open_checkpoint",
+]
 
 _LAZY = {
+    "LoadOptions": "fxkit.loader.options",
     "load": "fxkit.loader.api",
     "iter_tensors": "fxkit.loader.api",
     "open_checkpoint": "fxkit.loader.format",

@@ -12,19 +12,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from fxkit.loader.cache import resident_fraction
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.files import ModelPath
-from fxkit.loader.format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
-from fxkit.loader.plan import FilePlan, normalise_chunk_size, plan_file
-from fxkit.loader.read import FileReader, MappedFile
-from fxkit.loader.sinks import HostSink, make_sink
+from .cache import resident_fraction
+from .errors import LoaderError
+from .files import ModelPath
+from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
+from .options import DirectIO, LoadOptions
+from .plan import FilePlan, normalise_chunk_size, plan_file
+from .read import FileReader, MappedFile
+from .sinks import HostSink, make_sink
 
-DirectIO = Literal["auto", "on", "off"] | bool
+if TYPE_CHECKING:
+    import torch
 
-DEFAULT_THREADS = 8
 #: ``direct_io="auto"``: O_DIRECT below this fraction of a file in the page cache, mapping from
 #: the second (CPU loads without ``drop_cache``), buffered reads between.
 DIRECT_BELOW = 0.5
@@ -32,7 +33,7 @@ MAP_FROM = 0.99
 #: How many spread-out windows of a file mincore() is asked about to choose its read mode.
 RESIDENCY_WINDOWS = 64
 
-__all__ = ["iter_tensors", "load", "open_checkpoint"]
+__all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
 
 
 def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
@@ -48,8 +49,6 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
         return "direct"
     if direct_io in ("off", False):
         return "buffered"
-    if direct_io != "auto":
-        raise LoaderError(f"direct_io must be 'auto', 'on' or 'off', got {direct_io!r}")
     try:
         cached = resident_fraction(path, windows=RESIDENCY_WINDOWS)
     except OSError:
@@ -59,7 +58,7 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
     return "direct" if cached < DIRECT_BELOW else "buffered"
 
 
-def _torch_dtype(header_path: Path, tensor: TensorInfo):
+def _torch_dtype(header_path: Path, tensor: TensorInfo) -> torch.dtype:
     import torch
 
     name = DTYPES[tensor.dtype][1]
@@ -71,7 +70,9 @@ def _torch_dtype(header_path: Path, tensor: TensorInfo):
     return getattr(torch, name)
 
 
-def _tensor(plan: FilePlan, buffer, tensor: TensorInfo, dtype):
+def _tensor(
+    plan: FilePlan, buffer: torch.Tensor, tensor: TensorInfo, dtype: torch.dtype | None
+) -> torch.Tensor:
     """A view of ``tensor`` in its file's buffer (a copy only where its offset is misaligned)."""
     import torch
 
@@ -128,31 +129,26 @@ class _Progress:
 def iter_tensors(
     path: ModelPath | Checkpoint,
     device: Any = "cpu",
-    threads: int | None = None,
-    chunk_size: int | None = None,
-    dtype: Any = None,
-    direct_io: DirectIO = "auto",
-    drop_cache: bool = False,
-    progress: bool = False,
     *,
+    dtype: Any = None,
+    options: LoadOptions | None = None,
     _staged: bool | None = None,
+    **overrides: Any,
 ) -> Iterator[tuple[str, Any]]:
     """Yield ``(name, tensor)`` in file order, each as soon as its bytes are in.
 
     ``path`` is a safetensors file, a list of files, a model directory, or an opened checkpoint.
-    ``dtype`` casts floating-point tensors. At most two files' buffers are in flight at a time.
+    ``dtype`` casts floating-point tensors. How the files are read is ``options``, with keyword
+    arguments (``threads=16``...) set over it: see :class:`fxkit.loader.options.LoadOptions`.
+    At most two files' buffers are in flight at a time.
     """
+    opts = LoadOptions.from_mapping(overrides, options, where="iter_tensors")
     checkpoint = path if isinstance(path, Checkpoint) else open_checkpoint(path)
-    threads = threads or DEFAULT_THREADS
-    if threads < 1:
-        raise LoaderError(f"threads must be at least 1, got {threads}")
-    try:
-        chunk = normalise_chunk_size(chunk_size)
-    except ValueError as exc:
-        raise LoaderError(str(exc)) from None
+    threads, direct_io, drop_cache = opts.threads, opts.direct_io, opts.drop_cache
+    chunk = normalise_chunk_size(opts.chunk_size)
     sink = make_sink(device, threads, chunk, staged=_staged)
     with ExitStack() as stack:
-        bar = _Progress(stack, checkpoint.total_bytes, progress)
+        bar = _Progress(stack, checkpoint.total_bytes, opts.progress)
         in_flight: deque[tuple[FilePlan, Any, FileReader | MappedFile, list[Future]]] = deque()
         stack.callback(_close_all, in_flight)  # runs after the pool has stopped
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
@@ -162,9 +158,10 @@ def iter_tensors(
             can_map = isinstance(sink, HostSink) and not drop_cache
             mode = _read_mode(direct_io, header.path, can_map)
             plan = plan_file(header, chunk, whole_file=mode == "map")
+            reader: FileReader | MappedFile
             if mode == "map":
-                reader: FileReader | MappedFile = MappedFile(header.path, header.file_size)
-                buffer = reader.buffer
+                reader = mapped = MappedFile(header.path, header.file_size)
+                buffer = mapped.buffer
             else:
                 reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
                 buffer = sink.allocate(plan.buffer_size)
@@ -210,23 +207,13 @@ def _done(fn: Any, *args: Any) -> Future:
 def load(
     path: ModelPath | Checkpoint,
     device: Any = "cpu",
-    threads: int | None = None,
-    chunk_size: int | None = None,
+    *,
     dtype: Any = None,
-    direct_io: DirectIO = "auto",
-    drop_cache: bool = False,
-    progress: bool = False,
+    options: LoadOptions | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
-    """Load every tensor of a model into a ``{name: tensor}`` dict (CPU tensors share buffers)."""
-    return dict(
-        iter_tensors(
-            path,
-            device=device,
-            threads=threads,
-            chunk_size=chunk_size,
-            dtype=dtype,
-            direct_io=direct_io,
-            drop_cache=drop_cache,
-            progress=progress,
-        )
-    )
+    """Load every tensor of a model into a ``{name: tensor}`` dict (CPU tensors share buffers).
+
+    The arguments are those of :func:`iter_tensors`.
+    """
+    return dict(iter_tensors(path, device, dtype=dtype, options=options, **overrides))

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxkit.loader import cache
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.files import model_files
+from . import cache
+from .errors import LoaderError
+from .files import model_files
 
 GB = 1e9
 PREFETCH_THREADS = 8
@@ -40,35 +40,20 @@ PREFETCH_READ = 16 << 20
 FIO_BLOCK = 16 << 20
 
 
-# -- the checkpoint --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A model as the methods see it: the path the user gave, and its shard files."""
-
-    path: Path
-    files: tuple[Path, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(f.stat().st_size for f in self.files)
-
-    @classmethod
-    def find(cls, path: str | os.PathLike[str]) -> Checkpoint:
-        """A ``.safetensors`` file or a model directory, its files found as the loader finds them
-        (:func:`fxkit.loader.files.model_files`: the index's shards, else every file; the same
-        rule on symlinks and non-regular files)."""
-        return cls(Path(path), tuple(model_files(path).files))
-
-
 # -- the methods -----------------------------------------------------------------------------------
 
 
-def _baseline(ckpt: Checkpoint, options: dict[str, Any]) -> Iterator[Any]:
+def _nbytes(files: Sequence[Path]) -> int:
+    return sum(f.stat().st_size for f in files)
+
+
+# The methods read the model the user gave (``path``), whose files ``model_files`` found.
+
+
+def _baseline(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
     from safetensors.torch import load_file
 
-    for f in ckpt.files:
+    for f in files:
         yield from load_file(f).values()
 
 
@@ -78,33 +63,33 @@ def _prefetch_file(path: Path, start: int) -> None:
         f.read(PREFETCH_READ)
 
 
-def _prefetch(ckpt: Checkpoint, options: dict[str, Any]) -> Iterator[Any]:
+def _prefetch(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
     """vLLM's path for network file systems: read the files into the page cache, then load_file."""
-    jobs = [(f, s) for f in ckpt.files for s in range(0, f.stat().st_size, PREFETCH_READ)]
+    jobs = [(f, s) for f in files for s in range(0, f.stat().st_size, PREFETCH_READ)]
     with ThreadPoolExecutor(PREFETCH_THREADS) as pool:
         list(pool.map(lambda job: _prefetch_file(*job), jobs))
-    yield from _baseline(ckpt, options)
+    yield from _baseline(path, files, options)
 
 
-def _fxkit(ckpt: Checkpoint, options: dict[str, Any]) -> Iterator[Any]:
-    from fxkit.loader import load
+def _fxkit(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
+    from . import load
 
-    yield from load(ckpt.path, **options).values()
+    yield from load(path, **options).values()
 
 
-def _runai(ckpt: Checkpoint, options: dict[str, Any]) -> Iterator[Any]:
+def _runai(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
     from runai_model_streamer import SafetensorsStreamer
 
     with SafetensorsStreamer() as streamer:
-        streamer.stream_files([str(f) for f in ckpt.files])
+        streamer.stream_files([str(f) for f in files])
         for _, tensor in streamer.get_tensors():
             yield tensor
 
 
-def _fastsafetensors(ckpt: Checkpoint, options: dict[str, Any]) -> Iterator[Any]:
+def _fastsafetensors(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
     from fastsafetensors import fastsafe_open
 
-    with fastsafe_open([str(f) for f in ckpt.files], device="cpu", nogds=True) as st:
+    with fastsafe_open([str(f) for f in files], device="cpu", nogds=True) as st:
         names = st.keys()  # a method of fastsafe_open, not a dict
         for name in names:
             yield st.get_tensor(name)
@@ -118,7 +103,7 @@ class Method:
     name: str
     about: str
     needs: str
-    read: Callable[[Checkpoint, dict[str, Any]], Iterator[Any]] | None = None
+    read: Callable[[Path, list[Path], dict[str, Any]], Iterator[Any]] | None = None
 
     def missing(self) -> str | None:
         """Why this method cannot run here, or None."""
@@ -201,18 +186,20 @@ def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
     import torch  # noqa: F401  (imported before the clock starts, as every method needs it)
 
     spec = METHODS[method]
+    if spec.read is None:
+        raise LoaderError(f"{method} is not a loader: it runs as a tool, not in this process")
     importlib.import_module(spec.needs.partition(":")[0])
-    ckpt = Checkpoint.find(path)
+    files = model_files(path).files
     rss_before = _rss_now()
     kept, checksum = [], 0
     start = time.perf_counter()
-    for tensor in spec.read(ckpt, options):
+    for tensor in spec.read(Path(path), files, options):
         checksum += touch(tensor)
         kept.append(tensor)
     seconds = time.perf_counter() - start
     return {
         "seconds": seconds,
-        "nbytes": ckpt.nbytes,
+        "nbytes": _nbytes(files),
         "tensors": len(kept),
         "checksum": checksum,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -220,8 +207,8 @@ def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _run_loader(method: str, ckpt: Checkpoint, options: dict[str, Any], run: Run) -> None:
-    argv = [sys.executable, "-m", "fxkit.loader.bench", method, str(ckpt.path), json.dumps(options)]
+def _run_loader(method: str, path: Path, options: dict[str, Any], run: Run) -> None:
+    argv = [sys.executable, "-m", "fxkit.loader.bench", method, str(path), json.dumps(options)]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         run.error = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
@@ -253,9 +240,9 @@ def fio_read(report: str) -> tuple[int, float]:
     return nbytes, seconds
 
 
-def _run_fio(ckpt: Checkpoint, run: Run) -> None:
+def _run_fio(files: list[Path], run: Run) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".fio") as job:
-        job.write(fio_job(ckpt.files))
+        job.write(fio_job(files))
         job.flush()
         proc = subprocess.run(
             ["fio", "--output-format=json", job.name], capture_output=True, text=True, check=False
@@ -335,14 +322,14 @@ def filesystem(path: Path) -> str:
     return f"{best[1]} on {best[2]} ({best[0]})"
 
 
-def _prepare(ckpt: Checkpoint, cold: bool, also_evict: Sequence[Path], run: Run) -> str | None:
+def _prepare(files: list[Path], cold: bool, also_evict: Sequence[Path], run: Run) -> str | None:
     """Evict (cold) or warm (hot) the files before a run; a message when that failed."""
     if cold:
-        left = cache.evict_all([*ckpt.files, *also_evict])
+        left = cache.evict_all([*files, *also_evict])
         run.resident_before = sum(left.values())
         return f"still resident after eviction: {left}" if left else None
-    missing = cache.warm(ckpt.files)
-    run.resident_before = ckpt.nbytes - sum(missing.values())
+    missing = cache.warm(files)
+    run.resident_before = _nbytes(files) - sum(missing.values())
     return f"not fully cached: {missing}" if missing else None
 
 
@@ -390,7 +377,7 @@ def bench(
     """
     if unknown := [m for m in methods if m not in METHODS]:
         raise LoaderError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
-    ckpt = Checkpoint.find(model)
+    path, files = Path(model), model_files(model).files
     options = dict(fxkit_options or {})
     skipped = {m: why for m in methods if (why := METHODS[m].missing())}
     active = [m for m in methods if m not in skipped]
@@ -400,12 +387,12 @@ def bench(
         shift = rnd % len(active) if active else 0
         for name in active[shift:] + active[:shift]:
             run = Run(name, rnd)
-            if problem := _prepare(ckpt, cold, also_evict, run):
+            if problem := _prepare(files, cold, also_evict, run):
                 eviction_failures.append(f"round {rnd} {name}: {problem}")
             if name == "fio":
-                _run_fio(ckpt, run)
+                _run_fio(files, run)
             else:
-                _run_loader(name, ckpt, options if name == "fxkit" else {}, run)
+                _run_loader(name, path, options if name == "fxkit" else {}, run)
             if not run.error:
                 run.gbps = run.nbytes / run.seconds / GB
             all_runs.append(run)
@@ -419,12 +406,12 @@ def bench(
         for m in methods
     ]
     report = Report(
-        model=str(ckpt.path),
-        files=len(ckpt.files),
-        nbytes=ckpt.nbytes,
+        model=str(path),
+        files=len(files),
+        nbytes=_nbytes(files),
         cold=cold,
         rounds=runs,
-        machine={**machine(), "filesystem": filesystem(ckpt.path)},
+        machine={**machine(), "filesystem": filesystem(path)},
         options=options,
         summaries=summaries,
         runs=all_runs,

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy
-from fxkit.loader.files import open_regular
+
+from .files import open_regular
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _WARM_READ = 16 << 20

@@ -10,11 +10,17 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.files import INDEX_NAME
+from .errors import LoaderError
+from .files import INDEX_NAME
+
+if TYPE_CHECKING:
+    import torch
 
 POOL_ELEMENTS = 1 << 22
 SHARD_TARGET = 1_500_000_000
@@ -85,7 +91,7 @@ def _split(specs: list[Spec], shards: int) -> list[list[Spec]]:
     return groups
 
 
-def _fill(pool, spec: Spec, rotation: int):  # -> torch.Tensor
+def _fill(pool: torch.Tensor, spec: Spec, rotation: int) -> torch.Tensor:
     import torch
 
     n = math.prod(spec.shape)
@@ -96,7 +102,7 @@ def _fill(pool, spec: Spec, rotation: int):  # -> torch.Tensor
     return flat.reshape(spec.shape).clone()
 
 
-def _write_atomic(path: Path, write) -> None:
+def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         write(tmp)
@@ -134,7 +140,7 @@ def make_checkpoint(
             s.name: _fill(pool, s, (number * 7919 + i * 104729) % POOL_ELEMENTS)
             for i, s in enumerate(group)
         }
-        _write_atomic(directory / name, lambda p, t=tensors: save_file(t, p, {"format": "pt"}))
+        _write_atomic(directory / name, partial(save_file, tensors, metadata={"format": "pt"}))
         weight_map.update(dict.fromkeys(tensors, name))
         del tensors
     index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": weight_map}

@@ -30,7 +30,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from fxkit.loader.errors import LoaderError
+from .errors import LoaderError
 
 INDEX_NAME = "model.safetensors.index.json"
 ModelPath = str | os.PathLike | list[str | os.PathLike]

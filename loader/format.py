@@ -17,8 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.files import ModelPath, model_files, open_regular
+from .errors import (
+    DuplicateTensor,
+    HeaderTooLarge,
+    HeaderTooSmall,
+    InvalidHeader,
+    InvalidHeaderDeserialization,
+    InvalidHeaderLength,
+    InvalidHeaderStart,
+    InvalidOffset,
+    LoaderError,
+    MetadataIncompleteBuffer,
+    TensorInvalidInfo,
+    UnknownDtype,
+    ValidationOverflow,
+)
+from .files import ModelPath, model_files, open_regular
 
 MAX_HEADER_SIZE = 100_000_000
 U64_MAX = 2**64 - 1
@@ -80,9 +94,11 @@ class FileHeader:
         return self.data_offset + self.data_size
 
 
-def _fail(path: Path, what: str, tensor: str | None = None) -> LoaderError:
+def _fail(
+    error: type[LoaderError], path: Path, what: str, tensor: str | None = None
+) -> LoaderError:
     where = f"{path}" if tensor is None else f"{path}: tensor {tensor!r}"
-    return LoaderError(f"{where}: {what}")
+    return error(f"{where}: {what}")
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -100,25 +116,39 @@ def _natural(value: Any) -> bool:
 
 def _tensor_info(path: Path, name: str, entry: Any) -> TensorInfo:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-        raise _fail(path, "entry must be an object with exactly dtype, shape, data_offsets", name)
+        raise _fail(
+            InvalidHeaderDeserialization,
+            path,
+            "entry must be an object with exactly dtype, shape, data_offsets",
+            name,
+        )
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if dtype not in DTYPES:
-        raise _fail(path, f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})", name)
+        raise _fail(
+            UnknownDtype, path, f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})", name
+        )
     if not isinstance(shape, list) or not all(_natural(d) for d in shape):
-        raise _fail(path, f"shape must be a list of non-negative integers, got {shape!r}", name)
+        what = f"shape must be a list of non-negative integers, got {shape!r}"
+        raise _fail(InvalidHeaderDeserialization, path, what, name)
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_natural, offsets))):
-        raise _fail(path, f"data_offsets must be [begin, end] integers, got {offsets!r}", name)
+        what = f"data_offsets must be [begin, end] integers, got {offsets!r}"
+        raise _fail(InvalidHeaderDeserialization, path, what, name)
     begin, end = offsets
     if end < begin:
-        raise _fail(path, f"data_offsets end {end} is before begin {begin}", name)
+        raise _fail(InvalidOffset, path, f"data_offsets end {end} is before begin {begin}", name)
     elements = math.prod(shape)
     bits = DTYPES[dtype][0]
     if elements > U64_MAX or elements * bits > U64_MAX:
-        raise _fail(path, f"shape {shape} overflows 64-bit element arithmetic", name)
+        raise _fail(
+            ValidationOverflow, path, f"shape {shape} overflows 64-bit element arithmetic", name
+        )
     if elements * bits % 8:
-        raise _fail(path, f"{elements} elements of {dtype} do not fill whole bytes", name)
+        raise _fail(
+            TensorInvalidInfo, path, f"{elements} elements of {dtype} do not fill whole bytes", name
+        )
     if elements * bits // 8 != end - begin:
         raise _fail(
+            TensorInvalidInfo,
             path,
             f"shape {shape} x {dtype} is {elements * bits // 8} bytes "
             f"but data_offsets span {end - begin}",
@@ -131,22 +161,32 @@ def _metadata(path: Path, value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise _fail(path, "__metadata__ must be an object of strings to strings")
+        raise _fail(
+            InvalidHeaderDeserialization,
+            path,
+            "__metadata__ must be an object of strings to strings",
+        )
     return value
 
 
 def parse_header(path: Path, raw: bytes, file_size: int) -> FileHeader:
     """Validate the JSON header ``raw`` of a file of ``file_size`` bytes."""
     if not raw.startswith(b"{"):
-        raise _fail(path, "header does not start with '{' (not a safetensors file?)")
+        raise _fail(
+            InvalidHeaderStart, path, "header does not start with '{' (not a safetensors file?)"
+        )
     try:
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except UnicodeDecodeError as exc:
-        raise _fail(path, f"header is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise _fail(
+            InvalidHeader, path, f"header is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
     except (ValueError, RecursionError) as exc:
-        raise _fail(path, f"header is not valid JSON: {exc}") from None
+        raise _fail(
+            InvalidHeaderDeserialization, path, f"header is not valid JSON: {exc}"
+        ) from None
     if not isinstance(doc, dict):
-        raise _fail(path, "header must be a JSON object")
+        raise _fail(InvalidHeaderDeserialization, path, "header must be a JSON object")
     metadata = _metadata(path, doc.pop("__metadata__", {}))
     tensors = sorted(
         (_tensor_info(path, name, entry) for name, entry in doc.items()),
@@ -159,6 +199,7 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> FileHeader:
         if tensor.begin != position:
             gap = "a gap" if tensor.begin > position else "an overlap"
             raise _fail(
+                InvalidOffset,
                 path,
                 f"data_offsets begin {tensor.begin} leaves {gap} (expected {position})",
                 tensor.name,
@@ -166,9 +207,18 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> FileHeader:
         position = tensor.end
     if position > data_size:
         last = tensors[-1].name
-        raise _fail(path, f"data ends at {position}, past the end of the file ({data_size})", last)
+        raise _fail(
+            MetadataIncompleteBuffer,
+            path,
+            f"data ends at {position}, past the end of the file ({data_size})",
+            last,
+        )
     if position != data_size:
-        raise _fail(path, f"{data_size - position} trailing bytes after the last tensor")
+        raise _fail(
+            MetadataIncompleteBuffer,
+            path,
+            f"{data_size - position} trailing bytes after the last tensor",
+        )
     return FileHeader(path, data_offset, data_size, tensors, metadata)
 
 
@@ -179,17 +229,29 @@ def read_header(path: Path | str) -> FileHeader:
         with open(open_regular(path), "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
             if file_size < 8:
-                raise _fail(path, f"file is {file_size} bytes, too small for a safetensors header")
+                raise _fail(
+                    HeaderTooSmall,
+                    path,
+                    f"file is {file_size} bytes, too small for a safetensors header",
+                )
             (size,) = struct.unpack("<Q", f.read(8))
             if size > MAX_HEADER_SIZE:
-                raise _fail(path, f"header size {size} exceeds the limit of {MAX_HEADER_SIZE}")
+                raise _fail(
+                    HeaderTooLarge,
+                    path,
+                    f"header size {size} exceeds the limit of {MAX_HEADER_SIZE}",
+                )
             if 8 + size > file_size:
-                raise _fail(path, f"header of {size} bytes runs past the end of the file")
+                raise _fail(
+                    InvalidHeaderLength,
+                    path,
+                    f"header of {size} bytes runs past the end of the file",
+                )
             raw = f.read(size)
     except OSError as exc:
-        raise _fail(path, f"cannot read: {exc.strerror or exc}") from None
+        raise _fail(LoaderError, path, f"cannot read: {exc.strerror or exc}") from None
     if len(raw) != size:
-        raise _fail(path, "file shrank while reading its header")
+        raise _fail(InvalidHeaderLength, path, "file shrank while reading its header")
     return parse_header(path, raw, file_size)
 
 
@@ -232,7 +294,10 @@ def open_checkpoint(path: ModelPath) -> Checkpoint:
         for tensor in header.tensors:
             if tensor.name in locations:
                 raise _fail(
-                    header.path, f"also in {locations[tensor.name].path} (duplicate)", tensor.name
+                    DuplicateTensor,
+                    header.path,
+                    f"also in {locations[tensor.name].path} (duplicate)",
+                    tensor.name,
                 )
             locations[tensor.name] = header
     if model.index is not None and model.weight_map is not None:
@@ -241,5 +306,9 @@ def open_checkpoint(path: ModelPath) -> Checkpoint:
             found = locations.get(name)
             if found is None or found is not header_of[file]:
                 where = f"it is in {model.shown(found.path)!r}" if found else "no file holds it"
-                raise _fail(model.index, f"lists {name!r} in {model.shown(file)!r}, but {where}")
+                raise _fail(
+                    LoaderError,
+                    model.index,
+                    f"lists {name!r} in {model.shown(file)!r}, but {where}",
+                )
     return Checkpoint(headers, locations)

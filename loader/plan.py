@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fxkit.loader.format import FileHeader
+from .format import FileHeader
 
 ALIGN = 4096
 DEFAULT_CHUNK = 32 * 2**20

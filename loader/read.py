@@ -10,9 +10,13 @@ import errno
 import mmap
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.files import open_regular
+from .errors import LoaderError
+from .files import open_regular
+
+if TYPE_CHECKING:
+    import torch
 
 HUGE_PAGE = 2 * 2**20
 THP_DEFRAG = Path("/sys/kernel/mm/transparent_hugepage/defrag")
@@ -34,7 +38,7 @@ def huge_pages_pay() -> bool:
     return selected in ("defer", "never") and hasattr(mmap, "MADV_HUGEPAGE")
 
 
-def host_buffer(size: int):  # -> torch.Tensor
+def host_buffer(size: int) -> torch.Tensor:
     """A page-aligned host uint8 tensor of ``size`` bytes, backed by an anonymous mapping.
 
     Page alignment lets O_DIRECT read straight into it; transparent huge pages are asked for
@@ -54,9 +58,9 @@ def host_buffer(size: int):  # -> torch.Tensor
     return whole[shift : shift + size]
 
 
-def writable_view(tensor) -> memoryview:
+def writable_view(tensor: torch.Tensor) -> memoryview:
     """A writable memoryview of a contiguous CPU uint8 tensor (no copy)."""
-    return memoryview(tensor.numpy()).cast("B")
+    return tensor.numpy().data.cast("B")
 
 
 class FileReader:

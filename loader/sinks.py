@@ -10,11 +10,14 @@ so host memory stays at ``slots x chunk_size`` whatever the checkpoint's size.
 from __future__ import annotations
 
 import queue
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fxkit.loader.errors import LoaderError
-from fxkit.loader.plan import ALIGN, Chunk
-from fxkit.loader.read import FileReader, host_buffer, writable_view
+from .errors import LoaderError
+from .plan import ALIGN, Chunk
+from .read import FileReader, MappedFile, host_buffer, writable_view
+
+if TYPE_CHECKING:
+    import torch
 
 
 class HostSink:
@@ -22,10 +25,12 @@ class HostSink:
 
     aligned = True
 
-    def allocate(self, size: int):  # -> torch.Tensor
+    def allocate(self, size: int) -> torch.Tensor:
         return host_buffer(size)
 
-    def fill(self, reader: FileReader, dest, chunk: Chunk, need: int) -> None:
+    def fill(
+        self, reader: FileReader | MappedFile, dest: torch.Tensor, chunk: Chunk, need: int
+    ) -> None:
         end = chunk.buffer_offset + chunk.length
         reader.read(writable_view(dest)[chunk.buffer_offset : end], chunk.file_offset, need)
 
@@ -55,12 +60,14 @@ class StagedSink:
             self.pool.put((staging, None))
         self.aligned = all(s.data_ptr() % ALIGN == 0 for s, _ in self.pool.queue)
 
-    def allocate(self, size: int):  # -> torch.Tensor
+    def allocate(self, size: int) -> torch.Tensor:
         import torch
 
         return torch.empty(size, dtype=torch.uint8, device=self.device)
 
-    def fill(self, reader: FileReader, dest, chunk: Chunk, need: int) -> None:
+    def fill(
+        self, reader: FileReader | MappedFile, dest: torch.Tensor, chunk: Chunk, need: int
+    ) -> None:
         staging, event = self.pool.get()
         try:
             if event is not None:
@@ -72,7 +79,7 @@ class StagedSink:
         finally:
             self.pool.put((staging, event))
 
-    def _copy(self, source, target):  # -> torch.cuda.Event | None
+    def _copy(self, source: torch.Tensor, target: torch.Tensor) -> torch.cuda.Event | None:
         import torch
 
         if not self.cuda:
@@ -86,13 +93,15 @@ class StagedSink:
 
     def publish(self) -> None:
         """Make the consumer's stream wait for the copies issued so far."""
-        if self.cuda:
+        if self.stream is not None:
             import torch
 
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
 
-def make_sink(device: Any, threads: int, chunk_size: int, staged: bool | None = None):
+def make_sink(
+    device: Any, threads: int, chunk_size: int, staged: bool | None = None
+) -> HostSink | StagedSink:
     """The sink for ``device``: host buffers for the CPU, staging for accelerators.
 
     ``staged=True`` forces the staging pipeline even on the CPU (for tests).

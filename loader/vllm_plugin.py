@@ -17,32 +17,31 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from .errors import LoaderError
+from .options import LoadOptions, names
+
 LOAD_FORMAT = "fxkit"
-#: ``--model-loader-extra-config`` keys that fxkit takes, with the types they must have.
-OPTIONS: dict[str, type | tuple[type, ...]] = {
-    "threads": int,
-    "chunk_size": int,
-    "direct_io": (str, bool),
-    "drop_cache": bool,
-}
 
 logger = logging.getLogger(__name__)
 _registered = False
 
 
 def split_extra_config(extra: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(fxkit's options, the rest)`` of a loader extra config; wrong types raise ValueError."""
+    """``(fxkit's options, the rest)`` of a loader extra config: the keys of
+    :class:`~fxkit.loader.options.LoadOptions` are fxkit's (wrong values raise ValueError), the
+    rest are vLLM's, which refuses the keys it does not know."""
     extra = dict(extra or {})
-    options = {key: extra.pop(key) for key in list(extra) if key in OPTIONS}
-    for key, value in options.items():
-        if not isinstance(value, OPTIONS[key]) or (key in ("threads", "chunk_size") and value < 1):
-            raise ValueError(f"model_loader_extra_config[{key!r}] is invalid: {value!r}")
+    options = {key: extra.pop(key) for key in list(extra) if key in names()}
+    try:
+        LoadOptions.from_mapping(options, where="model_loader_extra_config")
+    except LoaderError as exc:
+        raise ValueError(str(exc)) from None
     return options, extra
 
 
 def weights_iterator(files: list[str], options: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """What vLLM's weight iterators yield: ``(name, CPU tensor)`` in file order."""
-    from fxkit.loader.api import iter_tensors
+    from .api import iter_tensors
 
     yield from iter_tensors(list(files), device="cpu", **options)
 

@@ -15,6 +15,7 @@ import torch
 from click.testing import CliRunner
 from fxkit.loader import bench, cache
 from fxkit.loader.errors import LoaderError
+from fxkit.loader.files import model_files
 from safetensors.torch import save_file
 
 from fxkit.cli import cli
@@ -118,7 +119,7 @@ def test_touch_reads_one_byte_per_page_and_the_last(tensor: torch.Tensor) -> Non
 
 def test_every_method_materialises_every_byte(model: Path) -> None:
     """Cold, one round: every loader that can run here returns every tensor with the same bytes."""
-    files = bench.Checkpoint.find(model).files
+    files = model_files(model).files
     expected, count = _expected_touch(list(files))
     report = bench.bench(model, runs=1, cold=True)
     assert report.eviction_failures == []
@@ -156,7 +157,7 @@ def test_report_json_has_rounds_interleaved_and_rotated(model: Path, tmp_path: P
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
 def test_fio_json_from_a_real_fio_run(model: Path, tmp_path: Path) -> None:
-    files = bench.Checkpoint.find(model).files
+    files = model_files(model).files
     job = tmp_path / "job.fio"
     job.write_text(bench.fio_job(files))
     out = subprocess.run(
@@ -173,12 +174,12 @@ def test_fio_json_from_a_real_fio_run(model: Path, tmp_path: Path) -> None:
 
 def test_checkpoint_errors_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(LoaderError, match="no such file"):
-        bench.Checkpoint.find(tmp_path / "nope")
+        bench.bench(tmp_path / "nope", runs=1)
     with pytest.raises(LoaderError, match=r"no \*\.safetensors files"):
-        bench.Checkpoint.find(tmp_path)
+        bench.bench(tmp_path, runs=1)
     (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"a": "gone.st"}}')
     with pytest.raises(LoaderError, match=r"gone\.st"):
-        bench.Checkpoint.find(tmp_path)
+        bench.bench(tmp_path, runs=1)
     with pytest.raises(LoaderError, match="unknown method"):
         bench.bench(tmp_path.parent, methods=["nfs"])
 

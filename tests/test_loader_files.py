@@ -187,7 +187,7 @@ def test_hugging_face_cache_symlinks_into_blobs_are_followed(
     assert_loads(snapshot, want)
     files = open_checkpoint(snapshot).files
     assert [h.path.parent for h in files] == [snapshot, snapshot], "paths as named, not resolved"
-    assert bench.Checkpoint.find(snapshot).files == tuple(h.path for h in files)
+    assert model_files(snapshot).files == [h.path for h in files]
 
 
 def test_a_dangling_symlink_is_refused_naming_the_link(
@@ -240,7 +240,7 @@ def test_index_entries_in_subfolders_resolve(tmp_path: Path) -> None:
     assert_loads(tmp_path, want)
     files = [h.path for h in open_checkpoint(tmp_path).files]
     assert files == [tmp_path / "shards" / "part.safetensors", tmp_path / "top.safetensors"]
-    assert list(bench.Checkpoint.find(tmp_path).files) == files
+    assert list(model_files(tmp_path).files) == files
 
 
 def test_index_errors_name_the_index_in_the_model_directory(tmp_path: Path) -> None:
@@ -316,7 +316,7 @@ def test_the_same_file_twice_is_refused_naming_both(tmp_path: Path) -> None:
 def test_bench_finds_files_with_the_loaders_rule(odd_file: tuple[Path, Path, str]) -> None:
     model, odd, words = odd_file
     with pytest.raises(LoaderError, match=f"{odd}: is .*{words}"):
-        returns_at_once(lambda: bench.Checkpoint.find(model), fifo_of(odd))
+        returns_at_once(lambda: bench.bench(model, methods=["baseline"], runs=1), fifo_of(odd))
 
 
 def test_model_files_stats_each_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

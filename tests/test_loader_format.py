@@ -9,6 +9,20 @@ from pathlib import Path
 
 import pytest
 from fxkit.loader import LoaderError, load, open_checkpoint
+from fxkit.loader.errors import (
+    DuplicateTensor,
+    HeaderTooLarge,
+    HeaderTooSmall,
+    InvalidHeader,
+    InvalidHeaderDeserialization,
+    InvalidHeaderLength,
+    InvalidHeaderStart,
+    InvalidOffset,
+    MetadataIncompleteBuffer,
+    TensorInvalidInfo,
+    UnknownDtype,
+    ValidationOverflow,
+)
 from fxkit.loader.files import INDEX_NAME
 from fxkit.loader.format import MAX_HEADER_SIZE, read_header
 from hypothesis import HealthCheck, given, settings
@@ -45,51 +59,175 @@ def test_valid_file_parses(tmp_path: Path) -> None:
     assert header.data_size == 22
 
 
-# (name, file bytes, words the error must contain, tensor the error must name or None)
+# (name, error class (safetensors' SafeTensorError variant), file bytes, words the message must
+# contain, tensor the message must name or None)
 MALFORMED = [
-    ("too small", b"\x01\x00\x00", "too small", None),
-    ("header too large", raw(b"{}", size=MAX_HEADER_SIZE + 1), "exceeds the limit", None),
-    ("header size 2^63", raw(b"{}", size=2**63), "exceeds the limit", None),
-    ("header size u64 max", raw(b"{}", size=2**64 - 1), "exceeds the limit", None),
-    ("header past EOF", raw(b"{}", size=1000), "past the end of the file", None),
-    ("not UTF-8", raw(b'{"\xff\xfe": 1}'), "not valid UTF-8", None),
-    ("bad JSON", raw(b'{"a": '), "not valid JSON", None),
-    ("not an object", raw(b"[1, 2]"), "does not start with '{'", None),
-    ("deep nesting", raw(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"), "JSON", None),
-    ("duplicate key", raw(b'{"a": 1, "a": 2}'), "duplicate key", None),
-    ("unknown dtype", raw({"t": entry("F128", [1], 0, 16)}, bytes(16)), "unknown dtype", "t"),
-    ("extra field", raw({"t": {**entry("U8", [1], 0, 1), "x": 1}}, b"\0"), "exactly", "t"),
-    ("negative dim", raw({"t": entry("U8", [-1], 0, 1)}, b"\0"), "shape must be", "t"),
-    ("bool dim", raw({"t": entry("U8", [True], 0, 1)}, b"\0"), "shape must be", "t"),
-    ("float dim", raw({"t": entry("U8", [1.0], 0, 1)}, b"\0"), "shape must be", "t"),
-    ("offsets not pair", raw({"t": {**entry("U8", [1], 0, 1), "data_offsets": [0]}}, b"\0"),
-     "data_offsets must be", "t"),
-    ("end before begin", raw({"t": entry("U8", [0], 4, 2)}, bytes(4)), "before begin", "t"),
-    ("size mismatch", raw({"t": entry("F32", [3], 0, 8)}, bytes(8)), "span 8", "t"),
-    ("overflow", raw({"t": entry("F32", [2**40, 2**40], 0, 4)}, bytes(4)), "overflows", "t"),
-    ("sub-byte remainder", raw({"t": entry("F4", [3], 0, 1)}, b"\0"), "whole bytes", "t"),
-    ("gap", raw({"a": entry("U8", [2], 0, 2), "b": entry("U8", [2], 3, 5)}, bytes(5)),
-     "a gap", "b"),
-    ("overlap", raw({"a": entry("U8", [2], 0, 2), "b": entry("U8", [2], 1, 3)}, bytes(3)),
-     "an overlap", "b"),
-    ("first not at 0", raw({"a": entry("U8", [2], 1, 3)}, bytes(3)), "a gap", "a"),
-    ("past the end", raw({"a": entry("U8", [8], 0, 8)}, bytes(4)), "past the end", "a"),
-    ("huge offsets", raw({"a": entry("U8", [2**58], 0, 2**58)}, bytes(4)), "past the end", "a"),
-    ("trailing bytes", raw({"a": entry("U8", [2], 0, 2)}, bytes(3)), "1 trailing bytes", None),
-    ("metadata not strings", raw({"__metadata__": {"k": 1}}), "__metadata__", None),
-    ("metadata not object", raw({"__metadata__": "x"}), "__metadata__", None),
-]  # fmt: skip
+    ("too small", HeaderTooSmall, b"\x01\x00\x00", "too small", None),
+    (
+        "header too large",
+        HeaderTooLarge,
+        raw(b"{}", size=MAX_HEADER_SIZE + 1),
+        "exceeds the limit",
+        None,
+    ),
+    ("header size 2^63", HeaderTooLarge, raw(b"{}", size=2**63), "exceeds the limit", None),
+    ("header size u64 max", HeaderTooLarge, raw(b"{}", size=2**64 - 1), "exceeds the limit", None),
+    (
+        "header past EOF",
+        InvalidHeaderLength,
+        raw(b"{}", size=1000),
+        "past the end of the file",
+        None,
+    ),
+    ("not UTF-8", InvalidHeader, raw(b'{"\xff\xfe": 1}'), "not valid UTF-8", None),
+    ("bad JSON", InvalidHeaderDeserialization, raw(b'{"a": '), "not valid JSON", None),
+    ("not an object", InvalidHeaderStart, raw(b"[1, 2]"), "does not start with '{'", None),
+    (
+        "deep nesting",
+        InvalidHeaderDeserialization,
+        raw(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        "JSON",
+        None,
+    ),
+    (
+        "duplicate key",
+        InvalidHeaderDeserialization,
+        raw(b'{"a": 1, "a": 2}'),
+        "duplicate key",
+        None,
+    ),
+    (
+        "unknown dtype",
+        UnknownDtype,
+        raw({"t": entry("F128", [1], 0, 16)}, bytes(16)),
+        "unknown dtype",
+        "t",
+    ),
+    (
+        "extra field",
+        InvalidHeaderDeserialization,
+        raw({"t": {**entry("U8", [1], 0, 1), "x": 1}}, b"\0"),
+        "exactly",
+        "t",
+    ),
+    (
+        "negative dim",
+        InvalidHeaderDeserialization,
+        raw({"t": entry("U8", [-1], 0, 1)}, b"\0"),
+        "shape must be",
+        "t",
+    ),
+    (
+        "bool dim",
+        InvalidHeaderDeserialization,
+        raw({"t": entry("U8", [True], 0, 1)}, b"\0"),
+        "shape must be",
+        "t",
+    ),
+    (
+        "float dim",
+        InvalidHeaderDeserialization,
+        raw({"t": entry("U8", [1.0], 0, 1)}, b"\0"),
+        "shape must be",
+        "t",
+    ),
+    (
+        "offsets not pair",
+        InvalidHeaderDeserialization,
+        raw({"t": {**entry("U8", [1], 0, 1), "data_offsets": [0]}}, b"\0"),
+        "data_offsets must be",
+        "t",
+    ),
+    (
+        "end before begin",
+        InvalidOffset,
+        raw({"t": entry("U8", [0], 4, 2)}, bytes(4)),
+        "before begin",
+        "t",
+    ),
+    (
+        "size mismatch",
+        TensorInvalidInfo,
+        raw({"t": entry("F32", [3], 0, 8)}, bytes(8)),
+        "span 8",
+        "t",
+    ),
+    (
+        "overflow",
+        ValidationOverflow,
+        raw({"t": entry("F32", [2**40, 2**40], 0, 4)}, bytes(4)),
+        "overflows",
+        "t",
+    ),
+    (
+        "sub-byte remainder",
+        TensorInvalidInfo,
+        raw({"t": entry("F4", [3], 0, 1)}, b"\0"),
+        "whole bytes",
+        "t",
+    ),
+    (
+        "gap",
+        InvalidOffset,
+        raw({"a": entry("U8", [2], 0, 2), "b": entry("U8", [2], 3, 5)}, bytes(5)),
+        "a gap",
+        "b",
+    ),
+    (
+        "overlap",
+        InvalidOffset,
+        raw({"a": entry("U8", [2], 0, 2), "b": entry("U8", [2], 1, 3)}, bytes(3)),
+        "an overlap",
+        "b",
+    ),
+    ("first not at 0", InvalidOffset, raw({"a": entry("U8", [2], 1, 3)}, bytes(3)), "a gap", "a"),
+    (
+        "past the end",
+        MetadataIncompleteBuffer,
+        raw({"a": entry("U8", [8], 0, 8)}, bytes(4)),
+        "past the end",
+        "a",
+    ),
+    (
+        "huge offsets",
+        MetadataIncompleteBuffer,
+        raw({"a": entry("U8", [2**58], 0, 2**58)}, bytes(4)),
+        "past the end",
+        "a",
+    ),
+    (
+        "trailing bytes",
+        MetadataIncompleteBuffer,
+        raw({"a": entry("U8", [2], 0, 2)}, bytes(3)),
+        "1 trailing bytes",
+        None,
+    ),
+    (
+        "metadata not strings",
+        InvalidHeaderDeserialization,
+        raw({"__metadata__": {"k": 1}}),
+        "__metadata__",
+        None,
+    ),
+    (
+        "metadata not object",
+        InvalidHeaderDeserialization,
+        raw({"__metadata__": "x"}),
+        "__metadata__",
+        None,
+    ),
+]
 
 
 @pytest.mark.parametrize(
-    ("content", "words", "tensor"),
-    [pytest.param(c, w, t, id=name) for name, c, w, t in MALFORMED],
+    ("error", "content", "words", "tensor"),
+    [pytest.param(e, c, w, t, id=name) for name, e, c, w, t in MALFORMED],
 )
 def test_malformed_file_is_refused_with_file_and_tensor(
-    tmp_path: Path, content: bytes, words: str, tensor: str | None
+    tmp_path: Path, error: type[LoaderError], content: bytes, words: str, tensor: str | None
 ) -> None:
     path = write(tmp_path, content)
-    with pytest.raises(LoaderError, match=words) as caught:
+    with pytest.raises(error, match=words) as caught:
         open_checkpoint(path)
     assert str(path) in str(caught.value)
     if tensor is not None:
@@ -103,8 +241,8 @@ def test_malicious_sizes_fail_fast_without_allocating(tmp_path: Path) -> None:
         write(tmp_path, raw({"a": entry("F64", [2**31, 2**28], 0, 2**62)}, bytes(8)), "b.st"),
     ]
     tracemalloc.start()
-    for path in files:
-        with pytest.raises(LoaderError):
+    for path, error in zip(files, [HeaderTooLarge, ValidationOverflow], strict=True):
+        with pytest.raises(error):
             load(path)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
@@ -222,7 +360,8 @@ def test_unreadable_index(tmp_path: Path) -> None:
 def test_duplicate_tensor_across_shards(tmp_path: Path) -> None:
     shard(tmp_path, "a.safetensors", {"x": 2})
     shard(tmp_path, "b.safetensors", {"x": 2})
-    with pytest.raises(LoaderError, match=r"b.safetensors: tensor 'x': also in .*a.safetensors"):
+    also_in = r"b.safetensors: tensor 'x': also in .*a.safetensors"
+    with pytest.raises(DuplicateTensor, match=also_in):
         open_checkpoint(tmp_path)
 
 

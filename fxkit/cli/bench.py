@@ -13,12 +13,19 @@ def bench() -> None:
 
 
 def _options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
+    """``-o KEY=VALUE`` items as the loader's options (checked by LoadOptions)."""
+    from fxkit.loader import LoaderError, LoadOptions
+
     options = {}
     for item in values:
         key, sep, text = item.partition("=")
         if not sep or not key.isidentifier():
             raise click.BadParameter(f"{item!r} is not KEY=VALUE (e.g. threads=8)")
         options[key] = yaml.safe_load(text)
+    try:
+        LoadOptions.from_mapping(options, where="--fxkit-option")
+    except LoaderError as exc:
+        raise click.BadParameter(str(exc)) from None
     return options
 
 
@@ -52,7 +59,8 @@ def _options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
     multiple=True,
     callback=_options,
     metavar="KEY=VALUE",
-    help="Pass to fxkit.loader.load, e.g. -o threads=8 -o direct_io=false.",
+    help="Pass to fxkit.loader.load, e.g. -o threads=8 -o direct_io=false "
+    "(the options of fxkit load, with underscores).",
 )
 @click.option(
     "--json",

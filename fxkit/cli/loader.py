@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Console
@@ -39,46 +41,48 @@ class Size(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+def load_options(command: Callable[..., None]) -> Callable[..., None]:
+    """A click option for each of the loader's options (fxkit.loader.options.LoadOptions)."""
+    from fxkit.loader.options import DIRECT_IO_CHOICES, fields
+
+    for option in reversed(fields()):
+        flag = "--" + option.name.replace("_", "-")
+        help_text = option.metadata["help"]
+        if isinstance(option.default, bool):
+            decorator = click.option(flag, is_flag=True, help=help_text)
+        elif option.name == "direct_io":
+            decorator = click.option(
+                flag, type=click.Choice(DIRECT_IO_CHOICES), default=option.default,
+                show_default=True, help=help_text,
+            )  # fmt: skip
+        elif option.name == "chunk_size":
+            shown = f"{option.default >> 20}MiB"
+            decorator = click.option(
+                flag, type=Size(), default=option.default, show_default=shown, help=help_text
+            )
+        else:
+            decorator = click.option(
+                flag, type=click.IntRange(min=1), default=option.default, show_default=True,
+                help=help_text,
+            )  # fmt: skip
+        command = decorator(command)
+    return command
+
+
 @click.command()
 @click.argument("model", type=click.Path(exists=True))
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N (ROCm too).")
-@click.option("--threads", type=click.IntRange(min=1), help="Reader threads [default: 8].")
-@click.option("--chunk-size", type=Size(), help="Bytes per read, e.g. 32MiB [default: 32MiB].")
-@click.option(
-    "--direct-io",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="O_DIRECT reads. auto: O_DIRECT for uncached files, mapping for cached ones.",
-)
-@click.option("--drop-cache", is_flag=True, help="Evict the files from the page cache afterwards.")
-@click.option("--progress", is_flag=True, help="Show a progress bar with GB/s.")
-def load(
-    model: str,
-    device: str,
-    threads: int | None,
-    chunk_size: int | None,
-    direct_io: str,
-    drop_cache: bool,
-    progress: bool,
-) -> None:
+@load_options
+def load(model: str, device: str, **options: Any) -> None:
     """Load MODEL (a safetensors file or model directory) and report the speed."""
     import torch
 
+    from fxkit.loader import LoadOptions, open_checkpoint
     from fxkit.loader import load as load_model
-    from fxkit.loader import open_checkpoint
 
     checkpoint = open_checkpoint(model)
     started = time.perf_counter()
-    tensors = load_model(
-        checkpoint,
-        device=device,
-        threads=threads,
-        chunk_size=chunk_size,
-        direct_io=direct_io,
-        drop_cache=drop_cache,
-        progress=progress,
-    )
+    tensors = load_model(checkpoint, device, options=LoadOptions(**options))
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
