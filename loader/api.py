@@ -151,6 +151,9 @@ def iter_tensors(
         bar = _Progress(stack, checkpoint.total_bytes, opts.progress)
         in_flight: deque[tuple[FilePlan, Any, FileReader | MappedFile, list[Future]]] = deque()
         stack.callback(_close_all, in_flight)  # runs after the pool has stopped
+        # Also when the caller stops early: no buffer goes back to the allocator while the side
+        # stream may still copy into it (the consumer's stream waits for every issued copy).
+        stack.callback(sink.publish)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
