@@ -28,7 +28,8 @@ OPTIONS: dict[str, type | tuple[type, ...]] = {
 }
 
 #: The vLLM releases whose loader source the plugin was checked against
-#: (tests/test_loader_vllm_contract.py). Older ones are refused; newer ones are used, with a warning.
+#: (tests/test_loader_vllm_contract.py). Older ones are refused; newer ones are used, with a
+#: warning.
 VLLM_CHECKED = ("0.20.1", "0.33.0")
 
 logger = logging.getLogger(__name__)
