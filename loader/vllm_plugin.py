@@ -30,7 +30,7 @@ OPTIONS: dict[str, type | tuple[type, ...]] = {
 #: The vLLM releases whose loader source the plugin was checked against
 #: (tests/test_loader_vllm_contract.py). Older ones are refused; newer ones are used, with a
 #: warning.
-VLLM_CHECKED = ("0.20.1", "0.33.0")
+VLLM_CHECKED = ("0.18.0", "0.33.0")
 
 logger = logging.getLogger(__name__)
 _registered = False

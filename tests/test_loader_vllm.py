@@ -182,14 +182,17 @@ def test_hugging_face_style_symlinks_load_through_vllm(
     assert torch.equal(model.params["c"], load_file(model_dir / "model-2.safetensors")["c"])
 
 
-@pytest.mark.parametrize("version", ["0.19.1", "0.9.2", "unknown"])
+@pytest.mark.parametrize("version", ["0.17.1", "0.9.2", "unknown"])
 def test_a_vllm_older_than_checked_is_refused_by_name(
     fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
     """Registered, so that ``--load-format fxkit`` says why it cannot run, not "not supported"."""
     monkeypatch.setattr(sys.modules["vllm"], "__version__", version)
     vllm_plugin.register()
-    with pytest.raises(ValueError, match=rf"does not support vLLM {version}: .* 0\.20\.1 to"):
+    oldest, newest = vllm_plugin.VLLM_CHECKED
+    with pytest.raises(
+        ValueError, match=rf"does not support vLLM {version}: .* {oldest} to {newest}"
+    ):
         fake_vllm.get_model_loader(LoadConfig("fxkit"))
 
 
