@@ -2,10 +2,12 @@
 
 ``loader/vllm_plugin.py`` subclasses vLLM's ``DefaultModelLoader`` and calls its private
 ``_prepare_weights``. CONTRACT lists every name, signature and return position it relies on; the
-test checks that list against the vLLM sdist (the smallest artifact with the Python sources: about
-32 MB for 0.20.1 and 45 MB for 0.33.0, against 233 and 320 MB for the wheels) of the field's
-version and of the latest release on PyPI, read out of the tarball without installing it.
-Another test reads the plugin's own source and fails if it uses a name CONTRACT does not list.
+test checks that list against vLLM's sdist from PyPI (the smallest artifact with the Python
+sources: 32 MB for 0.20.1 and 45 MB for 0.33.0, against 233 and 320 MB for the x86_64 wheels),
+read out of the tarball without installing it, at the ends of the plugin's VLLM_CHECKED range, the
+field's version and the latest release; and 0.17.1, the release before the range, is shown to
+break it. Another test reads the plugin's own source and fails if it uses a name CONTRACT does
+not list.
 
 The sdists are downloaded once into ``.cache/vllm-src/`` (checked against the index's sha256);
 without PyPI, a version that is not cached is skipped with the reason.
