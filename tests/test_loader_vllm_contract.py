@@ -9,8 +9,8 @@ field's version and the latest release; and 0.17.1, the release before the range
 break it. Another test reads the plugin's own source and fails if it uses a name CONTRACT does
 not list.
 
-The sdists are downloaded once into ``.cache/vllm-src/`` (checked against the index's sha256);
-without PyPI, a version that is not cached is skipped with the reason.
+The sdists are downloaded once (sha256-checked against the index) into ``.cache/vllm-src/``, or
+``$FXKIT_VLLM_SRC_CACHE``; without PyPI, a version that is not cached is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ FIELD_VERSION = "0.20.1"  # what the field runs (MISSION.md: vLLM 0.20.1+rocm721
 #: The release before VLLM_CHECKED's oldest, and why the plugin refuses it.
 BROKEN_VERSION, BROKEN_BY = "0.17.1", "Source fields: has no ['subfolder']"
 INDEX = "https://pypi.org/simple/vllm/"
-CACHE = Path(__file__).resolve().parent.parent / ".cache" / "vllm-src"
+#: where the sdists are kept; FXKIT_VLLM_SRC_CACHE points a CI runner at a cache it keeps
+CACHE = Path(
+    os.environ.get("FXKIT_VLLM_SRC_CACHE", Path(__file__).parent.parent / ".cache/vllm-src")
+)
 LOADER = "vllm/model_executor/model_loader/"
 LOAD_CONFIG_FILES = ("vllm/config/load.py", "vllm/config/__init__.py", "vllm/config.py")
 
