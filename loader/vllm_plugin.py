@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,11 @@ from .errors import LoaderError
 from .options import LoadOptions, names
 
 LOAD_FORMAT = "fxkit"
+
+#: The vLLM releases whose loader source the plugin was checked against
+#: (tests/test_loader_vllm_contract.py). Older ones are refused; newer ones are used, with a
+#: warning.
+VLLM_CHECKED = ("0.18.0", "0.33.0")
 
 logger = logging.getLogger(__name__)
 _registered = False
@@ -80,16 +86,49 @@ def _loader_class(default_loader: type) -> type:
     return FxkitModelLoader
 
 
+def _release(version: str) -> tuple[int, ...]:
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in match.group().split(".")) if match else ()
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse (ValueError) a vLLM older than checked; warn about one newer than checked."""
+    oldest, newest = VLLM_CHECKED
+    if not _release(version) or _release(version) < _release(oldest):
+        raise ValueError(
+            f"load format {LOAD_FORMAT!r} does not support vLLM {version}: fxkit's plugin "
+            f"relies on vLLM's loader as it is in vLLM {oldest} to {newest}; upgrade vLLM"
+        )
+    if _release(version) > _release(newest):
+        logger.warning(
+            "fxkit: vLLM %s is newer than the newest vLLM checked against (%s)", version, newest
+        )
+
+
+def _refusing_class(default_loader: type, reason: str) -> type:
+    def refuse(self: Any, load_config: Any) -> None:
+        raise ValueError(reason)
+
+    return type("FxkitModelLoader", (default_loader,), {"__init__": refuse})
+
+
 def register() -> None:
     """Register load format ``fxkit`` with vLLM (once per process; a no-op without vLLM)."""
     global _registered
     if _registered:
         return
     try:
+        import vllm
         from vllm.model_executor.model_loader import DefaultModelLoader, register_model_loader
     except ImportError as exc:
         logger.warning("fxkit: vLLM is not importable (%s); load format not registered", exc)
         return
-    register_model_loader(LOAD_FORMAT)(_loader_class(DefaultModelLoader))
+    loader = _loader_class(DefaultModelLoader)
+    try:
+        check_vllm_version(getattr(vllm, "__version__", "unknown"))
+    except ValueError as exc:  # --load-format fxkit then fails with this reason
+        logger.error("fxkit: %s", exc)
+        loader = _refusing_class(DefaultModelLoader, str(exc))
+    register_model_loader(LOAD_FORMAT)(loader)
     _registered = True
     logger.info("fxkit: registered vLLM load format %r", LOAD_FORMAT)

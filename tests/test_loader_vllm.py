@@ -105,6 +105,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     )
     for name in ("vllm", "vllm.model_executor"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setattr(sys.modules["vllm"], "__version__", "0.20.1+rocm721", raising=False)
     monkeypatch.setitem(sys.modules, "vllm.model_executor.model_loader", loader_module)
     monkeypatch.setattr(vllm_plugin, "_registered", False)
     return loader_module
@@ -179,6 +180,30 @@ def test_hugging_face_style_symlinks_load_through_vllm(
     )
     assert sorted(model.params) == ["a", "b", "c"]
     assert torch.equal(model.params["c"], load_file(model_dir / "model-2.safetensors")["c"])
+
+
+@pytest.mark.parametrize("version", ["0.17.1", "0.9.2", "unknown"])
+def test_a_vllm_older_than_checked_is_refused_by_name(
+    fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """Registered, so that ``--load-format fxkit`` says why it cannot run, not "not supported"."""
+    monkeypatch.setattr(sys.modules["vllm"], "__version__", version)
+    vllm_plugin.register()
+    oldest, newest = vllm_plugin.VLLM_CHECKED
+    with pytest.raises(
+        ValueError, match=rf"does not support vLLM {version}: .* {oldest} to {newest}"
+    ):
+        fake_vllm.get_model_loader(LoadConfig("fxkit"))
+
+
+def test_a_vllm_newer_than_checked_is_used_with_a_warning(
+    fake_vllm: types.ModuleType, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sys.modules["vllm"], "__version__", "0.99.0")
+    with caplog.at_level(logging.WARNING, logger=vllm_plugin.__name__):
+        vllm_plugin.register()
+    assert "vLLM 0.99.0 is newer than the newest vLLM checked against" in caplog.text
+    assert fake_vllm.get_model_loader(LoadConfig("fxkit")).fxkit_options == {}
 
 
 def test_register_is_idempotent(fake_vllm: types.ModuleType) -> None:
