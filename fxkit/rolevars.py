@@ -26,6 +26,16 @@ def mappings(v: HostVars, name: str) -> list[dict[str, Any]]:
     return value
 
 
+def words(v: HostVars, var: str, pattern: re.Pattern[str], what: str, hint: str) -> list[str]:
+    """The variable ``var``: a list of strings that each match ``pattern`` (``what`` they are)."""
+    value = v[var]
+    if not isinstance(value, list) or not all(
+        isinstance(w, str) and pattern.fullmatch(w) for w in value
+    ):
+        raise var_error(v, var, f"{value!r} is not a list of {what}", hint)
+    return value
+
+
 def whole_number(
     v: HostVars, var: str, value: object, low: int, high: int, hint: str | None = None
 ) -> int:

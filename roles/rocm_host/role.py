@@ -24,7 +24,7 @@ from fxkit.facts.system import OsRelease
 from fxkit.ops.base import OpContext, Result, ok, skipped
 from fxkit.ops.packages import version_matches
 from fxkit.role import Host
-from fxkit.rolevars import var_error
+from fxkit.rolevars import var_error, words
 from fxkit.variables import HostVars, truthy
 
 #: The Ubuntu releases ROCm 7.2 supports, by codename.
@@ -69,23 +69,8 @@ def validate(v: HostVars) -> None:
             f"fetch {v.rocm_host_key_url}, check its fingerprint (gpg --show-keys), then "
             "give its sha256sum: fxkit keeps the key only if it has that digest",
         )
-    users = v.rocm_host_users
-    if not isinstance(users, list) or not all(
-        isinstance(u, str) and _NAME.fullmatch(u) for u in users
-    ):
-        raise var_error(
-            v, "rocm_host_users", f"{users!r} is not a list of user names", "e.g. [vllm, alice]"
-        )
-    groups = v.rocm_host_groups
-    if not isinstance(groups, list) or not all(
-        isinstance(g, str) and _NAME.fullmatch(g) for g in groups
-    ):
-        raise var_error(
-            v,
-            "rocm_host_groups",
-            f"{groups!r} is not a list of group names",
-            "e.g. [render, video]",
-        )
+    words(v, "rocm_host_users", _NAME, "user names", "e.g. [vllm, alice]")
+    words(v, "rocm_host_groups", _NAME, "group names", "e.g. [render, video]")
     if not isinstance(v.rocm_host_sysctl, dict):
         raise var_error(
             v,
@@ -93,16 +78,13 @@ def validate(v: HostVars) -> None:
             f"{v.rocm_host_sysctl!r} is not a mapping",
             "name: value, e.g. {kernel.numa_balancing: 0}",
         )
-    args = v.rocm_host_kernel_args
-    if not isinstance(args, list) or not all(
-        isinstance(a, str) and _WORD.fullmatch(a) for a in args
-    ):
-        raise var_error(
-            v,
-            "rocm_host_kernel_args",
-            f"{args!r} is not a list of kernel arguments",
-            "e.g. [pci=realloc=off, iommu=pt]: no spaces, quotes, $, ` or \\",
-        )
+    words(
+        v,
+        "rocm_host_kernel_args",
+        _WORD,
+        "kernel arguments",
+        "e.g. [pci=realloc=off, iommu=pt]: no spaces, quotes, $, ` or \\",
+    )
     for var in ("rocm_host_gpu_count", "rocm_host_gpu_vram_gib"):
         if isinstance(v[var], bool) or not isinstance(v[var], int) or v[var] < 1:
             raise var_error(v, var, f"{v[var]!r} is not a number >= 1", "e.g. 8 GPUs, 192 GiB")
