@@ -1,11 +1,13 @@
 """Helpers of the tests on lab hosts: commands that must succeed, a host's file trees before and
-after, and the task events of a play."""
+after (test_play_lab's snapshot: ctime too, except of files hard-linked from this machine), and
+the task events of a play."""
 
 from __future__ import annotations
 
 from fxkit.connection.base import Connection
-from fxkit.lab import Fleet
-from tests.test_play_lab import Run
+from tests.test_play_lab import Run, snapshot
+
+__all__ = ["Run", "changes", "events_of", "sh", "snapshot"]
 
 
 def sh(conn: Connection, command: str) -> str:
@@ -13,18 +15,6 @@ def sh(conn: Connection, command: str) -> str:
     result = conn.run(command)
     assert result.ok, result
     return result.stdout
-
-
-def snapshot(fleet: Fleet, host: str) -> str:
-    """A host's file trees: every entry's metadata (no ctime: the fleet's base layer holds hard
-    links to this machine's /etc, so every fleet another session starts moves their ctime) and a
-    sha256 of each small file."""
-    with fleet.connect(host) as conn:
-        return sh(
-            conn,
-            "find /etc /opt /srv /var/lib -xdev -printf '%p %y %m %u %g %s %T@ %l\\n' | "
-            "LC_ALL=C sort; find /etc /srv -xdev -type f -exec sha256sum {} + | LC_ALL=C sort",
-        )
 
 
 def changes(before: str, after: str) -> list[str]:
