@@ -6,6 +6,7 @@ queued behind the current one's; tensors are handed out in file order as soon as
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,7 +22,8 @@ from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
 from .options import DirectIO, LoadOptions
 from .plan import FilePlan, normalise_chunk_size, plan_file
 from .read import FileReader, MappedFile
-from .sinks import HostSink, make_sink
+from .shared import NoSpace, Segment, open_segment
+from .sinks import HostSink, StagedSink, make_sink
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +36,8 @@ MAP_FROM = 0.99
 RESIDENCY_WINDOWS = 64
 
 __all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
+
+logger = logging.getLogger(__name__)
 
 
 def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
@@ -91,8 +95,29 @@ def _tensor(
 
 
 def _close_all(in_flight: deque) -> None:
-    for _, _, reader, _ in in_flight:
+    for _, _, reader, _, _ in in_flight:
         reader.close()
+
+
+class _SharedFile:
+    """A file read through its node-shared segment: chunk by chunk into the segment (by this
+    process or another), then, for a device, from the segment into the device's buffer."""
+
+    def __init__(self, segment: Segment, disk: FileReader, sink: HostSink | StagedSink) -> None:
+        self.segment, self.disk, self.sink = segment, disk, sink
+        view = segment.tensor()  # reserves the segment's memory (NoSpace if there is none)
+        host = isinstance(sink, HostSink)
+        self.buffer = view if host else sink.allocate(segment.plan.buffer_size)
+
+    def fetch(self, index: int, wait: bool) -> bool:
+        """Chunk ``index`` in place; False if another process reads it and ``wait`` is off."""
+        if not self.segment.fetch(index, self.disk, wait):
+            return False
+        if isinstance(self.sink, StagedSink):
+            plan = self.segment.plan
+            chunk = plan.chunks[index]
+            self.sink.fill(self.segment, self.buffer, chunk, plan.needed_end(chunk))
+        return True
 
 
 class _Progress:
@@ -149,11 +174,21 @@ def iter_tensors(
     sink = make_sink(device, threads, chunk, staged=_staged)
     with ExitStack() as stack:
         bar = _Progress(stack, checkpoint.total_bytes, opts.progress)
-        in_flight: deque[tuple[FilePlan, Any, FileReader | MappedFile, list[Future]]] = deque()
+        in_flight: deque[
+            tuple[FilePlan, Any, FileReader | MappedFile, list[Future], _SharedFile | None]
+        ] = deque()
         stack.callback(_close_all, in_flight)  # runs after the pool has stopped
         # Also when the caller stops early: no buffer goes back to the allocator while the side
         # stream may still copy into it (the consumer's stream waits for every issued copy).
         stack.callback(sink.publish)
+        # With ``share``, this process holds every file's node-shared segment from the start to
+        # the end (a process still on an early file keeps the later ones for itself); they are
+        # let go after the pool has stopped.
+        segments: dict[Path, Segment] = {}
+        for header in checkpoint.files if opts.share else ():
+            if header.data_size:
+                segments[header.path] = segment = open_segment(plan_file(header, chunk), chunk)
+                stack.callback(segment.close)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
@@ -165,6 +200,18 @@ def iter_tensors(
             if mode == "map":
                 reader = mapped = MappedFile(header.path, header.file_size)
                 buffer = mapped.buffer
+            elif (segment := segments.get(header.path)) is not None:
+                reader = FileReader(header.path, direct=mode == "direct")
+                try:
+                    shared = _SharedFile(segment, reader, sink)
+                except NoSpace as exc:
+                    logger.warning("fxkit: %s; reading this file without sharing", exc)
+                    segments.pop(header.path)
+                    reader.close()
+                    return start(header)
+                fetches = [pool.submit(shared.fetch, k, False) for k in range(len(plan.chunks))]
+                in_flight.append((plan, shared.buffer, reader, fetches, shared))
+                return
             else:
                 reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
                 buffer = sink.allocate(plan.buffer_size)
@@ -173,16 +220,17 @@ def iter_tensors(
             futures = [
                 submit(sink.fill, reader, buffer, c, plan.needed_end(c)) for c in plan.chunks
             ]
-            in_flight.append((plan, buffer, reader, futures))
+            in_flight.append((plan, buffer, reader, futures, None))
 
         waiting = iter(checkpoint.files)
         for header in islice(waiting, 2):
             start(header)
         while in_flight:
-            plan, buffer, reader, futures = in_flight[0]
+            plan, buffer, reader, futures, shared = in_flight[0]
             pending = deque(plan.header.tensors)
-            for c, future in zip(plan.chunks, futures, strict=True):
-                future.result()
+            for k, (c, future) in enumerate(zip(plan.chunks, futures, strict=True)):
+                if future.result() is False and shared is not None:
+                    shared.fetch(k, wait=True)  # another process was reading it: wait for it
                 bar.advance(plan.needed_end(c))
                 done = c.buffer_offset + c.length - plan.head
                 if pending and pending[0].end <= done:

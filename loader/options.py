@@ -37,6 +37,13 @@ class LoadOptions:
     drop_cache: bool = field(
         default=False, metadata={"help": "Evict the files from the page cache afterwards."}
     )
+    share: bool = field(
+        default=False,
+        metadata={
+            "help": "Read each file once per node: the processes loading it at the same time "
+            "split its chunks into one shared-memory segment that all of them map."
+        },
+    )
     progress: bool = field(default=False, metadata={"help": "Show a progress bar with GB/s."})
 
     def __post_init__(self) -> None:

@@ -10,7 +10,7 @@ import errno
 import mmap
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import LoaderError
 from .files import open_regular
@@ -61,6 +61,13 @@ def host_buffer(size: int) -> torch.Tensor:
 def writable_view(tensor: torch.Tensor) -> memoryview:
     """A writable memoryview of a contiguous CPU uint8 tensor (no copy)."""
     return tensor.numpy().data.cast("B")
+
+
+class Reader(Protocol):
+    """What sinks read chunks from: a file, a mapped file, or a node-shared segment."""
+
+    def read(self, view: memoryview, offset: int, need: int) -> None:
+        """Fill ``view`` with the bytes at file ``offset``; ``need`` of them must arrive."""
 
 
 class FileReader:

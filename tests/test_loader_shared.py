@@ -1,0 +1,240 @@
+"""Node-shared loading (``share=True``): real processes, real files, real locks in /dev/shm.
+
+The segments go to a directory of the test's own (``FXKIT_SHM_DIR``) on the machine's /dev/shm,
+so nothing here meets another run's segments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from fxkit.loader import cache, iter_tensors, load, make_checkpoint
+from fxkit.loader.errors import LoaderError
+from fxkit.loader.files import model_files
+from safetensors.torch import load_file
+
+CHUNK = 1 << 20
+RANK = """
+import hashlib, sys
+import torch
+from fxkit.loader import load
+model, share = sys.argv[1], sys.argv[2] == "share"
+def rchar():
+    return int(open("/proc/self/io").read().split("rchar: ")[1].split()[0])
+sys.stdout.write("ready\\n"); sys.stdout.flush(); sys.stdin.readline()
+before = rchar()
+tensors = load(model, share=share, chunk_size=1 << 20)
+read = rchar() - before
+digest = hashlib.sha256()
+for name in sorted(tensors):
+    digest.update(name.encode() + tensors[name].reshape(-1).view(torch.uint8).numpy().tobytes())
+print(read, digest.hexdigest())
+"""
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode() + tensors[name].reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture()
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own segment root on /dev/shm (removed afterwards)."""
+    root = Path("/dev/shm") / f"fxkit-test-{os.getpid()}-{tmp_path.name}"
+    root.mkdir()
+    monkeypatch.setenv("FXKIT_SHM_DIR", str(root))
+    yield root / f"fxkit-{os.getuid()}"
+    subprocess.run(["rm", "-rf", str(root)], check=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("shared") / "model"
+    make_checkpoint(path, 24_000_000, shards=3)
+    return path
+
+
+def reference(model: Path) -> str:
+    tensors: dict[str, torch.Tensor] = {}
+    for f in model_files(model).files:
+        tensors.update(load_file(f))
+    return digest(tensors)
+
+
+def segments(where: Path) -> list[str]:
+    return sorted(p.name for p in where.iterdir() if p.name != ".lock")
+
+
+def cold(model: Path) -> None:
+    assert not cache.evict_all(model_files(model).files)
+
+
+def test_one_process_loads_exactly_and_leaves_nothing(model: Path, shm: Path) -> None:
+    cold(model)
+    assert digest(load(model, share=True, chunk_size=CHUNK)) == reference(model)
+    assert segments(shm) == []
+    assert shm.stat().st_mode & 0o777 == 0o700
+
+
+def test_staged_path_reads_from_the_segment(model: Path, shm: Path) -> None:
+    cold(model)
+    tensors = dict(iter_tensors(model, share=True, chunk_size=CHUNK, _staged=True))
+    assert digest(tensors) == reference(model)
+
+
+def run_ranks(model: Path, n: int, mode: str) -> list[tuple[int, str]]:
+    """``n`` processes loading ``model`` at once (after a barrier): (bytes read, digest) each."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(model), mode],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        for _ in range(n)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        read, hexdigest = out.split()
+        results.append((int(read), hexdigest))
+    return results
+
+
+def test_ranks_read_the_checkpoint_once_between_them(model: Path, shm: Path) -> None:
+    """Bytes read by the processes' read calls (/proc/self/io rchar), summed: about the
+    checkpoint's size with ``share``, N times it without."""
+    size = sum(f.stat().st_size for f in model_files(model).files)
+    cold(model)
+    shared = run_ranks(model, 3, "share")
+    cold(model)
+    private = run_ranks(model, 3, "private")
+    assert {d for _, d in shared + private} == {reference(model)}
+    assert sum(r for r, _ in shared) <= 1.1 * size
+    assert sum(r for r, _ in private) >= 2.9 * size
+    assert segments(shm) == []
+
+
+STUCK = """
+import sys, time
+from fxkit.loader.format import open_checkpoint
+from fxkit.loader.plan import plan_file
+from fxkit.loader.shared import open_segment
+header = open_checkpoint(sys.argv[1]).files[0]
+segment = open_segment(plan_file(header, 1 << 20), 1 << 20)
+class Stuck:
+    def read(self, view, offset, need):
+        view[:need] = b"\\xff" * need  # garbage in the segment, never marked complete
+        print("holding", flush=True)
+        time.sleep(600)
+segment.fetch(0, Stuck(), wait=True)
+"""
+
+
+def test_a_rank_that_dies_mid_chunk_neither_blocks_nor_corrupts(model: Path, shm: Path) -> None:
+    cold(model)  # (a file in the page cache is mapped from there, not shared through a segment)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", STUCK, str(model)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert stuck.stdout is not None and stuck.stdout.readline() == "holding\n"
+        result: dict[str, str] = {}
+        loader = threading.Thread(
+            target=lambda: result.update(d=digest(load(model, share=True, chunk_size=CHUNK)))
+        )
+        loader.start()
+        time.sleep(1.0)
+        assert loader.is_alive(), "the loader did not wait for the chunk another process holds"
+        stuck.send_signal(signal.SIGKILL)
+        loader.join(30)
+        assert not loader.is_alive()
+    finally:
+        stuck.kill()
+        stuck.wait()
+    assert result["d"] == reference(model)
+    assert segments(shm) == []
+
+
+def test_stale_segments_of_dead_processes_are_removed_at_the_next_start(
+    model: Path, shm: Path
+) -> None:
+    shm.mkdir(mode=0o700)
+    for leftover in ("0" * 32 + ".state", "0" * 32 + ".data"):
+        (shm / leftover).write_bytes(b"\x01" * 64)
+    assert digest(load(model, share=True, chunk_size=CHUNK)) == reference(model)
+    assert segments(shm) == []
+
+
+def test_a_changed_file_never_meets_its_old_segment(tmp_path: Path, shm: Path) -> None:
+    make_checkpoint(tmp_path / "m", 4_000_000, shards=1, seed=1)
+    (path,) = model_files(tmp_path / "m").files
+    cold(tmp_path / "m")
+    held = iter_tensors(path, share=True, chunk_size=CHUNK)
+    next(held)  # this generator holds the old version's segment, its chunks read
+    assert len(segments(shm)) == 2
+    new_bytes = bytearray(path.read_bytes())
+    new_bytes[-5000:] = os.urandom(5000)  # same size, same header, other data
+    time.sleep(0.05)
+    with open(path, "r+b") as f:  # rewritten in place: same inode, new modification time
+        f.write(new_bytes)
+    cold(tmp_path / "m")
+    assert digest(load(path, share=True, chunk_size=CHUNK)) == digest(load_file(path))
+    held.close()
+    assert segments(shm) == []
+
+
+def test_writing_to_a_tensor_changes_no_other_process_view(model: Path, shm: Path) -> None:
+    cold(model)
+    first = iter_tensors(model, share=True, chunk_size=CHUNK)
+    name, tensor = next(first)
+    tensor.view(torch.uint8).fill_(0x5A)  # copy on write: this process's page only
+    again = load(model, share=True, chunk_size=CHUNK)
+    assert digest(again) == reference(model)
+    first.close()
+
+
+def test_an_unsafe_directory_is_refused(model: Path, shm: Path) -> None:
+    shm.mkdir(mode=0o700)
+    shm.chmod(0o777)
+    with pytest.raises(LoaderError, match="not a private directory") as caught:
+        load(model, share=True)
+    assert "FXKIT_SHM_DIR" in str(caught.value)
+
+
+def test_no_room_in_shared_memory_falls_back_to_private_reads(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    small = tmp_path / "small-shm"
+    small.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(small)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        monkeypatch.setenv("FXKIT_SHM_DIR", str(small))
+        cold(model)
+        assert digest(load(model, share=True, chunk_size=CHUNK)) == reference(model)
+        assert "without sharing" in caplog.text and "no room" in caplog.text
+        assert segments(small / f"fxkit-{os.getuid()}") == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
