@@ -6,6 +6,11 @@ with one part replaced: the weights iterator, which becomes ``iter_tensors``. Op
 ``--model-loader-extra-config '{"threads": 16, "chunk_size": 33554432}'``; the other keys there
 go to vLLM's loader as usual. Nothing from vLLM is imported until ``register()`` runs.
 
+``share`` is on by default here (``"share": false`` turns it off): every rank of a tensor-parallel
+model iterates over every file, so the ranks on a node read each file once between them, into one
+segment they all map (:mod:`fxkit.loader.shared`). That needs no rank numbers from vLLM: ranks of
+one instance, several instances of one model and separate jobs share alike.
+
 vLLM chooses the files (download, patterns, index); fxkit checks that list with the loader's own
 rule (:mod:`fxkit.loader.files`: regular files only, symlinks to regular files, each file once).
 """
@@ -22,6 +27,8 @@ from .errors import LoaderError
 from .options import LoadOptions, names
 
 LOAD_FORMAT = "fxkit"
+#: fxkit's options under vLLM, before ``--model-loader-extra-config``.
+PLUGIN_DEFAULTS = {"share": True}
 
 #: The vLLM releases whose loader source the plugin was checked against
 #: (tests/test_loader_vllm_contract.py). Older ones are refused; newer ones are used, with a
@@ -64,7 +71,7 @@ def _loader_class(default_loader: type) -> type:
             config.model_loader_extra_config = rest
             config.load_format = "safetensors"
             super().__init__(config)
-            self.fxkit_options = options
+            self.fxkit_options = {**PLUGIN_DEFAULTS, **options}
 
         def _get_weights_iterator(self, source: Any) -> Iterator[tuple[str, Any]]:
             prepared = self._prepare_weights(

@@ -141,7 +141,7 @@ def test_registers_load_format_and_loads_through_vllms_loader(
     )
     loader = fake_vllm.get_model_loader(config)
     assert isinstance(loader, DefaultModelLoader)
-    assert loader.fxkit_options == {"threads": 2, "chunk_size": 4096}
+    assert loader.fxkit_options == {"share": True, "threads": 2, "chunk_size": 4096}
     assert config.model_loader_extra_config["threads"] == 2, "the caller's config is left alone"
     model = FakeModel()
     loader.load_weights(model, types.SimpleNamespace(model=str(model_dir)))
@@ -152,6 +152,14 @@ def test_registers_load_format_and_loads_through_vllms_loader(
     assert list(model.params) == ["a", "b", "c"]
     for name, tensor in want.items():
         assert torch.equal(model.params[name], tensor) and model.params[name].dtype == tensor.dtype
+
+
+def test_ranks_share_reads_by_default_and_can_opt_out(fake_vllm: types.ModuleType) -> None:
+    vllm_plugin.register()
+    off = LoadConfig("fxkit", model_loader_extra_config={"share": False})
+    assert fake_vllm.get_model_loader(off).fxkit_options == {"share": False}
+    with pytest.raises(ValueError, match="share must be true or false"):
+        fake_vllm.get_model_loader(LoadConfig("fxkit", model_loader_extra_config={"share": 2}))
 
 
 def test_vllms_file_list_meets_the_loaders_file_rule(
@@ -203,7 +211,7 @@ def test_a_vllm_newer_than_checked_is_used_with_a_warning(
     with caplog.at_level(logging.WARNING, logger=vllm_plugin.__name__):
         vllm_plugin.register()
     assert "vLLM 0.99.0 is newer than the newest vLLM checked against" in caplog.text
-    assert fake_vllm.get_model_loader(LoadConfig("fxkit")).fxkit_options == {}
+    assert fake_vllm.get_model_loader(LoadConfig("fxkit")).fxkit_options == {"share": True}
 
 
 def test_register_is_idempotent(fake_vllm: types.ModuleType) -> None:
