@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,11 +95,6 @@ def _tensor(
     return result
 
 
-def _close_all(in_flight: deque) -> None:
-    for _, _, reader, _, _ in in_flight:
-        reader.close()
-
-
 class _SharedFile:
     """A file read through its node-shared segment: chunk by chunk into the segment (by this
     process or another), then, for a device, from the segment into the device's buffer."""
@@ -151,20 +147,42 @@ class _Progress:
             self.bar.advance(self.task, nbytes)
 
 
+@dataclass
+class _File:
+    """A file being read: its plan and buffer, the chunks read for it (``needed``, with one future
+    each) and the tensors to hand out."""
+
+    plan: FilePlan
+    buffer: Any
+    reader: FileReader | MappedFile
+    tensors: list[TensorInfo]
+    needed: list[int]
+    futures: list[Future]
+    shared: _SharedFile | None = None
+
+
+def _close_all(in_flight: deque[_File]) -> None:
+    for file in in_flight:
+        file.reader.close()
+
+
 def iter_tensors(
     path: ModelPath | Checkpoint,
     device: Any = "cpu",
     *,
     dtype: Any = None,
     options: LoadOptions | None = None,
+    keep: Callable[[str], bool] | None = None,
     _staged: bool | None = None,
     **overrides: Any,
 ) -> Iterator[tuple[str, Any]]:
     """Yield ``(name, tensor)`` in file order, each as soon as its bytes are in.
 
     ``path`` is a safetensors file, a list of files, a model directory, or an opened checkpoint.
-    ``dtype`` casts floating-point tensors. How the files are read is ``options``, with keyword
-    arguments (``threads=16``...) set over it: see :class:`fxkit.loader.options.LoadOptions`.
+    ``dtype`` casts floating-point tensors. ``keep``, when given, names the tensors wanted (a
+    rank's own experts, say): the others are neither yielded nor read, beyond the chunks they
+    share with kept ones. How the files are read is ``options``, with keyword arguments
+    (``threads=16``...) set over it: see :class:`fxkit.loader.options.LoadOptions`.
     At most two files' buffers are in flight at a time.
     """
     opts = LoadOptions.from_mapping(overrides, options, where="iter_tensors")
@@ -172,11 +190,13 @@ def iter_tensors(
     threads, direct_io, drop_cache = opts.threads, opts.direct_io, opts.drop_cache
     chunk = normalise_chunk_size(opts.chunk_size)
     sink = make_sink(device, threads, chunk, staged=_staged)
+    wanted = {
+        h.path: [t for t in h.tensors if keep is None or keep(t.name)] for h in checkpoint.files
+    }
+    files = [h for h in checkpoint.files if wanted[h.path]]
     with ExitStack() as stack:
-        bar = _Progress(stack, checkpoint.total_bytes, opts.progress)
-        in_flight: deque[
-            tuple[FilePlan, Any, FileReader | MappedFile, list[Future], _SharedFile | None]
-        ] = deque()
+        bar = _Progress(stack, sum(t.nbytes for h in files for t in wanted[h.path]), opts.progress)
+        in_flight: deque[_File] = deque()
         stack.callback(_close_all, in_flight)  # runs after the pool has stopped
         # Also when the caller stops early: no buffer goes back to the allocator while the side
         # stream may still copy into it (the consumer's stream waits for every issued copy).
@@ -185,73 +205,72 @@ def iter_tensors(
         # the end (a process still on an early file keeps the later ones for itself); they are
         # let go after the pool has stopped.
         segments: dict[Path, Segment] = {}
-        for header in checkpoint.files if opts.share else ():
+        for header in files if opts.share else ():
             if header.data_size:
                 segments[header.path] = segment = open_segment(plan_file(header, chunk), chunk)
                 stack.callback(segment.close)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
-        def start(header: FileHeader) -> None:
+        def start(header: FileHeader) -> _File:
             can_map = isinstance(sink, HostSink) and not drop_cache
             mode = _read_mode(direct_io, header.path, can_map)
             plan = plan_file(header, chunk, whole_file=mode == "map")
-            reader: FileReader | MappedFile
-            if mode == "map":
-                reader = mapped = MappedFile(header.path, header.file_size)
-                buffer = mapped.buffer
-            elif (segment := segments.get(header.path)) is not None:
-                reader = FileReader(header.path, direct=mode == "direct")
+            tensors = wanted[header.path]
+            needed = plan.holding(tensors) if keep else list(range(len(plan.chunks)))
+            if mode == "map":  # nothing to read: no thread needs to wake up for it
+                mapped = MappedFile(header.path, header.file_size)
+                futures = [_ready() for _ in needed]
+                return _File(plan, mapped.buffer, mapped, tensors, needed, futures)
+            segment = segments.get(header.path)  # chunks go to the segment: always aligned
+            aligned = sink.aligned or segment is not None
+            reader = FileReader(header.path, direct=mode == "direct" and aligned)
+            if segment is not None:
                 try:
                     shared = _SharedFile(segment, reader, sink)
                 except NoSpace as exc:
                     logger.warning("fxkit: %s; reading this file without sharing", exc)
-                    segments.pop(header.path)
-                    reader.close()
-                    return start(header)
-                fetches = [pool.submit(shared.fetch, k, False) for k in range(len(plan.chunks))]
-                in_flight.append((plan, shared.buffer, reader, fetches, shared))
-                return
-            else:
-                reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
-                buffer = sink.allocate(plan.buffer_size)
-            # A mapped file has nothing to read: no thread needs to wake up for it.
-            submit = _done if mode == "map" else pool.submit
+                else:
+                    futures = [pool.submit(shared.fetch, k, False) for k in needed]
+                    return _File(plan, shared.buffer, reader, tensors, needed, futures, shared)
+            buffer = sink.allocate(plan.buffer_size)
             futures = [
-                submit(sink.fill, reader, buffer, c, plan.needed_end(c)) for c in plan.chunks
+                pool.submit(sink.fill, reader, buffer, c, plan.needed_end(c))
+                for c in map(plan.chunks.__getitem__, needed)
             ]
-            in_flight.append((plan, buffer, reader, futures, None))
+            return _File(plan, buffer, reader, tensors, needed, futures)
 
-        waiting = iter(checkpoint.files)
-        for header in islice(waiting, 2):
-            start(header)
+        waiting = iter(files)
+        in_flight.extend(map(start, islice(waiting, 2)))
         while in_flight:
-            plan, buffer, reader, futures, shared = in_flight[0]
-            pending = deque(plan.header.tensors)
-            for k, (c, future) in enumerate(zip(plan.chunks, futures, strict=True)):
-                if future.result() is False and shared is not None:
-                    shared.fetch(k, wait=True)  # another process was reading it: wait for it
-                bar.advance(plan.needed_end(c))
+            file = in_flight[0]
+            plan, buffer = file.plan, file.buffer
+            pending = deque(file.tensors)
+            for k, future in zip(file.needed, file.futures, strict=True):
+                if future.result() is False and file.shared is not None:
+                    file.shared.fetch(k, wait=True)  # another process was reading it: wait
+                c = plan.chunks[k]
                 done = c.buffer_offset + c.length - plan.head
                 if pending and pending[0].end <= done:
                     sink.publish()
                 while pending and pending[0].end <= done:
                     tensor = pending.popleft()
+                    bar.advance(tensor.nbytes)
                     yield tensor.name, _tensor(plan, buffer, tensor, dtype)
             sink.publish()
             for tensor in pending:  # empty tensors at the very end of a file
                 yield tensor.name, _tensor(plan, buffer, tensor, dtype)
             in_flight.popleft()
-            reader.close(drop_cache=drop_cache)
+            file.reader.close(drop_cache=drop_cache)
             following = next(waiting, None)
             if following is not None:
-                start(following)
+                in_flight.append(start(following))
 
 
-def _done(fn: Any, *args: Any) -> Future:
-    """Run ``fn`` now; its result as a finished future (what the pool's submit returns)."""
+def _ready() -> Future:
+    """A finished future (the chunks of a mapped file: nothing to read)."""
     future: Future = Future()
-    future.set_result(fn(*args))
+    future.set_result(None)
     return future
 
 
@@ -261,10 +280,11 @@ def load(
     *,
     dtype: Any = None,
     options: LoadOptions | None = None,
+    keep: Callable[[str], bool] | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Load every tensor of a model into a ``{name: tensor}`` dict (CPU tensors share buffers).
 
     The arguments are those of :func:`iter_tensors`.
     """
-    return dict(iter_tensors(path, device, dtype=dtype, options=options, **overrides))
+    return dict(iter_tensors(path, device, dtype=dtype, options=options, keep=keep, **overrides))

@@ -8,9 +8,10 @@ are simply read along and never looked at; a tensor lives at ``head + begin`` in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .format import FileHeader
+from .format import FileHeader, TensorInfo
 
 ALIGN = 4096
 DEFAULT_CHUNK = 32 * 2**20
@@ -40,6 +41,7 @@ class FilePlan:
     header: FileHeader
     buffer_size: int
     head: int
+    chunk_size: int
     chunks: list[Chunk]
 
     @property
@@ -50,6 +52,15 @@ class FilePlan:
     def needed_end(self, chunk: Chunk) -> int:
         """How many bytes of ``chunk`` must arrive: all but what lies past the end of file."""
         return min(chunk.length, self.header.file_size - (self.start + chunk.buffer_offset))
+
+    def holding(self, tensors: Iterable[TensorInfo]) -> list[int]:
+        """The indices of the chunks that hold a byte of ``tensors``, in order."""
+        wanted: set[int] = set()
+        for t in tensors:
+            if t.nbytes:
+                first, last = self.head + t.begin, self.head + t.end - 1
+                wanted.update(range(first // self.chunk_size, last // self.chunk_size + 1))
+        return sorted(wanted)
 
 
 def normalise_chunk_size(chunk_size: int | None) -> int:
@@ -72,4 +83,4 @@ def plan_file(header: FileHeader, chunk_size: int, whole_file: bool = False) -> 
         Chunk(offset, offset - start, min(chunk_size, end - offset))
         for offset in range(start, end, chunk_size)
     ]
-    return FilePlan(header, end - start, header.data_offset - start, chunks)
+    return FilePlan(header, end - start, header.data_offset - start, chunk_size, chunks)

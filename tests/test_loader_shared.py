@@ -96,13 +96,9 @@ def test_staged_path_reads_from_the_segment(model: Path, shm: Path) -> None:
 def run_ranks(model: Path, n: int, mode: str) -> list[tuple[int, str]]:
     """``n`` processes loading ``model`` at once (after a barrier): (bytes read, digest) each."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, str(model), mode],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        for _ in range(n)
-    ]
+    argv = [sys.executable, "-c", RANK, str(model), mode]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+    procs = [subprocess.Popen(argv, text=True, env=env, **pipes) for _ in range(n)]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline() == "ready\n"
     for p in procs:
@@ -204,7 +200,7 @@ def test_a_changed_file_never_meets_its_old_segment(tmp_path: Path, shm: Path) -
 def test_writing_to_a_tensor_changes_no_other_process_view(model: Path, shm: Path) -> None:
     cold(model)
     first = iter_tensors(model, share=True, chunk_size=CHUNK)
-    name, tensor = next(first)
+    _, tensor = next(first)
     tensor.view(torch.uint8).fill_(0x5A)  # copy on write: this process's page only
     again = load(model, share=True, chunk_size=CHUNK)
     assert digest(again) == reference(model)
