@@ -141,6 +141,9 @@ class Segment:
             for stale in where.glob("*.state"):
                 if stale != self.state_path and _unused(stale):
                     _remove(stale)
+            for orphan in where.glob("*.data"):  # its state file removed by someone else
+                if not orphan.with_suffix(".state").exists():
+                    orphan.unlink(missing_ok=True)
             self._state = _open(self.state_path)
             _lock(self._state, fcntl.F_RDLCK, USERS, wait=True)
             if os.fstat(self._state).st_size != 1 + len(plan.chunks):

@@ -173,7 +173,7 @@ def test_stale_segments_of_dead_processes_are_removed_at_the_next_start(
     model: Path, shm: Path
 ) -> None:
     shm.mkdir(mode=0o700)
-    for leftover in ("0" * 32 + ".state", "0" * 32 + ".data"):
+    for leftover in ("0" * 32 + ".state", "0" * 32 + ".data", "1" * 32 + ".data"):
         (shm / leftover).write_bytes(b"\x01" * 64)
     assert digest(load(model, share=True, chunk_size=CHUNK)) == reference(model)
     assert segments(shm) == []
