@@ -17,9 +17,12 @@ that can break the next start:
 - a segment's name is a digest of the file's identity (path, device, inode, size, modification and
   change times) and of the chunk geometry, so two models, or two versions of one, never meet;
 - the directory is the user's own (0700, checked), so no other user can put bytes in a tensor;
-- a segment's memory is reserved with ``fallocate`` before use: a full ``/dev/shm`` is an error the
-  caller can fall back from (:class:`NoSpace`), never a SIGBUS. The memory is one copy per node;
-  it is freed when the last process has finished and dropped its tensors.
+- a segment is a sparse file whose pages are allocated as chunks are read into it (in parallel,
+  as a private buffer's would be); a ``/dev/shm`` without room for it is found before the first
+  read (:class:`NoSpace`, which the loader falls back from). Only pages read into are ever
+  touched: a process never faults on a hole (which would be a SIGBUS on a full tmpfs). The
+  memory is one copy per node; it is freed when the last process has finished and dropped its
+  tensors.
 
 Tensors are views of a private (copy-on-write) mapping: a process that writes to one changes only
 its own copy of that page.
@@ -151,21 +154,21 @@ class Segment:
                 os.ftruncate(self._state, 1 + len(plan.chunks))
 
     def _mapped(self) -> mmap.mmap:
-        """The shared, writable mapping chunks are read into (memory reserved on first use)."""
+        """The shared, writable mapping chunks are read into (made on first use)."""
         if self._data is None:
             size = self.plan.buffer_size
             fd = _open(self.state_path.with_suffix(".data"))
             try:
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
+                info, fs = os.fstat(fd), os.fstatvfs(fd)
+                if fs.f_bavail * fs.f_frsize + info.st_blocks * 512 < size:
                     raise NoSpace(
                         f"{self.where}: no room for {size / 1e9:.2f} GB of "
-                        f"{self.plan.header.path.name} in shared memory",
+                        f"{self.plan.header.path.name} in shared memory "
+                        f"({fs.f_bavail * fs.f_frsize / 1e9:.2f} GB free)",
                         hint="enlarge /dev/shm (docker: --shm-size), or load with share=False",
-                    ) from None
+                    )
+                if info.st_size != size:
+                    os.ftruncate(fd, size)  # sparse: a page is allocated when read into
                 self._data = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
                 self._private = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE)
             finally:
