@@ -6,7 +6,6 @@ queued behind the current one's; tensors are handed out in file order as soon as
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +22,7 @@ from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
 from .options import DirectIO, LoadOptions
 from .plan import FilePlan, normalise_chunk_size, plan_file
 from .read import FileReader, MappedFile
-from .shared import NoSpace, Segment, open_segment
+from .shared import Segment, open_segment
 from .sinks import HostSink, StagedSink, make_sink
 
 if TYPE_CHECKING:
@@ -37,8 +36,6 @@ MAP_FROM = 0.99
 RESIDENCY_WINDOWS = 64
 
 __all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
-
-logger = logging.getLogger(__name__)
 
 
 def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
@@ -96,23 +93,22 @@ def _tensor(
 
 
 class _SharedFile:
-    """A file read through its node-shared segment: chunk by chunk into the segment (by this
-    process or another), then, for a device, from the segment into the device's buffer."""
+    """A file read once per node: chunk by chunk into the page cache (by this process or another)
+    and its mapping, then, for a device, from the mapping into the device's buffer."""
 
-    def __init__(self, segment: Segment, disk: FileReader, sink: HostSink | StagedSink) -> None:
-        self.segment, self.disk, self.sink = segment, disk, sink
-        view = segment.tensor()  # reserves the segment's memory (NoSpace if there is none)
+    def __init__(self, segment: Segment, mapped: MappedFile, sink: HostSink | StagedSink) -> None:
+        self.segment, self.mapped, self.sink = segment, mapped, sink
         host = isinstance(sink, HostSink)
-        self.buffer = view if host else sink.allocate(segment.plan.buffer_size)
+        self.buffer = mapped.buffer if host else sink.allocate(segment.plan.buffer_size)
 
     def fetch(self, index: int, wait: bool) -> bool:
         """Chunk ``index`` in place; False if another process reads it and ``wait`` is off."""
-        if not self.segment.fetch(index, self.disk, wait):
+        if not self.segment.fetch(index, self.mapped, wait):
             return False
         if isinstance(self.sink, StagedSink):
             plan = self.segment.plan
             chunk = plan.chunks[index]
-            self.sink.fill(self.segment, self.buffer, chunk, plan.needed_end(chunk))
+            self.sink.fill(self.mapped, self.buffer, chunk, plan.needed_end(chunk))
         return True
 
 
@@ -201,38 +197,33 @@ def iter_tensors(
         # Also when the caller stops early: no buffer goes back to the allocator while the side
         # stream may still copy into it (the consumer's stream waits for every issued copy).
         stack.callback(sink.publish)
-        # With ``share``, this process holds every file's node-shared segment from the start to
-        # the end (a process still on an early file keeps the later ones for itself); they are
-        # let go after the pool has stopped.
+        # With ``share``, this process holds every file's share from the start to the end (a
+        # process still on an early file keeps the later ones going); let go after the pool.
         segments: dict[Path, Segment] = {}
         for header in files if opts.share else ():
             if header.data_size:
-                segments[header.path] = segment = open_segment(plan_file(header, chunk), chunk)
+                plan = plan_file(header, chunk, whole_file=True)
+                segments[header.path] = segment = open_segment(plan)
                 stack.callback(segment.close)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
         def start(header: FileHeader) -> _File:
             can_map = isinstance(sink, HostSink) and not drop_cache
-            mode = _read_mode(direct_io, header.path, can_map)
-            plan = plan_file(header, chunk, whole_file=mode == "map")
+            segment = segments.get(header.path)
+            mode = "shared" if segment else _read_mode(direct_io, header.path, can_map)
+            plan = plan_file(header, chunk, whole_file=mode in ("map", "shared"))
             tensors = wanted[header.path]
             needed = plan.holding(tensors) if keep else list(range(len(plan.chunks)))
+            if segment is not None:
+                shared = _SharedFile(segment, MappedFile(header.path, header.file_size), sink)
+                fetches = [pool.submit(shared.fetch, k, False) for k in needed]
+                return _File(plan, shared.buffer, shared.mapped, tensors, needed, fetches, shared)
             if mode == "map":  # nothing to read: no thread needs to wake up for it
                 mapped = MappedFile(header.path, header.file_size)
                 futures = [_ready() for _ in needed]
                 return _File(plan, mapped.buffer, mapped, tensors, needed, futures)
-            segment = segments.get(header.path)  # chunks go to the segment: always aligned
-            aligned = sink.aligned or segment is not None
-            reader = FileReader(header.path, direct=mode == "direct" and aligned)
-            if segment is not None:
-                try:
-                    shared = _SharedFile(segment, reader, sink)
-                except NoSpace as exc:
-                    logger.warning("fxkit: %s; reading this file without sharing", exc)
-                else:
-                    futures = [pool.submit(shared.fetch, k, False) for k in needed]
-                    return _File(plan, shared.buffer, reader, tensors, needed, futures, shared)
+            reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
             buffer = sink.allocate(plan.buffer_size)
             futures = [
                 pool.submit(sink.fill, reader, buffer, c, plan.needed_end(c))

@@ -41,7 +41,7 @@ class LoadOptions:
         default=False,
         metadata={
             "help": "Read each file once per node: the processes loading it at the same time "
-            "split its chunks into one shared-memory segment that all of them map."
+            "split its chunks into the page cache, which all of them map."
         },
     )
     progress: bool = field(default=False, metadata={"help": "Show a progress bar with GB/s."})

@@ -7,8 +7,8 @@ with one part replaced: the weights iterator, which becomes ``iter_tensors``. Op
 go to vLLM's loader as usual. Nothing from vLLM is imported until ``register()`` runs.
 
 ``share`` is on by default here (``"share": false`` turns it off): every rank of a tensor-parallel
-model iterates over every file, so the ranks on a node read each file once between them, into one
-segment they all map (:mod:`fxkit.loader.shared`). That needs no rank numbers from vLLM: ranks of
+model iterates over every file, so the ranks on a node read each file once between them, into the
+page cache they all map (:mod:`fxkit.loader.shared`). That needs no rank numbers from vLLM: ranks of
 one instance, several instances of one model and separate jobs share alike.
 
 vLLM chooses the files (download, patterns, index); fxkit checks that list with the loader's own
