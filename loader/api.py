@@ -22,7 +22,7 @@ from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
 from .options import DirectIO, LoadOptions
 from .plan import FilePlan, normalise_chunk_size, plan_file
 from .read import FileReader, MappedFile
-from .shared import Segment, open_segment
+from .shared import Share, open_share
 from .sinks import HostSink, StagedSink, make_sink
 
 if TYPE_CHECKING:
@@ -96,17 +96,17 @@ class _SharedFile:
     """A file read once per node: chunk by chunk into the page cache (by this process or another)
     and its mapping, then, for a device, from the mapping into the device's buffer."""
 
-    def __init__(self, segment: Segment, mapped: MappedFile, sink: HostSink | StagedSink) -> None:
-        self.segment, self.mapped, self.sink = segment, mapped, sink
+    def __init__(self, share: Share, mapped: MappedFile, sink: HostSink | StagedSink) -> None:
+        self.share, self.mapped, self.sink = share, mapped, sink
         host = isinstance(sink, HostSink)
-        self.buffer = mapped.buffer if host else sink.allocate(segment.plan.buffer_size)
+        self.buffer = mapped.buffer if host else sink.allocate(share.plan.buffer_size)
 
     def fetch(self, index: int, wait: bool) -> bool:
         """Chunk ``index`` in place; False if another process reads it and ``wait`` is off."""
-        if not self.segment.fetch(index, self.mapped, wait):
+        if not self.share.fetch(index, self.mapped, wait):
             return False
         if isinstance(self.sink, StagedSink):
-            plan = self.segment.plan
+            plan = self.share.plan
             chunk = plan.chunks[index]
             self.sink.fill(self.mapped, self.buffer, chunk, plan.needed_end(chunk))
         return True
@@ -199,24 +199,24 @@ def iter_tensors(
         stack.callback(sink.publish)
         # With ``share``, this process holds every file's share from the start to the end (a
         # process still on an early file keeps the later ones going); let go after the pool.
-        segments: dict[Path, Segment] = {}
+        shares: dict[Path, Share] = {}
         for header in files if opts.share else ():
             if header.data_size:
                 plan = plan_file(header, chunk, whole_file=True)
-                segments[header.path] = segment = open_segment(plan)
-                stack.callback(segment.close)
+                shares[header.path] = share = open_share(plan)
+                stack.callback(share.close)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
         def start(header: FileHeader) -> _File:
             can_map = isinstance(sink, HostSink) and not drop_cache
-            segment = segments.get(header.path)
-            mode = "shared" if segment else _read_mode(direct_io, header.path, can_map)
+            share = shares.get(header.path)
+            mode = "shared" if share else _read_mode(direct_io, header.path, can_map)
             plan = plan_file(header, chunk, whole_file=mode in ("map", "shared"))
             tensors = wanted[header.path]
             needed = plan.holding(tensors) if keep else list(range(len(plan.chunks)))
-            if segment is not None:
-                shared = _SharedFile(segment, MappedFile(header.path, header.file_size), sink)
+            if share is not None:
+                shared = _SharedFile(share, MappedFile(header.path, header.file_size), sink)
                 fetches = [pool.submit(shared.fetch, k, False) for k in needed]
                 return _File(plan, shared.buffer, shared.mapped, tensors, needed, fetches, shared)
             if mode == "map":  # nothing to read: no thread needs to wake up for it

@@ -109,7 +109,7 @@ def _unused(state: Path) -> bool:
         os.close(fd)
 
 
-class Segment:
+class Share:
     """This process's part in reading one file once per node, for as long as it holds it."""
 
     def __init__(self, where: Path, plan: FilePlan) -> None:
@@ -155,6 +155,6 @@ class Segment:
             os.close(self._state)
 
 
-def open_segment(plan: FilePlan) -> Segment:
+def open_share(plan: FilePlan) -> Share:
     """This process's hold on the node-shared reading of ``plan``'s file."""
-    return Segment(directory(), plan)
+    return Share(directory(), plan)

@@ -98,13 +98,13 @@ def test_keep_everything_is_a_plain_load(moe: Path) -> None:
 def test_eight_ranks_with_share_read_the_file_once_between_them(
     moe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Eight ranks (here: iterators) each keeping its experts, all holding the segments at once."""
+    """Eight ranks (here: iterators) each keeping its experts, all holding the shares at once."""
     monkeypatch.setenv("FXKIT_SHM_DIR", str(tmp_path))
     files = sorted(moe.glob("*.safetensors"))
     assert not cache.evict_all(files)
     before = read_bytes()
     held = [iter_tensors(moe, keep=owned(r), chunk_size=CHUNK, share=True) for r in range(8)]
-    firsts = [next(it) for it in held]  # every one has started: all hold the segments
+    firsts = [next(it) for it in held]  # every one has started: all hold the shares
     counts = [1 + sum(1 for _ in it) for it in held]
     assert [name for name, _ in firsts] == ["layers.0.router.weight"] * 8
     read = read_bytes() - before

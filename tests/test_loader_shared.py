@@ -52,7 +52,7 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
 
 @pytest.fixture()
 def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The test's own segment root on /dev/shm (removed afterwards)."""
+    """The test's own share root on /dev/shm (removed afterwards)."""
     root = Path("/dev/shm") / f"fxkit-test-{os.getpid()}-{tmp_path.name}"
     root.mkdir()
     monkeypatch.setenv("FXKIT_SHM_DIR", str(root))
@@ -74,7 +74,7 @@ def reference(model: Path) -> str:
     return digest(tensors)
 
 
-def segments(where: Path) -> list[str]:
+def shares(where: Path) -> list[str]:
     return sorted(p.name for p in where.iterdir() if p.name != ".lock")
 
 
@@ -85,7 +85,7 @@ def cold(model: Path) -> None:
 def test_one_process_loads_exactly_and_leaves_nothing(model: Path, shm: Path) -> None:
     cold(model)
     assert digest(load(model, share=True, chunk_size=CHUNK)) == reference(model)
-    assert segments(shm) == []
+    assert shares(shm) == []
     assert shm.stat().st_mode & 0o777 == 0o700
 
 
@@ -127,26 +127,26 @@ def test_ranks_read_the_checkpoint_once_between_them(model: Path, shm: Path) -> 
     assert {d for _, d in shared + private} == {reference(model)}
     assert sum(r for r, _ in shared) <= 1.1 * size
     assert sum(r for r, _ in private) >= 2.9 * size
-    assert segments(shm) == []
+    assert shares(shm) == []
 
 
 STUCK = """
 import sys, time
 from fxkit.loader.format import open_checkpoint
 from fxkit.loader.plan import plan_file
-from fxkit.loader.shared import open_segment
+from fxkit.loader.shared import open_share
 header = open_checkpoint(sys.argv[1]).files[0]
-segment = open_segment(plan_file(header, 1 << 20, whole_file=True))
+share = open_share(plan_file(header, 1 << 20, whole_file=True))
 class Stuck:
     def populate(self, offset, length):
         print("holding", flush=True)
         time.sleep(600)
-segment.fetch(0, Stuck(), wait=True)
+share.fetch(0, Stuck(), wait=True)
 """
 
 
 def test_a_rank_that_dies_mid_chunk_does_not_block_the_others(model: Path, shm: Path) -> None:
-    cold(model)  # (a file in the page cache is mapped from there, not shared through a segment)
+    cold(model)  # (a file in the page cache is mapped from there, not shared through a share)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     stuck = subprocess.Popen(
         [sys.executable, "-c", STUCK, str(model)], stdout=subprocess.PIPE, text=True, env=env
@@ -167,7 +167,7 @@ def test_a_rank_that_dies_mid_chunk_does_not_block_the_others(model: Path, shm: 
         stuck.kill()
         stuck.wait()
     assert result["d"] == reference(model)
-    assert segments(shm) == []
+    assert shares(shm) == []
 
 
 def test_stale_segments_of_dead_processes_are_removed_at_the_next_start(
@@ -177,7 +177,7 @@ def test_stale_segments_of_dead_processes_are_removed_at_the_next_start(
     for leftover in ("0" * 32 + ".state", "1" * 32 + ".state"):
         (shm / leftover).write_bytes(b"\x01" * 64)
     assert digest(load(model, share=True, chunk_size=CHUNK)) == reference(model)
-    assert segments(shm) == []
+    assert shares(shm) == []
 
 
 def test_two_versions_of_a_file_never_share(tmp_path: Path, shm: Path) -> None:
@@ -197,7 +197,7 @@ def test_two_versions_of_a_file_never_share(tmp_path: Path, shm: Path) -> None:
     assert digest(load(path, share=True, chunk_size=CHUNK)) == digest(load_file(path))
     rest = dict(held)
     assert digest({first_name: first, **rest}) == digest(old)
-    assert segments(shm) == []
+    assert shares(shm) == []
 
 
 def test_writing_to_a_tensor_changes_no_other_process_view(model: Path, shm: Path) -> None:
