@@ -41,7 +41,8 @@ class LoadOptions:
         default=False,
         metadata={
             "help": "Read each file once per node: the processes loading it at the same time "
-            "split its chunks into the page cache, which all of them map."
+            "split its chunks into the page cache, which all of them map (direct_io and "
+            "drop_cache do not apply)."
         },
     )
     progress: bool = field(default=False, metadata={"help": "Show a progress bar with GB/s."})
