@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,16 +190,20 @@ def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
         raise LoaderError(f"{method} is not a loader: it runs as a tool, not in this process")
     importlib.import_module(spec.needs.partition(":")[0])
     files = model_files(path).files
+    return {**consume(spec.read(Path(path), files, options)), "nbytes": _nbytes(files)}
+
+
+def consume(tensors: Iterable[Any]) -> dict[str, Any]:
+    """Touch and keep every tensor, timed: seconds, tensor count, checksum, RSS before and peak."""
     rss_before = _rss_now()
     kept, checksum = [], 0
     start = time.perf_counter()
-    for tensor in spec.read(Path(path), files, options):
+    for tensor in tensors:
         checksum += touch(tensor)
         kept.append(tensor)
     seconds = time.perf_counter() - start
     return {
         "seconds": seconds,
-        "nbytes": _nbytes(files),
         "tensors": len(kept),
         "checksum": checksum,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
