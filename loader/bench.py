@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from . import cache
 from .errors import LoaderError
@@ -436,7 +436,11 @@ def check_targets(report: Report, targets: dict[str, float]) -> dict[str, dict[s
     return out
 
 
-def save_json(report: Report, path: str | os.PathLike[str]) -> None:
+class _Json(Protocol):
+    def to_json(self) -> str: ...
+
+
+def save_json(report: _Json, path: str | os.PathLike[str]) -> None:
     """Write the report as JSON, atomically (temp file in the same directory, then rename)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -183,6 +183,14 @@ def sectors_read(disk: str, diskstats: str | None = None) -> int:
     raise LoaderError(f"{disk} is not in /proc/diskstats")
 
 
+def read_bytes() -> int:
+    """The bytes this process (all its threads) had read from storage: /proc/self/io."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise LoaderError("no read_bytes in /proc/self/io (a kernel without task I/O accounting)")
+
+
 def _mem_available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -196,15 +204,19 @@ def _mem_available() -> int:
 @dataclass
 class RankRun(bench.Run):
     """One method's load at N ranks: ``seconds`` and ``gbps`` are the node's; ``peak_rss`` the
-    largest rank's; ``per_rank`` what each rank reported."""
+    largest rank's; ``disk_bytes`` the device's reads, ``read_bytes`` the ranks' own (their
+    /proc/self/io, which other processes cannot add to); ``per_rank`` what each rank reported."""
 
     ranks: int = 1
     disk_bytes: int | None = None
+    read_bytes: int | None = None
     per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     def line(self) -> str:
         """``N=4 round 2  fxkit  1.93 GB/s (3.3 s), disk 1.02x``: one line of progress."""
         disk = f", disk {self.disk_bytes / self.nbytes:.2f}x" if self.disk_bytes else ""
+        if self.read_bytes is not None:
+            disk += f", ranks read {self.read_bytes / self.nbytes:.2f}x"
         result = self.error or f"{self.gbps:.3f} GB/s ({self.seconds:.1f} s){disk}"
         return f"N={self.ranks:<3} round {self.round + 1:<2} {self.method:<16} {result}"
 
@@ -235,9 +247,13 @@ class _Rank:
         return line.decode()
 
     def go(self) -> None:
+        """Let it start; one that has died already is reported by ``_collect``."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(b"go\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass
 
     def why(self) -> str:
         """Why it gave no answer: its stderr's last line, or how it ended."""
@@ -310,6 +326,7 @@ def run_node(
     run.checksum = sums.pop() if len(sums) == 1 else None
     run.peak_rss = max(r["peak_rss"] for r in run.per_rank)
     run.rss_before = min(r["rss_before"] for r in run.per_rank)
+    run.read_bytes = sum(r["read_bytes"] for r in run.per_rank)
     return problem
 
 
@@ -362,6 +379,7 @@ class RankSummary:
     seconds_max: float | None = None
     gbps: float | None = None
     disk_ratio: float | None = None
+    read_ratio: float | None = None
     vs_baseline: float | None = None
     checksum_ok: bool | None = None
     rss_per_rank: int | None = None
@@ -405,6 +423,7 @@ def _summarise(spec: RankMethod, world: int, runs: list[RankRun], nbytes: int) -
     s.gbps = nbytes / s.seconds_median / bench.GB
     disk = [r.disk_bytes / nbytes for r in good if r.disk_bytes is not None]
     s.disk_ratio = statistics.median(disk) if disk else None
+    s.read_ratio = statistics.median((r.read_bytes or 0) / nbytes for r in good)
     s.vs_baseline = bench.ratio(list(runs), spec.name, "baseline")
     reference = next(
         (r.per_rank[0]["checksum"] for r in runs if r.method == "baseline" and r.per_rank), None
@@ -503,10 +522,11 @@ def render(report: RanksReport, console: Any) -> None:
     )
     caption = (
         "node s: go to the last rank's end; disk: bytes read from the device / checkpoint bytes "
-        "(the whole device: other processes add to it); ratios: median of within-round ratios"
+        "(the whole device: other processes add to it); ranks read: the same from the ranks' own "
+        "/proc/self/io; ratios: median of within-round ratios"
     )
     table = Table(title=title, caption=caption)
-    columns = ("N", "method", "node s", "min", "max", "GB/s", "x baseline", "disk",
+    columns = ("N", "method", "node s", "min", "max", "GB/s", "x baseline", "disk", "ranks read",
                "RSS/rank GiB", "RSS sum GiB", "notes")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="left" if col in ("method", "notes") else "right")
@@ -518,7 +538,8 @@ def render(report: RanksReport, console: Any) -> None:
                                                                 s.seconds_max)]  # fmt: skip
         table.add_row(
             str(s.ranks), s.method, *secs, f"{s.gbps:.2f}" if s.gbps else "-",
-            bench._x(s.vs_baseline), bench._x(s.disk_ratio), _gib(s.rss_per_rank),
+            bench._x(s.vs_baseline), bench._x(s.disk_ratio), bench._x(s.read_ratio),
+            _gib(s.rss_per_rank),
             _gib(s.rss_sum), notes,
         )  # fmt: skip
     console.print(table)
@@ -562,8 +583,10 @@ def _rank_main(argv: list[str]) -> None:
     files = model_files(path).files
     print("ready", flush=True)
     sys.stdin.readline()
+    before = read_bytes()
     result = bench.consume(spec.read(Path(path), files, json.loads(options), int(rank), int(world)))
     result["end"] = time.monotonic()
+    result["read_bytes"] = read_bytes() - before
     print(json.dumps(result), flush=True)
     if spec.group:
         torch.distributed.destroy_process_group()
