@@ -570,8 +570,13 @@ def render(report: RanksReport, console: Any) -> None:
 
 
 def _rank_main(argv: list[str]) -> None:
-    """One rank: imports (and its process group) first, ``ready``, wait for ``go``, load, report."""
+    """One rank: imports (and its process group) first, ``ready``, wait for ``go``, load, report.
+
+    Its answers go to the stdout it was given; anything else printed there (a library's C code,
+    say) goes to stderr instead."""
     method, path, options, world, store, rank = argv
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     import torch
 
     spec = RANK_METHODS[method]
@@ -581,13 +586,13 @@ def _rank_main(argv: list[str]) -> None:
             "gloo", init_method=f"file://{store}", rank=int(rank), world_size=int(world)
         )
     files = model_files(path).files
-    print("ready", flush=True)
+    print("ready", file=answers, flush=True)
     sys.stdin.readline()
     before = read_bytes()
     result = bench.consume(spec.read(Path(path), files, json.loads(options), int(rank), int(world)))
     result["end"] = time.monotonic()
     result["read_bytes"] = read_bytes() - before
-    print(json.dumps(result), flush=True)
+    print(json.dumps(result), file=answers, flush=True)
     if spec.group:
         torch.distributed.destroy_process_group()
 
