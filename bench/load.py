@@ -8,7 +8,8 @@ docs/bench/, the plot to docs/img/remote_latency.png. The checkpoints are delete
 unless --keep.
 
     python bench/load.py [--size 6GB] [--remote-size 1GB] [--runs 5] [--remote-runs 3]
-                         [--ranks 2,4,8] [--ranks-runs 3] [--skip cold,hot,ranks,remote]
+                         [--ranks 2,4,8] [--ranks-runs 3] [--ranks-option share=true]
+                         [--skip cold,hot,ranks,remote]
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import remote_fs
-from fxkit.loader import bench, bench_ranks, make_checkpoint
+import yaml
+from fxkit.loader import LoadOptions, bench, bench_ranks, make_checkpoint
 from plot_latency import plot
 from rich.console import Console
 
@@ -50,11 +52,19 @@ def main() -> None:
     parser.add_argument("--latencies", default="0,0.5,1,2")
     parser.add_argument("--ranks", default="2,4,8", help="processes at once, each N")
     parser.add_argument("--ranks-runs", type=int, default=3, help="rounds per N")
+    parser.add_argument(
+        "--ranks-option", action="append", default=[], metavar="KEY=VALUE",
+        help="fxkit's options at N ranks (as fxkit bench load -o), e.g. share=true",
+    )  # fmt: skip
     parser.add_argument("--skip", default="", help="comma-separated: cold,hot,ranks,remote")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
+    ranks_options = {
+        k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.ranks_option)
+    }
+    LoadOptions.from_mapping(ranks_options, where="--ranks-option")
     console = Console()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -79,6 +89,7 @@ def main() -> None:
                 checkpoint(small, args.remote_size, console, shards=4),
                 ranks=[int(n) for n in args.ranks.split(",")],
                 runs=args.ranks_runs,
+                fxkit_options=ranks_options,
                 on_run=lambda r: console.print(r.line(), highlight=False),
             )
             bench_ranks.render(at_ranks, console)

@@ -534,6 +534,8 @@ def render(report: RanksReport, console: Any) -> None:
         notes = s.skipped or ("; ".join(s.errors[:1]) if s.errors else "")
         if s.checksum_ok is False:
             notes = f"CHECKSUM DIFFERS from baseline {notes}"
+        if s.disk_ratio and s.read_ratio is not None and s.disk_ratio > 1.1 * s.read_ratio + 0.05:
+            notes = f"{notes} device read more than the ranks: other processes".strip()
         secs = [f"{v:.2f}" if v is not None else "-" for v in (s.seconds_median, s.seconds_min,
                                                                 s.seconds_max)]  # fmt: skip
         table.add_row(
