@@ -109,12 +109,17 @@ class Method:
         """Why this method cannot run here, or None."""
         if self.read is None:
             return None if shutil.which(self.needs) else f"{self.needs} is not installed"
-        module, _, attr = self.needs.partition(":")
-        if importlib.util.find_spec(module.split(".")[0]) is None:
-            return f"Python package {module} is not installed"
-        if attr and not hasattr(importlib.import_module(module), attr):
-            return f"{module} has no {attr} (yet)"
-        return None
+        return missing_module(self.needs)
+
+
+def missing_module(needs: str) -> str | None:
+    """Why ``module`` or ``module:attribute`` is not there to import, or None."""
+    module, _, attr = needs.partition(":")
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return f"Python package {module} is not installed"
+    if attr and not hasattr(importlib.import_module(module), attr):
+        return f"{module} has no {attr} (yet)"
+    return None
 
 
 METHODS = {

@@ -15,7 +15,6 @@ methods rotated each round; ratios are medians of within-round ratios, as in ``b
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import select
@@ -119,11 +118,8 @@ class RankMethod:
 
     def missing(self) -> str | None:
         """Why this method cannot run here, or None."""
-        module, _, attr = self.needs.partition(":")
-        if importlib.util.find_spec(module.split(".")[0]) is None:
-            return f"Python package {module} is not installed"
-        if attr and not hasattr(importlib.import_module(module), attr):
-            return f"{module} has no {attr} (yet)"
+        if why := bench.missing_module(self.needs):
+            return why
         if self.group:
             import torch.distributed as dist
 
