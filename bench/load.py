@@ -2,11 +2,14 @@
 """Every loader benchmark of docs/BENCHMARKS.md in one command (``make bench-load``).
 
 Generates the checkpoints (git-ignored, under .cache/bench/), then runs, each in interleaved
-rounds: local disk cold, local disk hot, and the remote storage emulation over the added
-latencies (remote_fs.py; needs root). Reports (JSON) go to docs/bench/, the plot to
-docs/img/remote_latency.png. The checkpoints are deleted at the end unless --keep.
+rounds: local disk cold, local disk hot, N ranks loading at once (cold, 1 GB), and the remote
+storage emulation over the added latencies (remote_fs.py; needs root). Reports (JSON) go to
+docs/bench/, the plot to docs/img/remote_latency.png. The checkpoints are deleted at the end
+unless --keep.
 
     python bench/load.py [--size 6GB] [--remote-size 1GB] [--runs 5] [--remote-runs 3]
+                         [--ranks 2,4,8] [--ranks-runs 3] [--ranks-option share=true]
+                         [--skip cold,hot,ranks,remote]
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import remote_fs
-from fxkit.loader import bench, make_checkpoint
+import yaml
+from fxkit.loader import LoadOptions, bench, bench_ranks, make_checkpoint
 from plot_latency import plot
 from rich.console import Console
 
@@ -41,16 +45,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=parse_size, default="6GB", help="local-disk checkpoint")
     parser.add_argument(
-        "--remote-size", type=parse_size, default="1GB", help="checkpoint over sshfs"
+        "--remote-size", type=parse_size, default="1GB", help="checkpoint over sshfs and at N ranks"
     )
     parser.add_argument("--runs", type=int, default=5, help="rounds, local disk")
     parser.add_argument("--remote-runs", type=int, default=3, help="rounds per latency")
     parser.add_argument("--latencies", default="0,0.5,1,2")
-    parser.add_argument("--skip", default="", help="comma-separated: cold,hot,remote")
+    parser.add_argument("--ranks", default="2,4,8", help="processes at once, each N")
+    parser.add_argument("--ranks-runs", type=int, default=3, help="rounds per N")
+    parser.add_argument(
+        "--ranks-option", action="append", default=[], metavar="KEY=VALUE",
+        help="fxkit's options at N ranks (as fxkit bench load -o), e.g. share=true",
+    )  # fmt: skip
+    parser.add_argument("--skip", default="", help="comma-separated: cold,hot,ranks,remote")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
+    ranks_options = {
+        k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.ranks_option)
+    }
+    LoadOptions.from_mapping(ranks_options, where="--ranks-option")
     console = Console()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -67,11 +81,23 @@ def main() -> None:
             )
             bench.render(report, console)
             bench.save_json(report, args.out / f"local_{mode}.json")
+        # 1 GB in 4 shards: the peers keep a copy per rank, 8 of them fit in memory.
+        small = f"llama-{args.remote_size / 10**9:g}gb"
+        if "ranks" not in skip:
+            console.rule("N ranks at once, local disk, cold")
+            at_ranks = bench_ranks.bench_ranks(
+                checkpoint(small, args.remote_size, console, shards=4),
+                ranks=[int(n) for n in args.ranks.split(",")],
+                runs=args.ranks_runs,
+                fxkit_options=ranks_options,
+                on_run=lambda r: console.print(r.line(), highlight=False),
+            )
+            bench_ranks.render(at_ranks, console)
+            bench.save_json(at_ranks, args.out / "local_ranks.json")
         if "remote" not in skip:
             console.rule("remote storage emulation")
             # 4 shards, as real checkpoints are sharded (sshfs serves one file per connection).
-            name = f"llama-{args.remote_size / 10**9:g}gb"
-            remote = checkpoint(name, args.remote_size, console, shards=4)
+            remote = checkpoint(small, args.remote_size, console, shards=4)
             # sshfs: a real network file system, CPU-bound here; fuse: the latency alone.
             for transport, stem, link in (
                 ("sshfs", "remote_latency", "sshfs"),

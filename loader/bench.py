@@ -24,11 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from . import cache
 from .errors import LoaderError
@@ -109,12 +109,17 @@ class Method:
         """Why this method cannot run here, or None."""
         if self.read is None:
             return None if shutil.which(self.needs) else f"{self.needs} is not installed"
-        module, _, attr = self.needs.partition(":")
-        if importlib.util.find_spec(module.split(".")[0]) is None:
-            return f"Python package {module} is not installed"
-        if attr and not hasattr(importlib.import_module(module), attr):
-            return f"{module} has no {attr} (yet)"
-        return None
+        return missing_module(self.needs)
+
+
+def missing_module(needs: str) -> str | None:
+    """Why ``module`` or ``module:attribute`` is not there to import, or None."""
+    module, _, attr = needs.partition(":")
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return f"Python package {module} is not installed"
+    if attr and not hasattr(importlib.import_module(module), attr):
+        return f"{module} has no {attr} (yet)"
+    return None
 
 
 METHODS = {
@@ -190,16 +195,20 @@ def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
         raise LoaderError(f"{method} is not a loader: it runs as a tool, not in this process")
     importlib.import_module(spec.needs.partition(":")[0])
     files = model_files(path).files
+    return {**consume(spec.read(Path(path), files, options)), "nbytes": _nbytes(files)}
+
+
+def consume(tensors: Iterable[Any]) -> dict[str, Any]:
+    """Touch and keep every tensor, timed: seconds, tensor count, checksum, RSS before and peak."""
     rss_before = _rss_now()
     kept, checksum = [], 0
     start = time.perf_counter()
-    for tensor in spec.read(Path(path), files, options):
+    for tensor in tensors:
         checksum += touch(tensor)
         kept.append(tensor)
     seconds = time.perf_counter() - start
     return {
         "seconds": seconds,
-        "nbytes": _nbytes(files),
         "tensors": len(kept),
         "checksum": checksum,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -432,7 +441,11 @@ def check_targets(report: Report, targets: dict[str, float]) -> dict[str, dict[s
     return out
 
 
-def save_json(report: Report, path: str | os.PathLike[str]) -> None:
+class _Json(Protocol):
+    def to_json(self) -> str: ...
+
+
+def save_json(report: _Json, path: str | os.PathLike[str]) -> None:
     """Write the report as JSON, atomically (temp file in the same directory, then rename)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

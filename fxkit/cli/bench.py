@@ -29,6 +29,17 @@ def _options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
     return options
 
 
+def _ranks(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    """``--ranks 2,4,8`` as whole numbers >= 1."""
+    try:
+        ranks = [int(n) for n in value.split(",")]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 1:
+        raise click.BadParameter(f"{value!r} is not a list of whole numbers >= 1 (e.g. 2,4,8)")
+    return ranks
+
+
 @bench.command("load")
 @click.argument("model", type=click.Path(exists=True))
 @click.option(
@@ -63,13 +74,28 @@ def _options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
     "(the options of fxkit load, with underscores).",
 )
 @click.option(
+    "--ranks",
+    default="1",
+    show_default=True,
+    callback=_ranks,
+    metavar="N[,N...]",
+    help="Processes loading at once per method (cold); 1 = one process per run. "
+    "Several: e.g. 2,4,8.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, writable=True),
     help="Also write the full report (every run) as JSON.",
 )
 def load(
-    model: str, cold: bool, runs: int, methods: str, fxkit_options: dict, json_path: str | None
+    model: str,
+    cold: bool,
+    runs: int,
+    methods: str,
+    fxkit_options: dict,
+    ranks: list[int],
+    json_path: str | None,
 ) -> None:
     """Load MODEL with fxkit and with the baselines and peers, side by side, interleaved.
 
@@ -81,11 +107,23 @@ def load(
     fio              fio O_DIRECT sequential read of the same files: the storage limit
     runai            Run:ai Model Streamer at its defaults (when installed)
     fastsafetensors  fastsafetensors on CPU, nogds (when installed)
+
+    \b
+    With --ranks N, N processes load MODEL at once per method, cold; the node's time (go to
+    the last rank's end), the bytes read from the disk and every rank's RSS are reported:
+    baseline         N x load_file; the page cache is shared
+    prefetch         vLLM's prefetch per rank (its files[rank::N] read ahead), then load_file
+    fxkit            N x fxkit.loader.load with the -o options
+    runai            Run:ai's distributed streaming (torch.distributed, gloo)
+    fastsafetensors  fastsafetensors' process-group loading (gloo)
     """
     from fxkit.loader.bench import METHODS, render, save_json
     from fxkit.loader.bench import bench as run_bench
 
     console = Console()
+    if ranks != [1]:
+        _load_ranks(model, ranks, runs, methods, cold, fxkit_options, json_path, console)
+        return
 
     names = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",")]
     report = run_bench(
@@ -93,6 +131,37 @@ def load(
         names,
         runs,
         cold,
+        fxkit_options,
+        on_run=lambda run: console.print(run.line(), highlight=False),
+    )
+    render(report, console)
+    if json_path:
+        save_json(report, json_path)
+        console.print(f"report: {json_path}")
+
+
+def _load_ranks(
+    model: str,
+    ranks: list[int],
+    runs: int,
+    methods: str,
+    cold: bool,
+    fxkit_options: dict,
+    json_path: str | None,
+    console: Console,
+) -> None:
+    """``fxkit bench load --ranks N``: loader/bench_ranks.py."""
+    from fxkit.loader.bench import save_json
+    from fxkit.loader.bench_ranks import RANK_METHODS, bench_ranks, render
+
+    if not cold:
+        raise click.BadParameter("--ranks runs cold only", param_hint="--hot")
+    names = list(RANK_METHODS) if methods == "all" else [m.strip() for m in methods.split(",")]
+    report = bench_ranks(
+        model,
+        ranks,
+        names,
+        runs,
         fxkit_options,
         on_run=lambda run: console.print(run.line(), highlight=False),
     )
