@@ -93,17 +93,19 @@ def _tensor(
 
 
 class _SharedFile:
-    """A file read once per node: chunk by chunk into the page cache (by this process or another)
-    and its mapping, then, for a device, from the mapping into the device's buffer."""
+    """A file read once per node: chunk by chunk into the page cache (by this process or
+    another), whose pages its mapping shows; for a device, copied from there to the device."""
 
-    def __init__(self, share: Share, mapped: MappedFile, sink: HostSink | StagedSink) -> None:
-        self.share, self.mapped, self.sink = share, mapped, sink
+    def __init__(
+        self, share: Share, disk: FileReader, mapped: MappedFile, sink: HostSink | StagedSink
+    ) -> None:
+        self.share, self.disk, self.mapped, self.sink = share, disk, mapped, sink
         host = isinstance(sink, HostSink)
         self.buffer = mapped.buffer if host else sink.allocate(share.plan.buffer_size)
 
     def fetch(self, index: int, wait: bool) -> bool:
         """Chunk ``index`` in place; False if another process reads it and ``wait`` is off."""
-        if not self.share.fetch(index, self.mapped, wait):
+        if not self.share.fetch(index, self.disk, wait):
             return False
         if isinstance(self.sink, StagedSink):
             plan = self.share.plan
@@ -179,7 +181,8 @@ def iter_tensors(
     rank's own experts, say): the others are neither yielded nor read, beyond the chunks they
     share with kept ones. How the files are read is ``options``, with keyword arguments
     (``threads=16``...) set over it: see :class:`fxkit.loader.options.LoadOptions`.
-    At most two files' buffers are in flight at a time.
+    At most two files' buffers are in flight at a time (with ``share``, the files are the page
+    cache's and all of them are queued at once).
     """
     opts = LoadOptions.from_mapping(overrides, options, where="iter_tensors")
     checkpoint = path if isinstance(path, Checkpoint) else open_checkpoint(path)
@@ -215,10 +218,12 @@ def iter_tensors(
             plan = plan_file(header, chunk, whole_file=mode in ("map", "shared"))
             tensors = wanted[header.path]
             needed = plan.holding(tensors) if keep else list(range(len(plan.chunks)))
-            if share is not None:
-                shared = _SharedFile(share, MappedFile(header.path, header.file_size), sink)
+            if share is not None:  # a rank that keeps a part reads no more than that part
+                disk = FileReader(header.path, direct=False, random=keep is not None)
+                mapped = MappedFile(header.path, header.file_size)
+                shared = _SharedFile(share, disk, mapped, sink)
                 fetches = [pool.submit(shared.fetch, k, False) for k in needed]
-                return _File(plan, shared.buffer, shared.mapped, tensors, needed, fetches, shared)
+                return _File(plan, shared.buffer, disk, tensors, needed, fetches, shared)
             if mode == "map":  # nothing to read: no thread needs to wake up for it
                 mapped = MappedFile(header.path, header.file_size)
                 futures = [_ready() for _ in needed]
@@ -231,15 +236,21 @@ def iter_tensors(
             ]
             return _File(plan, buffer, reader, tensors, needed, futures)
 
+        # Two files in flight bound the memory of private buffers; shared files live in the page
+        # cache, so every file is queued at once and the readers never wait for the consumer.
         waiting = iter(files)
-        in_flight.extend(map(start, islice(waiting, 2)))
+        in_flight.extend(map(start, islice(waiting, len(files) if opts.share else 2)))
         while in_flight:
             file = in_flight[0]
             plan, buffer = file.plan, file.buffer
             pending = deque(file.tensors)
             for k, future in zip(file.needed, file.futures, strict=True):
-                if future.result() is False and file.shared is not None:
-                    file.shared.fetch(k, wait=True)  # another process was reading it: wait
+                if file.shared is None:
+                    future.result()
+                elif future.cancel() or future.result() is False:
+                    # Not begun by this process's readers (they are busy with other chunks: it
+                    # need not wait for them), or another process is reading it: wait for that.
+                    file.shared.fetch(k, wait=True)
                 c = plan.chunks[k]
                 done = c.buffer_offset + c.length - plan.head
                 if pending and pending[0].end <= done:

@@ -227,6 +227,9 @@ def read_header(path: Path | str) -> FileHeader:
     path = Path(path)
     try:
         with open(open_regular(path), "rb") as f:
+            # Only the header: no readahead past it, which would also leave readahead marks that
+            # make a later reader of the file fetch far more than it asks for (see ``keep``).
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
             file_size = os.fstat(f.fileno()).st_size
             if file_size < 8:
                 raise _fail(

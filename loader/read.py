@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     import torch
 
 HUGE_PAGE = 2 * 2**20
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's value; Python 3.13 has it
-READAHEAD_STEP = 128 << 10
 THP_DEFRAG = Path("/sys/kernel/mm/transparent_hugepage/defrag")
 
 
@@ -73,14 +71,19 @@ class Reader(Protocol):
 
 
 class FileReader:
-    """One open file, read with ``pread`` from many threads, O_DIRECT where asked and allowed."""
+    """One open file, read with ``pread`` from many threads, O_DIRECT where asked and allowed.
 
-    def __init__(self, path: Path, direct: bool) -> None:
+    ``random`` turns the kernel's readahead off for it (``POSIX_FADV_RANDOM``): buffered reads
+    then fetch exactly the bytes asked for, nothing past them."""
+
+    def __init__(self, path: Path, direct: bool, random: bool = False) -> None:
         self.path = path
         self.direct = False
         self._fd_direct: int | None = None
         try:
             self._fd = open_regular(path)
+            if random:
+                os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
             if direct and hasattr(os, "O_DIRECT"):
                 try:
                     self._fd_direct = open_regular(path, os.O_DIRECT)
@@ -123,9 +126,9 @@ class FileReader:
 class MappedFile:
     """A file mapped privately: its tensors are the page cache's pages.
 
-    Nothing is copied: the tensors' pages are the page cache's, read in by :meth:`populate` or
-    faulted in on first access (as with ``safetensors.torch.load_file``); a write to a tensor
-    copies only that page (copy on write).
+    Nothing is copied: the tensors' pages are the page cache's, faulted in on first access (as
+    with ``safetensors.torch.load_file``); a write to a tensor copies only that page (copy on
+    write).
     Like any mapping, it shows later changes to the file, and truncating the file under it makes
     access fail (SIGBUS): use ``direct_io="off"`` for files that may change while in use.
     """
@@ -150,35 +153,6 @@ class MappedFile:
         except OSError as exc:
             raise LoaderError(f"{path}: cannot map: {exc.strerror or exc}") from None
         self.buffer = torch.frombuffer(self.mapping, dtype=torch.uint8)
-        self._random = False
-
-    def populate(self, offset: int, length: int) -> None:
-        """Bring ``length`` bytes from ``offset`` (page-aligned) into the page cache and into this
-        mapping, without copying them: readahead of exactly that range, then
-        ``MADV_POPULATE_READ`` (Linux 5.14; before it, a read of one byte per page).
-
-        The mapping is marked random access, so that no fault reads around the range (``keep``
-        relies on it: a rank reads only its chunks). Readahead is asked for in steps of
-        ``READAHEAD_STEP``, because the kernel caps one request at the device's readahead or
-        request size (``force_page_cache_ra``), which can be as low as 128 KiB (FUSE)."""
-        length = min(length, len(self.mapping) - offset)
-        try:
-            if not self._random:
-                self.mapping.madvise(mmap.MADV_RANDOM)
-                self._random = True
-            for start in range(offset, offset + length, READAHEAD_STEP):
-                step = min(READAHEAD_STEP, offset + length - start)
-                self.mapping.madvise(mmap.MADV_WILLNEED, start, step)
-            self.mapping.madvise(MADV_POPULATE_READ, offset, length)
-        except OSError as exc:
-            if exc.errno == errno.EFAULT:
-                raise LoaderError(
-                    f"{self.path}: cannot read bytes {offset}-{offset + length} "
-                    "(was it truncated while loading?)"
-                ) from None
-            if exc.errno != errno.EINVAL:
-                raise LoaderError(f"{self.path}: read failed at {offset}: {exc}") from None
-            self.buffer[offset : offset + length : mmap.PAGESIZE].sum()
 
     def read(self, view: memoryview, offset: int, need: int) -> None:
         """Copy ``need`` bytes at file ``offset`` out of the mapping (for staged sinks)."""

@@ -2,7 +2,9 @@
 
 With ``share=True`` every process maps each file privately (its tensors are the page cache's
 pages, copy on write, as for a file already cached) and the processes split the reading: a chunk
-is brought into the page cache by whichever process claims it first; the others map what it read.
+is brought into the page cache by whichever process claims it first (buffered reads through a
+small per-thread scratch buffer, so the kernel's readahead streams it); the others map what it
+read.
 They need nothing from each other and no rank numbers: vLLM's tensor-parallel ranks, several
 instances of one model, or unrelated jobs share alike. The page cache holds one copy per node; the
 kernel knows the file by its inode, so two models, or two versions of one, never meet.
@@ -35,17 +37,20 @@ import json
 import os
 import stat
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import LoaderError
 from .plan import FilePlan
-from .read import MappedFile
+from .read import FileReader
 
 #: ``struct flock`` on 64-bit Linux: l_type, l_whence, (pad), l_start, l_len, l_pid, (pad).
 _FLOCK = "hhxxxxqqi4x"
 USERS = 0  # the state file's byte that every user holds a shared lock on
 DONE = b"\x01"
+SCRATCH = 4 << 20  # bytes per read into the page cache (each reader thread has one such buffer)
+_scratch = threading.local()
 
 
 def directory() -> Path:
@@ -109,6 +114,16 @@ def _unused(state: Path) -> bool:
         os.close(fd)
 
 
+def _into_page_cache(disk: FileReader, offset: int, length: int) -> None:
+    """Read ``length`` bytes at ``offset`` through this thread's scratch buffer (and drop them)."""
+    scratch = getattr(_scratch, "buffer", None)
+    if scratch is None:
+        scratch = _scratch.buffer = memoryview(bytearray(SCRATCH))
+    for start in range(offset, offset + length, SCRATCH):
+        size = min(SCRATCH, offset + length - start)
+        disk.read(scratch[:size], start, size)
+
+
 class Share:
     """This process's part in reading one file once per node, for as long as it holds it."""
 
@@ -129,21 +144,20 @@ class Share:
     def done(self, index: int) -> bool:
         return os.pread(self._state, 1, 1 + index) == DONE
 
-    def fetch(self, index: int, file: MappedFile, wait: bool) -> bool:
-        """Chunk ``index`` into the page cache and ``file``'s mapping, read by this process unless
-        another did. False if another process is reading it now and ``wait`` is off."""
-        chunk = self.plan.chunks[index]
-        if not self.done(index):
-            if not _lock(self._state, fcntl.F_WRLCK, 1 + index, wait):
-                return False
-            try:
-                if not self.done(index):
-                    file.populate(chunk.file_offset, chunk.length)
-                    os.pwrite(self._state, DONE, 1 + index)
-                    return True
-            finally:
-                _lock(self._state, fcntl.F_UNLCK, 1 + index, wait=False)
-        file.populate(chunk.file_offset, chunk.length)  # read by another: map it here (cheap)
+    def fetch(self, index: int, disk: FileReader, wait: bool) -> bool:
+        """Chunk ``index`` into the page cache, read from ``disk`` by this process unless another
+        did. False if another process is reading it now and ``wait`` is off."""
+        if self.done(index):
+            return True
+        if not _lock(self._state, fcntl.F_WRLCK, 1 + index, wait):
+            return False
+        try:
+            if not self.done(index):
+                chunk = self.plan.chunks[index]
+                _into_page_cache(disk, chunk.file_offset, self.plan.needed_end(chunk))
+                os.pwrite(self._state, DONE, 1 + index)
+        finally:
+            _lock(self._state, fcntl.F_UNLCK, 1 + index, wait=False)
         return True
 
     def close(self) -> None:

@@ -144,7 +144,7 @@ from fxkit.loader.shared import open_share
 header = open_checkpoint(sys.argv[1]).files[0]
 share = open_share(plan_file(header, 1 << 20, whole_file=True))
 class Stuck:
-    def populate(self, offset, length):
+    def read(self, view, offset, need):
         print("holding", flush=True)
         time.sleep(600)
 share.fetch(0, Stuck(), wait=True)
