@@ -63,26 +63,42 @@ def _options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
     "(the options of fxkit load, with underscores).",
 )
 @click.option(
+    "--fio-full",
+    is_flag=True,
+    help="Sweep fio over every layout x depth (1,4,16,32) x block (1,4,16 MiB), "
+    "36 settings, instead of the chosen 8.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, writable=True),
     help="Also write the full report (every run) as JSON.",
 )
 def load(
-    model: str, cold: bool, runs: int, methods: str, fxkit_options: dict, json_path: str | None
+    model: str,
+    cold: bool,
+    runs: int,
+    methods: str,
+    fxkit_options: dict,
+    fio_full: bool,
+    json_path: str | None,
 ) -> None:
     """Load MODEL with fxkit and with the baselines and peers, side by side, interleaved.
 
     \b
-    baseline         safetensors.torch.load_file per shard (mmap), every page touched
-    prefetch         vLLM's path for network file systems: 8 threads read the files into the
-                     page cache in 16 MiB pieces, then load_file
-    fxkit            fxkit.loader.load
-    fio              fio O_DIRECT sequential read of the same files: the storage limit
-    runai            Run:ai Model Streamer at its defaults (when installed)
-    fastsafetensors  fastsafetensors on CPU, nogds (when installed)
+    baseline               safetensors.torch.load_file per shard (mmap), every page touched
+    prefetch               vLLM's path for network file systems: 8 threads read the files
+                           into the page cache in 16 MiB pieces, then load_file
+    fxkit                  fxkit.loader.load
+    fio                    fio reads of the same files, a sweep of job layouts, depths and
+                           block sizes, each cold; the round's fastest is fio-best, the
+                           storage limit
+    runai                  Run:ai Model Streamer at its defaults (when installed)
+    runai-tuned            Run:ai Model Streamer with its documented settings tuned here
+    fastsafetensors        fastsafetensors on CPU, nogds, at its defaults (when installed)
+    fastsafetensors-tuned  fastsafetensors on CPU, nogds, its knobs tuned here
     """
-    from fxkit.loader.bench import METHODS, render, save_json
+    from fxkit.loader.bench import FIO_SWEEP, METHODS, fio_grid, render, save_json
     from fxkit.loader.bench import bench as run_bench
 
     console = Console()
@@ -95,6 +111,7 @@ def load(
         cold,
         fxkit_options,
         on_run=lambda run: console.print(run.line(), highlight=False),
+        fio=fio_grid() if fio_full else FIO_SWEEP,
     )
     render(report, console)
     if json_path:
