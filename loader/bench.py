@@ -137,17 +137,13 @@ class Method:
 
 
 # The tuned peers' settings, each from the peer's own documentation, the values chosen by a
-# measured sweep on this machine (docs/BENCHMARKS.md "Peers tuned").
-RUNAI_TUNED = {
-    "RUNAI_STREAMER_MEMORY_LIMIT": "-1",
-    "RUNAI_STREAMER_FS_QUEUE_DEPTH": "64",
-    "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(8 << 20),
-}
-FASTSAFETENSORS_TUNED = {
-    "max_threads": 16,
-    "bbuf_size_kb": 16 << 10,
-    "max_copy_block_size": 64 << 20,
-}
+# measured sweep on this machine (docs/BENCHMARKS.md "Peers at their defaults and tuned").
+# Run:ai: unlimited memory (its documented full-throughput mode; vLLM's ``memory_limit``); its
+# queue depth, chunk size, concurrency, read strategy and ring buffers measured no better than
+# their defaults. fastsafetensors: 64 MiB copy blocks (16 GiB by default: one read per file)
+# with 4 MiB bounce buffers.
+RUNAI_TUNED = {"RUNAI_STREAMER_MEMORY_LIMIT": "-1"}
+FASTSAFETENSORS_TUNED = {"max_copy_block_size": 64 << 20, "bbuf_size_kb": 4 << 10}
 
 
 def _settings(settings: dict[str, Any]) -> str:
@@ -288,10 +284,13 @@ def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _run_loader(method: str, path: Path, options: dict[str, Any], run: Run) -> None:
+def _run_loader(
+    method: str, path: Path, options: dict[str, Any], run: Run, env: dict[str, str] | None = None
+) -> None:
+    """``method`` in a fresh process, with its own environment plus ``env``."""
     argv = [sys.executable, "-m", "fxkit.loader.bench", method, str(path), json.dumps(options)]
-    env = METHODS[method].environ()
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    environ = {**METHODS[method].environ(), **(env or {})}
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=environ)
     if proc.returncode != 0:
         run.error = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return
