@@ -44,6 +44,14 @@ CANDIDATES: dict[str, dict[str, tuple[dict[str, str], dict[str, Any]]]] = {
             },
             {},
         ),
+        "-1, sync_buffered, CHUNK=8M": (
+            {
+                **UNLIMITED,
+                "RUNAI_STREAMER_FS_STRATEGY": "sync_buffered",
+                "RUNAI_STREAMER_CHUNK_BYTESIZE": str(8 * MIB),
+            },
+            {},
+        ),
         "-1, libaio_direct": ({**UNLIMITED, "RUNAI_STREAMER_FS_STRATEGY": "libaio_direct"}, {}),
         "RING_BUFFERS=64": ({"RUNAI_STREAMER_RING_BUFFERS": "64"}, {}),
     },
