@@ -374,9 +374,10 @@ def fio_job(files: Sequence[Path], setting: FioSetting) -> str:
         for j, (offset, length) in enumerate(_ranges(f.stat().st_size, setting)):
             for k, (start, size, bs, direct) in enumerate(_pieces(offset, length, setting.block)):
                 wall = "stonewall\n" if setting.layout == "serial" and j == k == 0 else ""
+                once = "iodepth=1\n" if bs == size else ""  # one read: no buffers for more
                 jobs.append(
                     f"[f{i}r{j}p{k}]\n{wall}filename={f}\noffset={start}\nsize={size}\n"
-                    f"bs={bs}\ndirect={int(direct)}\n"
+                    f"bs={bs}\n{once}direct={int(direct)}\n"
                 )
     return head + "".join(jobs)
 
