@@ -427,7 +427,7 @@ class Summary:
     gbps_min: float | None = None
     gbps_max: float | None = None
     vs_baseline: float | None = None
-    vs_fio: float | None = None
+    vs_fio_best: float | None = None
     peak_rss: int | None = None
     rss_before: int | None = None
     checksum_ok: bool | None = None
@@ -526,7 +526,7 @@ def _summarise(
         speeds = [r.gbps for r in good]
         s.gbps_median, s.gbps_min, s.gbps_max = statistics.median(speeds), min(speeds), max(speeds)
         s.vs_baseline = ratio(runs, series, "baseline")
-        s.vs_fio = ratio(runs, series, "fio-best")
+        s.vs_fio_best = ratio(runs, series, "fio-best")
         peaks = [r.peak_rss for r in good if r.peak_rss]
         s.peak_rss = max(peaks) if peaks else None
         s.rss_before = min((r.rss_before for r in good if r.rss_before), default=None)
@@ -695,7 +695,7 @@ def render(report: Report, console: Any) -> None:
         speeds = (s.gbps_median, s.gbps_min, s.gbps_max)
         gbps = [f"{v:.2f}" if v is not None else "-" for v in speeds]
         name = f"{s.method} {s.setting}" if s.setting else s.method
-        table.add_row(name, *gbps, _x(s.vs_baseline), _x(s.vs_fio), _gib(s.peak_rss), notes)
+        table.add_row(name, *gbps, _x(s.vs_baseline), _x(s.vs_fio_best), _gib(s.peak_rss), notes)
     console.print(table)
     console.print(
         f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['mem_bytes'] / 2**30:.0f} GiB RAM, "
