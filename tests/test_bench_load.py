@@ -255,6 +255,13 @@ def test_tuned_peers_name_their_settings_and_get_them_in_their_process_only(
         [sys.executable, "-c", probe, str(model)], env=env, capture_output=True, text=True
     )
     assert proc.returncode != 0 and "RUNAI_STREAMER_MEMORY_LIMIT" in proc.stderr
+    if why := tuned.missing():
+        pytest.skip(f"runai-tuned cannot run here: {why}")
+    before = {k: os.environ.get(k) for k in tuned.env}
+    run = bench.Run("runai-tuned", 0)
+    bench._run_loader("runai-tuned", model, {}, run)  # its process got them, or measure() refused
+    assert run.error is None and run.tensors
+    assert {k: os.environ.get(k) for k in tuned.env} == before  # and the harness did not
 
 
 def test_checkpoint_errors_name_the_path(tmp_path: Path) -> None:
