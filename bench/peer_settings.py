@@ -31,12 +31,26 @@ CANDIDATES: dict[str, dict[str, tuple[dict[str, str], dict[str, Any]]]] = {
     "runai": {
         "defaults": ({}, {}),
         "MEMORY_LIMIT=-1": (UNLIMITED, {}),
-        "-1, FS_QUEUE_DEPTH=16": ({**UNLIMITED, "RUNAI_STREAMER_FS_QUEUE_DEPTH": "16"}, {}),
-        "-1, FS_QUEUE_DEPTH=256": ({**UNLIMITED, "RUNAI_STREAMER_FS_QUEUE_DEPTH": "256"}, {}),
-        "-1, CONCURRENCY=32": ({**UNLIMITED, "RUNAI_STREAMER_CONCURRENCY": "32"}, {}),
-        "-1, FS_CHUNK=2M": ({**UNLIMITED, "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(2 * MIB)}, {}),
-        "-1, FS_CHUNK=32M": ({**UNLIMITED, "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(32 * MIB)}, {}),
-        "-1, sync_buffered, CONCURRENCY=32": (
+        "unlimited FS_QUEUE_DEPTH=16": ({**UNLIMITED, "RUNAI_STREAMER_FS_QUEUE_DEPTH": "16"}, {}),
+        "unlimited FS_QUEUE_DEPTH=256": ({**UNLIMITED, "RUNAI_STREAMER_FS_QUEUE_DEPTH": "256"}, {}),
+        "unlimited CONCURRENCY=32": ({**UNLIMITED, "RUNAI_STREAMER_CONCURRENCY": "32"}, {}),
+        "unlimited FS_CHUNK=2M": (
+            {**UNLIMITED, "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(2 * MIB)},
+            {},
+        ),
+        "unlimited FS_CHUNK=16M": (
+            {**UNLIMITED, "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(16 * MIB)},
+            {},
+        ),
+        "unlimited FS_CHUNK=32M": (
+            {**UNLIMITED, "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(32 * MIB)},
+            {},
+        ),
+        "unlimited FS_CHUNK=64M": (
+            {**UNLIMITED, "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(64 * MIB)},
+            {},
+        ),
+        "unlimited sync_buffered CONCURRENCY=32": (
             {
                 **UNLIMITED,
                 "RUNAI_STREAMER_FS_STRATEGY": "sync_buffered",
@@ -44,7 +58,7 @@ CANDIDATES: dict[str, dict[str, tuple[dict[str, str], dict[str, Any]]]] = {
             },
             {},
         ),
-        "-1, sync_buffered, CHUNK=8M": (
+        "unlimited sync_buffered CHUNK=8M": (
             {
                 **UNLIMITED,
                 "RUNAI_STREAMER_FS_STRATEGY": "sync_buffered",
@@ -52,7 +66,10 @@ CANDIDATES: dict[str, dict[str, tuple[dict[str, str], dict[str, Any]]]] = {
             },
             {},
         ),
-        "-1, libaio_direct": ({**UNLIMITED, "RUNAI_STREAMER_FS_STRATEGY": "libaio_direct"}, {}),
+        "unlimited libaio_direct": (
+            {**UNLIMITED, "RUNAI_STREAMER_FS_STRATEGY": "libaio_direct"},
+            {},
+        ),
         "RING_BUFFERS=64": ({"RUNAI_STREAMER_RING_BUFFERS": "64"}, {}),
     },
     "fastsafetensors": {
@@ -60,11 +77,11 @@ CANDIDATES: dict[str, dict[str, tuple[dict[str, str], dict[str, Any]]]] = {
         "copy block 256M": ({}, {"max_copy_block_size": 256 * MIB}),
         "copy block 64M": ({}, {"max_copy_block_size": 64 * MIB}),
         "copy block 16M": ({}, {"max_copy_block_size": 16 * MIB}),
-        "64M, 4 threads": ({}, {"max_copy_block_size": 64 * MIB, "max_threads": 4}),
-        "64M, 32 threads": ({}, {"max_copy_block_size": 64 * MIB, "max_threads": 32}),
-        "64M, bounce 64M": ({}, {"max_copy_block_size": 64 * MIB, "bbuf_size_kb": 64 << 10}),
-        "64M, bounce 4M": ({}, {"max_copy_block_size": 64 * MIB, "bbuf_size_kb": 4 << 10}),
-        "64M, ODIRECT=0": ({"FASTSAFETENSORS_ODIRECT": "0"}, {"max_copy_block_size": 64 * MIB}),
+        "64M 4 threads": ({}, {"max_copy_block_size": 64 * MIB, "max_threads": 4}),
+        "64M 32 threads": ({}, {"max_copy_block_size": 64 * MIB, "max_threads": 32}),
+        "64M bounce 64M": ({}, {"max_copy_block_size": 64 * MIB, "bbuf_size_kb": 64 << 10}),
+        "64M bounce 4M": ({}, {"max_copy_block_size": 64 * MIB, "bbuf_size_kb": 4 << 10}),
+        "64M ODIRECT=0": ({"FASTSAFETENSORS_ODIRECT": "0"}, {"max_copy_block_size": 64 * MIB}),
     },
 }
 
@@ -74,11 +91,16 @@ def main() -> None:
     parser.add_argument("model", type=Path)
     parser.add_argument("--peer", choices=sorted(CANDIDATES), required=True)
     parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--only", help="comma-separated candidate labels (defaults always run)")
     args = parser.parse_args()
     if why := bench.METHODS[args.peer].missing():
         raise SystemExit(f"{args.peer}: {why}")
     files = model_files(args.model).files
-    candidates = list(CANDIDATES[args.peer].items())
+    known = CANDIDATES[args.peer]
+    chosen = {"defaults", *args.only.split(",")} if args.only else set(known)
+    if unknown := chosen - set(known):
+        raise SystemExit(f"unknown candidate(s) {sorted(unknown)}; known: {list(known)}")
+    candidates = [(label, setting) for label, setting in known.items() if label in chosen]
     runs: list[bench.Run] = []
     for rnd in range(args.runs):
         for label, (env, options) in candidates if rnd % 2 == 0 else candidates[::-1]:

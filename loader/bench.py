@@ -138,11 +138,15 @@ class Method:
 
 # The tuned peers' settings, each from the peer's own documentation, the values chosen by a
 # measured sweep on this machine (docs/BENCHMARKS.md "Peers at their defaults and tuned").
-# Run:ai: unlimited memory (its documented full-throughput mode; vLLM's ``memory_limit``); its
-# queue depth, chunk size, concurrency, read strategy and ring buffers measured no better than
-# their defaults. fastsafetensors: 64 MiB copy blocks (16 GiB by default: one read per file)
-# with 4 MiB bounce buffers.
-RUNAI_TUNED = {"RUNAI_STREAMER_MEMORY_LIMIT": "-1"}
+# Run:ai: unlimited memory (its documented full-throughput mode; vLLM's ``memory_limit``) and
+# 32 MiB chunks for its asynchronous (io_uring) reader, the default here; queue depth,
+# concurrency, read strategy and ring buffers measured no better than their defaults.
+# fastsafetensors: 64 MiB copy blocks (16 GiB by default: one read per file) with 4 MiB bounce
+# buffers.
+RUNAI_TUNED = {
+    "RUNAI_STREAMER_MEMORY_LIMIT": "-1",
+    "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(32 << 20),
+}
 FASTSAFETENSORS_TUNED = {"max_copy_block_size": 64 << 20, "bbuf_size_kb": 4 << 10}
 
 
