@@ -37,7 +37,6 @@ from .files import model_files
 GB = 1e9
 PREFETCH_THREADS = 8
 PREFETCH_READ = 16 << 20
-FIO_BLOCK = 16 << 20
 
 
 # -- the methods -----------------------------------------------------------------------------------
@@ -78,6 +77,7 @@ def _fxkit(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[A
 
 
 def _runai(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
+    """Run:ai's streamer; its settings are environment variables (``Method.env``)."""
     from runai_model_streamer import SafetensorsStreamer
 
     with SafetensorsStreamer() as streamer:
@@ -87,29 +87,48 @@ def _runai(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[A
 
 
 def _fastsafetensors(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
-    from fastsafetensors import fastsafe_open
+    """fastsafetensors' own loader on CPU; ``options`` are its knobs: ``max_threads`` and
+    ``bbuf_size_kb`` (SafeTensorsFileLoader), ``max_copy_block_size`` (copy_files_to_device)."""
+    from fastsafetensors import SafeTensorsFileLoader
 
-    with fastsafe_open([str(f) for f in files], device="cpu", nogds=True) as st:
-        names = st.keys()  # a method of fastsafe_open, not a dict
-        for name in names:
-            yield st.get_tensor(name)
+    copy = {k: options[k] for k in ("max_copy_block_size",) if k in options}
+    knobs = {k: v for k, v in options.items() if k not in copy}
+    loader = SafeTensorsFileLoader(None, "cpu", nogds=True, **knobs)
+    try:
+        loader.add_filenames({0: [str(f) for f in files]})
+        buffer = loader.copy_files_to_device(**copy)
+        try:
+            for name in list(buffer.key_to_rank_lidx):
+                yield buffer.get_tensor(name)
+        finally:
+            buffer.close()
+    finally:
+        loader.close()
 
 
 @dataclass(frozen=True)
 class Method:
     """A way to load a checkpoint. ``read`` yields its tensors; ``needs`` is a tool, a module, or
-    ``module:attribute``."""
+    ``module:attribute``. ``options`` go to ``read``; ``env`` is set in this method's process
+    only (a peer's own settings); ``peer`` marks another project's loader."""
 
     name: str
     about: str
     needs: str
     read: Callable[[Path, list[Path], dict[str, Any]], Iterator[Any]] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    peer: bool = False
 
     def missing(self) -> str | None:
         """Why this method cannot run here, or None."""
         if self.read is None:
             return None if shutil.which(self.needs) else f"{self.needs} is not installed"
         return missing_module(self.needs)
+
+    def environ(self) -> dict[str, str]:
+        """The environment to start this method's process with: ours plus its own settings."""
+        return {**os.environ, **self.env}
 
 
 def missing_module(needs: str) -> str | None:
@@ -120,6 +139,24 @@ def missing_module(needs: str) -> str | None:
     if attr and not hasattr(importlib.import_module(module), attr):
         return f"{module} has no {attr} (yet)"
     return None
+
+
+# The tuned peers' settings, each from the peer's own documentation, the values chosen by a
+# measured sweep on this machine (docs/BENCHMARKS.md "Peers at their defaults and tuned").
+# Run:ai: unlimited memory (its documented full-throughput mode; vLLM's ``memory_limit``) and
+# 32 MiB chunks for its asynchronous (io_uring) reader, the default here; queue depth,
+# concurrency, read strategy and ring buffers measured no better than their defaults.
+# fastsafetensors: 64 MiB copy blocks (16 GiB by default: one read per file) with 4 MiB bounce
+# buffers.
+RUNAI_TUNED = {
+    "RUNAI_STREAMER_MEMORY_LIMIT": "-1",
+    "RUNAI_STREAMER_FS_CHUNK_BYTESIZE": str(32 << 20),
+}
+FASTSAFETENSORS_TUNED = {"max_copy_block_size": 64 << 20, "bbuf_size_kb": 4 << 10}
+
+
+def _settings(settings: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in settings.items())
 
 
 METHODS = {
@@ -133,15 +170,47 @@ METHODS = {
             _prefetch,
         ),
         Method("fxkit", "fxkit.loader.load", "fxkit.loader:load", _fxkit),
-        Method("fio", "fio O_DIRECT sequential read, a job per file: storage limit", "fio"),
-        Method("runai", "Run:ai Model Streamer at its defaults", "runai_model_streamer", _runai),
-        Method("fastsafetensors", "CPU, nogds", "fastsafetensors", _fastsafetensors),
+        Method("fio", "fio: a sweep of job layouts, depths and block sizes", "fio"),
+        Method(
+            "runai",
+            "Run:ai Model Streamer at its defaults",
+            "runai_model_streamer",
+            _runai,
+            peer=True,
+        ),
+        Method(
+            "runai-tuned",
+            f"Run:ai Model Streamer, {_settings(RUNAI_TUNED)}",
+            "runai_model_streamer",
+            _runai,
+            env=RUNAI_TUNED,
+            peer=True,
+        ),
+        Method(
+            "fastsafetensors",
+            "CPU, nogds, its defaults",
+            "fastsafetensors",
+            _fastsafetensors,
+            peer=True,
+        ),
+        Method(
+            "fastsafetensors-tuned",
+            f"CPU, nogds, {_settings(FASTSAFETENSORS_TUNED)}",
+            "fastsafetensors",
+            _fastsafetensors,
+            options=FASTSAFETENSORS_TUNED,
+            peer=True,
+        ),
     )
 }
 
-# Issue 4's targets: fxkit's speed over each method's, within a round (median over rounds).
+# fxkit's speed over each method's, within a round (median over rounds): issue 4's against the
+# baseline, issue 10's against the storage limit (the round's best fio setting), vLLM's prefetch
+# path and the best peer (``BEST_PEER``: the peer method, at its defaults or tuned, with the
+# highest median speed in the report).
+BEST_PEER = "best peer"
 TARGETS = {
-    "cold": {"fio": 0.85, "baseline": 1.3, "runai": 1.0, "fastsafetensors": 1.5},
+    "cold": {"fio-best": 0.9, "baseline": 1.3, "prefetch": 1.0, BEST_PEER: 1.2},
     "hot": {"baseline": 0.8},
 }
 
@@ -155,6 +224,7 @@ class Run:
 
     method: str
     round: int
+    setting: str | None = None
     seconds: float = 0.0
     nbytes: int = 0
     gbps: float = 0.0
@@ -168,7 +238,13 @@ class Run:
     def line(self) -> str:
         """``round 2  fxkit  1.93 GB/s (3.3 s)``: one line of progress."""
         result = self.error or f"{self.gbps:.3f} GB/s ({self.seconds:.1f} s)"
-        return f"round {self.round + 1:<2} {self.method:<16} {result}"
+        return f"round {self.round + 1:<2} {self.series:<22} {result}"
+
+    @property
+    def series(self) -> str:
+        """What this run is one of: the method, and its setting for a fio run (a ``fio-best``
+        run's setting names the winner)."""
+        return f"fio {self.setting}" if self.method == "fio" else self.method
 
 
 def touch(tensor: Any) -> int:
@@ -193,9 +269,15 @@ def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
     spec = METHODS[method]
     if spec.read is None:
         raise LoaderError(f"{method} is not a loader: it runs as a tool, not in this process")
+    if unset := [k for k, v in spec.env.items() if os.environ.get(k) != v]:
+        raise LoaderError(
+            f"{method} runs with {', '.join(unset)} set: start its process with "
+            f"METHODS[{method!r}].environ()"
+        )
     importlib.import_module(spec.needs.partition(":")[0])
     files = model_files(path).files
-    return {**consume(spec.read(Path(path), files, options)), "nbytes": _nbytes(files)}
+    tensors = spec.read(Path(path), files, {**spec.options, **options})
+    return {**consume(tensors), "nbytes": _nbytes(files)}
 
 
 def consume(tensors: Iterable[Any]) -> dict[str, Any]:
@@ -216,9 +298,13 @@ def consume(tensors: Iterable[Any]) -> dict[str, Any]:
     }
 
 
-def _run_loader(method: str, path: Path, options: dict[str, Any], run: Run) -> None:
+def _run_loader(
+    method: str, path: Path, options: dict[str, Any], run: Run, env: dict[str, str] | None = None
+) -> None:
+    """``method`` in a fresh process, with its own environment plus ``env``."""
     argv = [sys.executable, "-m", "fxkit.loader.bench", method, str(path), json.dumps(options)]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    environ = {**METHODS[method].environ(), **(env or {})}
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=environ)
     if proc.returncode != 0:
         run.error = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return
@@ -226,32 +312,108 @@ def _run_loader(method: str, path: Path, options: dict[str, Any], run: Run) -> N
         setattr(run, key, value)
 
 
-def fio_job(files: Sequence[Path]) -> str:
-    """A fio job file: every file read sequentially with O_DIRECT in 16 MiB blocks (smaller for
-    small files: fio reads whole blocks only), 4 in flight per file, all files at once."""
-    head = "[global]\nrw=read\ndirect=1\nioengine=libaio\niodepth=4\ngroup_reporting=1\n"
+@dataclass(frozen=True)
+class FioSetting:
+    """One point of the fio sweep: how the files are split into jobs, reads in flight per job,
+    block size. ``serial``: one job at a time, the files in turn; ``per-file``: a job per file, all
+    at once; ``split``: every file cut into ``SPLIT_PARTS`` equal ranges, a job per range, all at
+    once (what ``numjobs`` with ``offset_increment`` does, with the last range exact)."""
+
+    layout: str
+    iodepth: int
+    block: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.layout} qd{self.iodepth} {self.block >> 20}M"
+
+
+FIO_LAYOUTS = ("serial", "per-file", "split")
+SPLIT_PARTS = 4
+# The grid chosen from the full cross product (layouts x 1,4,16,32 x 1,4,16 MiB) measured on
+# this machine; see docs/BENCHMARKS.md "The storage limit". ``fio_grid()`` builds the full one.
+FIO_SWEEP = tuple(
+    FioSetting(layout, depth, mib << 20)
+    for layout, depth, mib in (
+        ("serial", 1, 1),
+        ("serial", 16, 4),
+        ("serial", 32, 16),
+        ("per-file", 4, 16),
+        ("per-file", 16, 4),
+        ("per-file", 32, 1),
+        ("split", 4, 4),
+        ("split", 16, 16),
+    )
+)
+
+
+def fio_grid(
+    depths: Sequence[int] = (1, 4, 16, 32), blocks_mib: Sequence[int] = (1, 4, 16)
+) -> tuple[FioSetting, ...]:
+    """The full cross product of the layouts, depths and block sizes."""
+    return tuple(
+        FioSetting(layout, d, b << 20) for layout in FIO_LAYOUTS for d in depths for b in blocks_mib
+    )
+
+
+def _ranges(size: int, setting: FioSetting) -> list[tuple[int, int]]:
+    """``(offset, length)`` ranges that cover a file of ``size`` bytes once; all but the last are
+    whole blocks."""
+    parts = SPLIT_PARTS if setting.layout == "split" else 1
+    step = max(1, -(-size // parts // setting.block)) * setting.block
+    return [(o, min(step, size - o)) for o in range(0, size, step)]
+
+
+def _pieces(offset: int, length: int, block: int) -> list[tuple[int, int, int, bool]]:
+    """``(offset, length, bs, direct)`` reads of a range: whole blocks with O_DIRECT, then the
+    rest in whole pages as one O_DIRECT read, then the last partial page buffered."""
+    body = length // block * block
+    pages = (length - body) // cache.PAGE_SIZE * cache.PAGE_SIZE
+    tail = length - body - pages
+    pieces = [(offset, body, block, True), (offset + body, pages, pages, True)]
+    pieces.append((offset + body + pages, tail, tail, False))
+    return [p for p in pieces if p[1]]
+
+
+def fio_job(files: Sequence[Path], setting: FioSetting) -> str:
+    """A fio job file that reads every byte of ``files`` exactly once, as ``setting`` says.
+
+    fio reads whole blocks only, so a range that does not end on one is read in three jobs: its
+    whole blocks, the rest in whole pages as one O_DIRECT read, and the last partial page (under
+    4 KiB, the end of a file) buffered. ``serial`` puts a stonewall before every file, so fio
+    reads one file after another."""
+    head = f"[global]\nrw=read\nioengine=libaio\niodepth={setting.iodepth}\n"
     jobs = []
     for i, f in enumerate(files):
-        block = min(FIO_BLOCK, f.stat().st_size // cache.PAGE_SIZE * cache.PAGE_SIZE)
-        if block:
-            jobs.append(f"[f{i}]\nfilename={f}\nbs={block}\n")
+        for j, (offset, length) in enumerate(_ranges(f.stat().st_size, setting)):
+            for k, (start, size, bs, direct) in enumerate(_pieces(offset, length, setting.block)):
+                wall = "stonewall\n" if setting.layout == "serial" and j == k == 0 else ""
+                once = "iodepth=1\n" if bs == size else ""  # one read: no buffers for more
+                jobs.append(
+                    f"[f{i}r{j}p{k}]\n{wall}filename={f}\noffset={start}\nsize={size}\n"
+                    f"bs={bs}\n{once}direct={int(direct)}\n"
+                )
     return head + "".join(jobs)
 
 
 def fio_read(report: str) -> tuple[int, float]:
-    """Bytes read and seconds from ``fio --output-format=json`` (the jobs' read totals)."""
+    """Bytes read and seconds from ``fio --output-format=json``: the jobs' read totals; the time
+    is each stonewall group's longest job, summed over the groups (they run one after another)."""
     jobs = json.loads(report[report.index("{") :])["jobs"]
     nbytes = sum(job["read"]["io_bytes"] for job in jobs)
-    seconds = max(job["read"]["runtime"] for job in jobs) / 1000
-    if nbytes == 0 or seconds == 0:
+    groups: dict[int, int] = {}
+    for job in jobs:
+        groups[job["groupid"]] = max(groups.get(job["groupid"], 0), job["read"]["runtime"])
+    seconds = sum(groups.values()) / 1000
+    if nbytes == 0 or seconds == 0 or any(job.get("error") for job in jobs):
         errors = [job.get("error") for job in jobs]
-        raise LoaderError(f"fio read nothing (job errors: {errors})")
+        raise LoaderError(f"fio read nothing or failed (job errors: {errors})")
     return nbytes, seconds
 
 
-def _run_fio(files: list[Path], run: Run) -> None:
+def _run_fio(files: list[Path], setting: FioSetting, run: Run) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".fio") as job:
-        job.write(fio_job(files))
+        job.write(fio_job(files, setting))
         job.flush()
         proc = subprocess.run(
             ["fio", "--output-format=json", job.name], capture_output=True, text=True, check=False
@@ -260,6 +422,9 @@ def _run_fio(files: list[Path], run: Run) -> None:
         run.nbytes, run.seconds = fio_read(proc.stdout)
     except (LoaderError, ValueError, KeyError) as exc:
         run.error = f"fio exit {proc.returncode}: {exc}; {proc.stderr.strip()[-200:]}"
+        return
+    if run.nbytes != _nbytes(files):
+        run.error = f"fio read {run.nbytes} bytes, the checkpoint has {_nbytes(files)}"
 
 
 # -- rounds and the report -------------------------------------------------------------------------
@@ -271,11 +436,12 @@ class Summary:
 
     method: str
     about: str
+    setting: str | None = None
     gbps_median: float | None = None
     gbps_min: float | None = None
     gbps_max: float | None = None
     vs_baseline: float | None = None
-    vs_fio: float | None = None
+    vs_fio_best: float | None = None
     peak_rss: int | None = None
     rss_before: int | None = None
     checksum_ok: bool | None = None
@@ -298,6 +464,7 @@ class Report:
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def summary(self, method: str) -> Summary | None:
+        """The method's summary (for fio, its first setting's; see ``fio-best``)."""
         return next((s for s in self.summaries if s.method == method), None)
 
     def to_json(self) -> str:
@@ -343,24 +510,37 @@ def _prepare(files: list[Path], cold: bool, also_evict: Sequence[Path], run: Run
 
 
 def ratio(runs: list[Run], method: str, other: str) -> float | None:
-    """Median over rounds of ``method``'s speed over ``other``'s in the same round."""
+    """Median over rounds of ``method``'s speed over ``other``'s in the same round (a run's
+    ``series``: the method, or ``fio SETTING``)."""
     by_round: dict[int, dict[str, float]] = {}
     for r in runs:
         if not r.error and r.gbps:
-            by_round.setdefault(r.round, {})[r.method] = r.gbps
+            by_round.setdefault(r.round, {})[r.series] = r.gbps
     ratios = [g[method] / g[other] for g in by_round.values() if method in g and other in g]
     return statistics.median(ratios) if ratios else None
 
 
-def _summarise(method: Method, runs: list[Run], reference: int | None) -> Summary:
-    mine = [r for r in runs if r.method == method.name]
+def fio_best(runs: list[Run], rnd: int) -> Run | None:
+    """The round's fastest fio setting, as a run of the method ``fio-best`` (the storage limit)."""
+    fio = [r for r in runs if r.method == "fio" and r.round == rnd and not r.error]
+    if not fio:
+        return None
+    best = max(fio, key=lambda r: r.gbps)
+    return Run("fio-best", rnd, best.setting, best.seconds, best.nbytes, best.gbps)
+
+
+def _summarise(
+    name: str, about: str, runs: list[Run], reference: int | None, setting: str | None = None
+) -> Summary:
+    series = f"{name} {setting}" if setting else name
+    mine = [r for r in runs if r.series == series]
     good = [r for r in mine if not r.error]
-    s = Summary(method.name, method.about, errors=[r.error for r in mine if r.error])
+    s = Summary(name, about, setting, errors=[r.error for r in mine if r.error])
     if good:
         speeds = [r.gbps for r in good]
         s.gbps_median, s.gbps_min, s.gbps_max = statistics.median(speeds), min(speeds), max(speeds)
-        s.vs_baseline = ratio(runs, method.name, "baseline")
-        s.vs_fio = ratio(runs, method.name, "fio")
+        s.vs_baseline = ratio(runs, series, "baseline")
+        s.vs_fio_best = ratio(runs, series, "fio-best")
         peaks = [r.peak_rss for r in good if r.peak_rss]
         s.peak_rss = max(peaks) if peaks else None
         s.rss_before = min((r.rss_before for r in good if r.rss_before), default=None)
@@ -368,6 +548,27 @@ def _summarise(method: Method, runs: list[Run], reference: int | None) -> Summar
         if sums and reference is not None:
             s.checksum_ok = sums == {reference}
     return s
+
+
+def _summaries(
+    methods: Sequence[str], skipped: dict[str, str], runs: list[Run], fio: Sequence[FioSetting]
+) -> list[Summary]:
+    """A summary per method, per fio setting, and for ``fio-best`` (which settings won)."""
+    reference = next((r.checksum for r in runs if r.method == "baseline" and not r.error), None)
+    out = []
+    for m in methods:
+        about = METHODS[m].about
+        if m in skipped:
+            out.append(Summary(m, about, skipped=skipped[m]))
+        elif m != "fio":
+            out.append(_summarise(m, about, runs, reference))
+        else:
+            out.extend(_summarise(m, about, runs, reference, f.label) for f in fio)
+            wins = [r.setting for r in runs if r.method == "fio-best"]
+            tally = ", ".join(f"{w} x{wins.count(w)}" for w in dict.fromkeys(wins))
+            about = f"the round's fastest fio setting (storage limit): {tally or 'none ran'}"
+            out.append(_summarise("fio-best", about, runs, reference))
+    return out
 
 
 def bench(
@@ -379,10 +580,12 @@ def bench(
     also_evict: Sequence[Path] = (),
     on_run: Callable[[Run], None] | None = None,
     targets: dict[str, float] | None = None,
+    fio: Sequence[FioSetting] = FIO_SWEEP,
 ) -> Report:
     """Run ``methods`` in ``runs`` interleaved rounds (order rotated each round).
 
-    ``targets`` (fxkit's speed over a method's) defaults to issue 4's for local disk.
+    fio runs every setting of ``fio`` in its turn, each cold; the round's fastest is ``fio-best``.
+    ``targets`` (fxkit's speed over a method's) defaults to ``TARGETS`` for local disk.
     """
     if unknown := [m for m in methods if m not in METHODS]:
         raise LoaderError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
@@ -395,25 +598,23 @@ def bench(
     for rnd in range(runs):
         shift = rnd % len(active) if active else 0
         for name in active[shift:] + active[:shift]:
-            run = Run(name, rnd)
-            if problem := _prepare(files, cold, also_evict, run):
-                eviction_failures.append(f"round {rnd} {name}: {problem}")
-            if name == "fio":
-                _run_fio(files, run)
-            else:
-                _run_loader(name, path, options if name == "fxkit" else {}, run)
-            if not run.error:
-                run.gbps = run.nbytes / run.seconds / GB
-            all_runs.append(run)
+            for setting in fio if name == "fio" else (None,):
+                run = Run(name, rnd, setting.label if setting else None)
+                if problem := _prepare(files, cold, also_evict, run):
+                    eviction_failures.append(f"round {rnd} {run.series}: {problem}")
+                if setting:
+                    _run_fio(files, setting, run)
+                else:
+                    _run_loader(name, path, options if name == "fxkit" else {}, run)
+                if not run.error:
+                    run.gbps = run.nbytes / run.seconds / GB
+                all_runs.append(run)
+                if on_run:
+                    on_run(run)
+        if best := fio_best(all_runs, rnd):
+            all_runs.append(best)
             if on_run:
-                on_run(run)
-    reference = next((r.checksum for r in all_runs if r.method == "baseline" and not r.error), None)
-    summaries = [
-        Summary(m, METHODS[m].about, skipped=skipped[m])
-        if m in skipped
-        else _summarise(METHODS[m], all_runs, reference)
-        for m in methods
-    ]
+                on_run(best)
     report = Report(
         model=str(path),
         files=len(files),
@@ -422,7 +623,7 @@ def bench(
         rounds=runs,
         machine={**machine(), "filesystem": filesystem(path)},
         options=options,
-        summaries=summaries,
+        summaries=_summaries(methods, skipped, all_runs, fio),
         runs=all_runs,
         eviction_failures=eviction_failures,
     )
@@ -430,14 +631,31 @@ def bench(
     return report
 
 
+def best_peer(report: Report) -> str | None:
+    """The peer method (at its defaults or tuned) with the highest median speed."""
+    peers = [
+        s
+        for s in report.summaries
+        if s.method in METHODS and METHODS[s.method].peer and s.gbps_median
+    ]
+    return max(peers, key=lambda s: s.gbps_median or 0).method if peers else None
+
+
 def check_targets(report: Report, targets: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """fxkit's within-round ratio against each method a target is set for."""
+    """fxkit's within-round ratio against each method a target is set for; ``BEST_PEER``'s
+    entry names the peer it was measured against."""
     fx = [r for r in report.runs if r.method == "fxkit"]
     out = {}
     for other, target in targets.items():
-        if fx and any(r.method == other for r in report.runs):
-            x = ratio(report.runs, "fxkit", other)
-            out[other] = {"target": target, "ratio": x, "met": x is not None and x >= target}
+        against = best_peer(report) if other == BEST_PEER else other
+        if fx and against and any(r.method == against for r in report.runs):
+            x = ratio(report.runs, "fxkit", against)
+            out[other] = {
+                "target": target,
+                "against": against,
+                "ratio": x,
+                "met": x is not None and x >= target,
+            }
     return out
 
 
@@ -474,7 +692,16 @@ def render(report: Report, console: Any) -> None:
         f"{report.rounds} interleaved rounds"
     )
     table = Table(title=title, caption="GB = 1e9 bytes; ratios: median of within-round ratios")
-    columns = ("method", "GB/s median", "min", "max", "x baseline", "x fio", "RSS GiB", "notes")
+    columns = (
+        "method",
+        "GB/s median",
+        "min",
+        "max",
+        "x baseline",
+        "x fio-best",
+        "RSS GiB",
+        "notes",
+    )
     for col in columns:
         table.add_column(col, justify="left" if col in ("method", "notes") else "right")
     for s in report.summaries:
@@ -485,7 +712,8 @@ def render(report: Report, console: Any) -> None:
             notes = f"{notes} (+{_gib(s.peak_rss - s.rss_before)} over imports)".strip()
         speeds = (s.gbps_median, s.gbps_min, s.gbps_max)
         gbps = [f"{v:.2f}" if v is not None else "-" for v in speeds]
-        table.add_row(s.method, *gbps, _x(s.vs_baseline), _x(s.vs_fio), _gib(s.peak_rss), notes)
+        name = f"{s.method} {s.setting}" if s.setting else s.method
+        table.add_row(name, *gbps, _x(s.vs_baseline), _x(s.vs_fio_best), _gib(s.peak_rss), notes)
     console.print(table)
     console.print(
         f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['mem_bytes'] / 2**30:.0f} GiB RAM, "
@@ -493,9 +721,13 @@ def render(report: Report, console: Any) -> None:
     )
     for failure in report.eviction_failures:
         console.print(f"[yellow]page cache: {failure}[/]", highlight=False)
+    for s in report.summaries:
+        if s.method in ("fio-best", *(m for m in METHODS if METHODS[m].peer)) and s.about:
+            console.print(f"{s.method}: {s.about}", highlight=False)
     for other, t in report.targets.items():
         mark = "[green]met[/]" if t["met"] else "[red]missed[/]"
-        console.print(f"target fxkit >= {t['target']}x {other}: {_x(t['ratio'])} {mark}")
+        name = f"the {other} ({t['against']})" if other == BEST_PEER else other
+        console.print(f"target fxkit >= {t['target']}x {name}: {_x(t['ratio'])} {mark}")
 
 
 def _main(argv: list[str]) -> None:

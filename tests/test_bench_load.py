@@ -1,9 +1,11 @@
 """The loader benchmark's harness: eviction (checked against mincore and fincore), every byte
-materialised by every method, fio's real JSON output, the report's shape and the CLI."""
+materialised by every method, the fio sweep (real fio runs, and a real fio JSON output), the tuned
+peers' settings, the targets, the report's shape and the CLI."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -21,6 +23,8 @@ from safetensors.torch import save_file
 from fxkit.cli import cli
 
 PAGE = cache.PAGE_SIZE
+DATA = Path(__file__).with_name("data") / "fio"
+needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
 
 
 def _shard(seed: int, n: int) -> dict[str, torch.Tensor]:
@@ -35,10 +39,11 @@ def _shard(seed: int, n: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    """Three shards of odd sizes (not multiples of a page) with an index, ~2.5 MB in all."""
+    """Three shards of odd sizes (not multiples of a page) with an index, ~10 MB in all (enough
+    for fio's millisecond clock)."""
     root = tmp_path_factory.mktemp("model")
     weight_map = {}
-    for s, n in enumerate((700, 1300, 901)):
+    for s, n in enumerate((2800, 5200, 3604)):
         name = f"model-{s + 1:05d}-of-00003.safetensors"
         tensors = _shard(s, n)
         save_file(tensors, root / name)
@@ -118,22 +123,45 @@ def test_touch_reads_one_byte_per_page_and_the_last(tensor: torch.Tensor) -> Non
 
 
 def test_every_method_materialises_every_byte(model: Path) -> None:
-    """Cold, one round: every loader that can run here returns every tensor with the same bytes."""
+    """Cold, one round: every loader that can run here (peers at their defaults and tuned)
+    returns every tensor with the same bytes; every fio setting reads every byte."""
     files = model_files(model).files
     expected, count = _expected_touch(list(files))
     report = bench.bench(model, runs=1, cold=True)
     assert report.eviction_failures == []
-    ran = {r.method: r for r in report.runs}
-    assert "baseline" in ran and "prefetch" in ran
-    for name, run in ran.items():
-        assert run.error is None, (name, run.error)
-        assert run.resident_before == 0
+    assert {"baseline", "prefetch", "fxkit"} <= {r.method for r in report.runs}
+    for run in report.runs:
+        assert run.error is None, (run.series, run.error)
         assert run.gbps > 0
-        if name != "fio":
-            assert (run.checksum, run.tensors) == (expected, count), name
-            assert run.peak_rss >= run.rss_before > 0
+        if run.method in ("fio", "fio-best"):
+            assert run.nbytes == report.nbytes
+            continue
+        assert run.resident_before == 0
+        assert (run.checksum, run.tensors) == (expected, count), run.method
+        assert run.peak_rss >= run.rss_before > 0
     for summary in report.summaries:
         assert summary.skipped or summary.checksum_ok in (True, None), summary
+    missing = [s.method for s in report.summaries if s.skipped]
+    assert set(missing) <= {"fio", *(m for m in bench.METHODS if bench.METHODS[m].peer)}
+    if "fio" not in missing:
+        fio = [r for r in report.runs if r.method == "fio"]
+        assert [r.setting for r in fio] == [f.label for f in bench.FIO_SWEEP]
+        (best,) = [r for r in report.runs if r.method == "fio-best"]
+        assert (
+            best.gbps == max(r.gbps for r in fio)
+            and best.setting in report.summary("fio-best").about
+        )
+        assert report.targets["fio-best"]["target"] == 0.9
+    peers = {
+        s.method: s.gbps_median
+        for s in report.summaries
+        if s.method in bench.METHODS and bench.METHODS[s.method].peer and s.gbps_median
+    }
+    if peers:
+        target = report.targets[bench.BEST_PEER]
+        assert target["against"] == max(peers, key=peers.get) and target["target"] == 1.2
+        assert target["ratio"] == bench.ratio(report.runs, "fxkit", target["against"])
+    assert report.targets["prefetch"]["target"] == 1.0
 
 
 def test_report_json_has_rounds_interleaved_and_rotated(model: Path, tmp_path: Path) -> None:
@@ -155,21 +183,85 @@ def test_report_json_has_rounds_interleaved_and_rotated(model: Path, tmp_path: P
     assert list(tmp_path.iterdir()) == [out]  # written atomically, no temp file left
 
 
-@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
-def test_fio_json_from_a_real_fio_run(model: Path, tmp_path: Path) -> None:
+def _job_ranges(job: str) -> dict[str, list[tuple[int, int]]]:
+    """Each file's ``(offset, size)`` reads in a fio job file."""
+    reads: dict[str, list[tuple[int, int]]] = {}
+    for section in job.split("\n[")[1:]:
+        keys = dict(line.split("=", 1) for line in section.splitlines()[1:] if "=" in line)
+        reads.setdefault(keys["filename"], []).append((int(keys["offset"]), int(keys["size"])))
+    return reads
+
+
+@pytest.mark.parametrize("setting", bench.fio_grid(), ids=lambda s: s.label)
+def test_every_fio_setting_covers_every_byte_once(model: Path, setting: bench.FioSetting) -> None:
     files = model_files(model).files
-    job = tmp_path / "job.fio"
-    job.write_text(bench.fio_job(files))
-    out = subprocess.run(
-        ["fio", "--output-format=json", str(job)], capture_output=True, text=True, check=True
-    ).stdout
+    reads = _job_ranges(bench.fio_job(files, setting))
+    for f in files:
+        spans = sorted(reads[str(f)])
+        ends = [o + n for o, n in spans]
+        assert [o for o, _ in spans] == [0, *ends[:-1]] and ends[-1] == f.stat().st_size
+
+
+@needs_fio
+@pytest.mark.parametrize("layout", bench.FIO_LAYOUTS)
+def test_fio_reads_exactly_the_checkpoint_once_in_every_layout(model: Path, layout: str) -> None:
+    """Real fio, cold: its io_bytes are the checkpoint's bytes, neither more nor fewer."""
+    files = model_files(model).files
+    for setting in (bench.FioSetting(layout, 4, 1 << 20), bench.FioSetting(layout, 16, 16 << 20)):
+        run = bench.Run("fio", 0, setting.label)
+        assert cache.evict_all(files) == {}
+        bench._run_fio(files, setting, run)
+        assert run.error is None, run.error
+        assert run.nbytes == sum(f.stat().st_size for f in files) and run.seconds > 0
+
+
+def test_fio_json_captured_from_fio_on_this_machine() -> None:
+    """tests/data/fio/serial-qd4-1M.json: ``fio --output-format=json`` (fio 3.33, this VM's
+    ext4 on /dev/vda) on the job file next to it, which ``fio_job`` wrote for two files of
+    3,000,123 and 5,242,881 bytes (the serial layout: a stonewall group per file)."""
+    out = (DATA / "serial-qd4-1M.json").read_text()
+    jobs = json.loads(out)["jobs"]
     nbytes, seconds = bench.fio_read(out)
-    # O_DIRECT reads whole 16 MiB blocks; fio stops at the last whole block of each file or
-    # reads the short files whole, never more than the files hold.
-    assert 0 < nbytes <= sum(f.stat().st_size for f in files)
-    assert seconds > 0
+    assert nbytes == 3_000_123 + 5_242_881
+    groups: dict[int, int] = {}
+    for job in jobs:  # a group's time is its slowest job's; groups run one after another
+        groups[job["groupid"]] = max(groups.get(job["groupid"], 0), job["read"]["runtime"])
+    assert len(groups) == 2 and seconds == sum(groups.values()) / 1000 > 0
     with pytest.raises(LoaderError, match="fio read nothing"):
-        bench.fio_read(json.dumps({"jobs": [{"error": 5, "read": {"io_bytes": 0, "runtime": 0}}]}))
+        bench.fio_read(
+            json.dumps(
+                {"jobs": [{"error": 5, "groupid": 0, "read": {"io_bytes": 0, "runtime": 0}}]}
+            )
+        )
+
+
+def test_tuned_peers_name_their_settings_and_get_them_in_their_process_only(
+    model: Path,
+) -> None:
+    tuned = bench.METHODS["runai-tuned"]
+    assert tuned.env and all(f"{k}={v}" in tuned.about for k, v in tuned.env.items())
+    fst = bench.METHODS["fastsafetensors-tuned"]
+    assert fst.options and all(f"{k}={v}" in fst.about for k, v in fst.options.items())
+    assert not bench.METHODS["runai"].env and not bench.METHODS["fastsafetensors"].options
+    for name in tuned.env:
+        assert name not in bench.METHODS["runai"].environ() or name in os.environ
+        assert tuned.environ()[name] == tuned.env[name]
+    # measure() refuses to run a tuned peer whose process lacks its settings
+    env = {k: v for k, v in os.environ.items() if k not in tuned.env}
+    probe = (
+        "import sys; from fxkit.loader import bench; bench.measure('runai-tuned', sys.argv[1], {})"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(model)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode != 0 and "RUNAI_STREAMER_MEMORY_LIMIT" in proc.stderr
+    if why := tuned.missing():
+        pytest.skip(f"runai-tuned cannot run here: {why}")
+    before = {k: os.environ.get(k) for k in tuned.env}
+    run = bench.Run("runai-tuned", 0)
+    bench._run_loader("runai-tuned", model, {}, run)  # its process got them, or measure() refused
+    assert run.error is None and run.tensors
+    assert {k: os.environ.get(k) for k in tuned.env} == before  # and the harness did not
 
 
 def test_checkpoint_errors_name_the_path(tmp_path: Path) -> None:

@@ -83,6 +83,12 @@ def _ranks(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
     "Several: e.g. 2,4,8.",
 )
 @click.option(
+    "--fio-full",
+    is_flag=True,
+    help="Sweep fio over every layout x depth (1,4,16,32) x block (1,4,16 MiB), "
+    "36 settings, instead of the chosen 8.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, writable=True),
@@ -95,29 +101,35 @@ def load(
     methods: str,
     fxkit_options: dict,
     ranks: list[int],
+    fio_full: bool,
     json_path: str | None,
 ) -> None:
     """Load MODEL with fxkit and with the baselines and peers, side by side, interleaved.
 
     \b
-    baseline         safetensors.torch.load_file per shard (mmap), every page touched
-    prefetch         vLLM's path for network file systems: 8 threads read the files into the
-                     page cache in 16 MiB pieces, then load_file
-    fxkit            fxkit.loader.load
-    fio              fio O_DIRECT sequential read of the same files: the storage limit
-    runai            Run:ai Model Streamer at its defaults (when installed)
-    fastsafetensors  fastsafetensors on CPU, nogds (when installed)
+    baseline               safetensors.torch.load_file per shard (mmap), every page touched
+    prefetch               vLLM's path for network file systems: 8 threads read the files
+                           into the page cache in 16 MiB pieces, then load_file
+    fxkit                  fxkit.loader.load
+    fio                    fio reads of the same files, a sweep of job layouts, depths and
+                           block sizes, each cold; the round's fastest is fio-best, the
+                           storage limit
+    runai                  Run:ai Model Streamer at its defaults (when installed)
+    runai-tuned            Run:ai Model Streamer with its documented settings tuned here
+    fastsafetensors        fastsafetensors on CPU, nogds, at its defaults (when installed)
+    fastsafetensors-tuned  fastsafetensors on CPU, nogds, its knobs tuned here
 
     \b
     With --ranks N, N processes load MODEL at once per method, cold; the node's time (go to
     the last rank's end), the bytes read from the disk and every rank's RSS are reported:
-    baseline         N x load_file; the page cache is shared
-    prefetch         vLLM's prefetch per rank (its files[rank::N] read ahead), then load_file
-    fxkit            N x fxkit.loader.load with the -o options
-    runai            Run:ai's distributed streaming (torch.distributed, gloo)
-    fastsafetensors  fastsafetensors' process-group loading (gloo)
+    baseline               N x load_file; the page cache is shared
+    prefetch               vLLM's prefetch per rank (its files[rank::N] read ahead), then
+                           load_file
+    fxkit                  N x fxkit.loader.load with the -o options
+    runai                  Run:ai's distributed streaming (torch.distributed, gloo)
+    fastsafetensors        fastsafetensors' process-group loading (gloo)
     """
-    from fxkit.loader.bench import METHODS, render, save_json
+    from fxkit.loader.bench import FIO_SWEEP, METHODS, fio_grid, render, save_json
     from fxkit.loader.bench import bench as run_bench
 
     console = Console()
@@ -133,6 +145,7 @@ def load(
         cold,
         fxkit_options,
         on_run=lambda run: console.print(run.line(), highlight=False),
+        fio=fio_grid() if fio_full else FIO_SWEEP,
     )
     render(report, console)
     if json_path:
