@@ -28,8 +28,9 @@ from .sinks import HostSink, StagedSink, make_sink
 if TYPE_CHECKING:
     import torch
 
-#: ``direct_io="auto"``: O_DIRECT below this fraction of a file in the page cache, mapping from
-#: the second (CPU loads without ``drop_cache``), buffered reads between.
+#: ``direct_io="auto"``: a CPU load (without ``drop_cache``) maps a file from this fraction in the
+#: page cache and reads the rest through it; for a device, O_DIRECT below ``DIRECT_BELOW``,
+#: buffered reads above.
 DIRECT_BELOW = 0.5
 MAP_FROM = 0.99
 #: How many spread-out windows of a file mincore() is asked about to choose its read mode.
@@ -39,13 +40,17 @@ __all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
 
 
 def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
-    """How to read a file: "direct" (O_DIRECT), "buffered", or "map" (already cached, CPU only).
+    """How to read a file: "direct" (O_DIRECT), "buffered", "map" (already cached: nothing to
+    read) or "cache" (read into the page cache and mapped; both for CPU loads only).
 
-    The ``auto`` rule, from measurements on the 2-core development VM (2 GB checkpoint, noisy):
-    cold, O_DIRECT ran 1.5-1.9 GB/s against 0.5-1.3 for buffered reads (and leaves no second
-    copy in the page cache); hot, buffered reads ran 10-12 GB/s against 1-3 for O_DIRECT, and
-    mapping the cached pages 9-12 GB/s without copying a byte. So: a file fully in the page
-    cache is mapped, a file mostly not cached is read with O_DIRECT, anything between buffered.
+    The ``auto`` rule, from measurements on the 2-core development VM (2 GB checkpoint, noisy).
+    CPU, cold, one process (1 Dec 2026): reading into the page cache through a small scratch
+    buffer and mapping the file took 1.40-1.49 s, O_DIRECT into fresh buffers 1.51-2.39 s (a
+    fresh 4 KiB page costs a fault; the page cache takes large folios), with 0.6 s of CPU
+    against 1.0; processes loading one file then also share its pages. Hot, mapping the cached
+    pages ran 9-12 GB/s without copying a byte. For a device (29 Nov 2026): cold, O_DIRECT into
+    the pinned staging ran 1.5-1.9 GB/s against 0.5-1.3 for buffered reads; hot, buffered reads
+    ran 10-12 GB/s against 1-3 for O_DIRECT.
     """
     if direct_io in ("on", True):
         return "direct"
@@ -55,8 +60,8 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
         cached = resident_fraction(path, windows=RESIDENCY_WINDOWS)
     except OSError:
         cached = 0.0
-    if cached >= MAP_FROM and can_map:
-        return "map"
+    if can_map:
+        return "map" if cached >= MAP_FROM else "cache"
     return "direct" if cached < DIRECT_BELOW else "buffered"
 
 
@@ -92,25 +97,32 @@ def _tensor(
     return result
 
 
-class _SharedFile:
-    """A file read once per node: chunk by chunk into the page cache (by this process or
-    another), whose pages its mapping shows; for a device, copied from there to the device."""
+class _CachedFile:
+    """A file read through the page cache, whose pages its mapping shows (its tensors, for the
+    CPU; a device gets copies): chunk by chunk by this process, or, with a ``share``, by
+    whichever process of the node claims the chunk first."""
 
     def __init__(
-        self, share: Share, disk: FileReader, mapped: MappedFile, sink: HostSink | StagedSink
+        self,
+        plan: FilePlan,
+        share: Share | None,
+        disk: FileReader,
+        mapped: MappedFile,
+        sink: HostSink | StagedSink,
     ) -> None:
-        self.share, self.disk, self.mapped, self.sink = share, disk, mapped, sink
+        self.plan, self.share, self.disk, self.mapped, self.sink = plan, share, disk, mapped, sink
         host = isinstance(sink, HostSink)
-        self.buffer = mapped.buffer if host else sink.allocate(share.plan.buffer_size)
+        self.buffer = mapped.buffer if host else sink.allocate(plan.buffer_size)
 
     def fetch(self, index: int, wait: bool) -> bool:
         """Chunk ``index`` in place; False if another process reads it and ``wait`` is off."""
-        if not self.share.fetch(index, self.disk, wait):
+        chunk = self.plan.chunks[index]
+        if self.share is None:
+            self.disk.cache(chunk.file_offset, self.plan.needed_end(chunk))
+        elif not self.share.fetch(index, self.disk, wait):
             return False
         if isinstance(self.sink, StagedSink):
-            plan = self.share.plan
-            chunk = plan.chunks[index]
-            self.sink.fill(self.mapped, self.buffer, chunk, plan.needed_end(chunk))
+            self.sink.fill(self.mapped, self.buffer, chunk, self.plan.needed_end(chunk))
         return True
 
 
@@ -156,7 +168,7 @@ class _File:
     tensors: list[TensorInfo]
     needed: list[int]
     futures: list[Future]
-    shared: _SharedFile | None = None
+    cached: _CachedFile | None = None
 
 
 def _close_all(in_flight: deque[_File]) -> None:
@@ -211,19 +223,20 @@ def iter_tensors(
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
+        can_map = isinstance(sink, HostSink) and not drop_cache
+
         def start(header: FileHeader) -> _File:
-            can_map = isinstance(sink, HostSink) and not drop_cache
             share = shares.get(header.path)
-            mode = "shared" if share else _read_mode(direct_io, header.path, can_map)
-            plan = plan_file(header, chunk, whole_file=mode in ("map", "shared"))
+            mode = "cache" if share else _read_mode(direct_io, header.path, can_map)
+            plan = plan_file(header, chunk, whole_file=mode in ("map", "cache"))
             tensors = wanted[header.path]
             needed = plan.holding(tensors) if keep else list(range(len(plan.chunks)))
-            if share is not None:  # a rank that keeps a part reads no more than that part
+            if mode == "cache":  # a process that keeps a part reads no more than that part
                 disk = FileReader(header.path, direct=False, random=keep is not None)
                 mapped = MappedFile(header.path, header.file_size)
-                shared = _SharedFile(share, disk, mapped, sink)
-                fetches = [pool.submit(shared.fetch, k, False) for k in needed]
-                return _File(plan, shared.buffer, disk, tensors, needed, fetches, shared)
+                cached = _CachedFile(plan, share, disk, mapped, sink)
+                fetches = [pool.submit(cached.fetch, k, False) for k in needed]
+                return _File(plan, cached.buffer, disk, tensors, needed, fetches, cached)
             if mode == "map":  # nothing to read: no thread needs to wake up for it
                 mapped = MappedFile(header.path, header.file_size)
                 futures = [_ready() for _ in needed]
@@ -236,8 +249,6 @@ def iter_tensors(
             ]
             return _File(plan, buffer, reader, tensors, needed, futures)
 
-        # Two files in flight bound the memory of private buffers; shared files live in the page
-        # cache, so every file is queued at once and the readers never wait for the consumer.
         waiting = iter(files)
         in_flight.extend(map(start, islice(waiting, len(files) if opts.share else 2)))
         while in_flight:
@@ -245,12 +256,12 @@ def iter_tensors(
             plan, buffer = file.plan, file.buffer
             pending = deque(file.tensors)
             for k, future in zip(file.needed, file.futures, strict=True):
-                if file.shared is None:
+                if file.cached is None:
                     future.result()
                 elif future.cancel() or future.result() is False:
                     # Not begun by this process's readers (they are busy with other chunks: it
                     # need not wait for them), or another process is reading it: wait for that.
-                    file.shared.fetch(k, wait=True)
+                    file.cached.fetch(k, wait=True)
                 c = plan.chunks[k]
                 done = c.buffer_offset + c.length - plan.head
                 if pending and pending[0].end <= done:

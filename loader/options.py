@@ -30,8 +30,8 @@ class LoadOptions:
     direct_io: DirectIO = field(
         default="auto",
         metadata={
-            "help": "O_DIRECT reads: on, off, or auto (O_DIRECT for uncached files, "
-            "mapping for cached ones on the CPU)."
+            "help": "O_DIRECT reads: on, off, or auto (CPU: read into the page cache and "
+            "mapped; a device: O_DIRECT for uncached files)."
         },
     )
     drop_cache: bool = field(

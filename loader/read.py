@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     import torch
 
 HUGE_PAGE = 2 * 2**20
+SCRATCH = 4 << 20  # bytes per read into the page cache (each reader thread has one such buffer)
+_scratch = threading.local()
 THP_DEFRAG = Path("/sys/kernel/mm/transparent_hugepage/defrag")
 
 
@@ -113,6 +116,16 @@ class FileReader:
                     f"{offset + need} (was it truncated while loading?)"
                 )
             got += n
+
+    def cache(self, offset: int, length: int) -> None:
+        """Bring ``length`` bytes at ``offset`` into the page cache: buffered reads through this
+        thread's scratch buffer (dropped), so the kernel's readahead streams them."""
+        scratch = getattr(_scratch, "buffer", None)
+        if scratch is None:
+            scratch = _scratch.buffer = memoryview(bytearray(SCRATCH))
+        for start in range(offset, offset + length, SCRATCH):
+            size = min(SCRATCH, offset + length - start)
+            self.read(scratch[:size], start, size)
 
     def close(self, drop_cache: bool = False) -> None:
         """Close the file; with ``drop_cache``, evict its pages from the page cache first."""

@@ -2,9 +2,8 @@
 
 With ``share=True`` every process maps each file privately (its tensors are the page cache's
 pages, copy on write, as for a file already cached) and the processes split the reading: a chunk
-is brought into the page cache by whichever process claims it first (buffered reads through a
-small per-thread scratch buffer, so the kernel's readahead streams it); the others map what it
-read.
+is brought into the page cache by whichever process claims it first (``FileReader.cache``); the
+others map what it read.
 They need nothing from each other and no rank numbers: vLLM's tensor-parallel ranks, several
 instances of one model, or unrelated jobs share alike. The page cache holds one copy per node; the
 kernel knows the file by its inode, so two models, or two versions of one, never meet.
@@ -37,7 +36,6 @@ import json
 import os
 import stat
 import struct
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,8 +47,6 @@ from .read import FileReader
 _FLOCK = "hhxxxxqqi4x"
 USERS = 0  # the state file's byte that every user holds a shared lock on
 DONE = b"\x01"
-SCRATCH = 4 << 20  # bytes per read into the page cache (each reader thread has one such buffer)
-_scratch = threading.local()
 
 
 def directory() -> Path:
@@ -114,16 +110,6 @@ def _unused(state: Path) -> bool:
         os.close(fd)
 
 
-def _into_page_cache(disk: FileReader, offset: int, length: int) -> None:
-    """Read ``length`` bytes at ``offset`` through this thread's scratch buffer (and drop them)."""
-    scratch = getattr(_scratch, "buffer", None)
-    if scratch is None:
-        scratch = _scratch.buffer = memoryview(bytearray(SCRATCH))
-    for start in range(offset, offset + length, SCRATCH):
-        size = min(SCRATCH, offset + length - start)
-        disk.read(scratch[:size], start, size)
-
-
 class Share:
     """This process's part in reading one file once per node, for as long as it holds it."""
 
@@ -154,7 +140,7 @@ class Share:
         try:
             if not self.done(index):
                 chunk = self.plan.chunks[index]
-                _into_page_cache(disk, chunk.file_offset, self.plan.needed_end(chunk))
+                disk.cache(chunk.file_offset, self.plan.needed_end(chunk))
                 os.pwrite(self._state, DONE, 1 + index)
         finally:
             _lock(self._state, fcntl.F_UNLCK, 1 + index, wait=False)
