@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 import vllm_source
-from fxkit.loader import cache, vllm_plugin
+from fxkit.loader import LoaderError, cache, vllm_plugin
+from loader_helpers import make_fifo, returns_at_once
 from packaging.version import Version
 from safetensors.torch import save_file
 from test_loader_vllm_contract import FIELD_VERSION
@@ -212,8 +215,8 @@ def test_a_pt_checkpoint_goes_to_vllms_own_iterator(
         _, ours = load(vllm, "fxkit", tmp_path, **patterns)
     same(ours.got, theirs.got)
     assert fxkit_reads == []
-    assert f"has no safetensors files here: vLLM reads its weights itself, not load format " \
-           f"'fxkit'" in caplog.text  # fmt: skip
+    assert "has no safetensors files here: vLLM reads its weights itself, not load format " \
+           "'fxkit'" in caplog.text  # fmt: skip
 
 
 def test_a_pt_file_among_safetensors_is_not_parsed_as_safetensors(
@@ -232,7 +235,7 @@ def test_a_pt_file_among_safetensors_is_not_parsed_as_safetensors(
     source = vllm.DefaultModelLoader.Source(
         str(tmp_path), None, prefix="sparse_linear.", allow_patterns_overrides=["sparse_linear.pt"]
     )
-    with pytest.raises(Exception) as vllms:  # noqa: B017 (whatever vLLM's own path raises)
+    with pytest.raises(Exception) as vllms:  # whatever vLLM's own path raises
         load(vllm, "auto", tmp_path, secondary_weights=[source])
     if isinstance(vllms.value, RuntimeError):
         assert "Cannot find any model weights" in str(vllms.value)
@@ -348,7 +351,7 @@ def test_torchao_checkpoints_are_left_to_vllms_iterator(
 
 def test_vllms_errors_name_load_format_fxkit(vllm: Any) -> None:
     config = vllm.LoadConfig(load_format="fxkit", model_loader_extra_config={"thread": 4})
-    with pytest.raises(ValueError, match="load format fxkit: {'thread'}"):
+    with pytest.raises(ValueError, match=re.escape("load format fxkit: {'thread'}")):
         vllm.Fxkit(config)
 
 
@@ -367,3 +370,73 @@ def test_vllms_thread_options_set_fxkits_threads(
     same(ours.got, filtered.got)
     with pytest.raises(ValueError, match="num_threads 3 and threads 4; give one of them"):
         vllm.Fxkit(vllm.LoadConfig(model_loader_extra_config={**extra, "threads": 4}))
+
+
+def test_ranks_share_reads_by_default_and_bad_options_are_refused(vllm: Any) -> None:
+    config = vllm.LoadConfig(
+        load_format="fxkit",
+        model_loader_extra_config={
+            "threads": 2,
+            "chunk_size": 4096,
+            "enable_multithread_load": False,
+        },
+    )
+    assert vllm.Fxkit(config).fxkit_options == {"share": True, "threads": 2, "chunk_size": 4096}
+    assert config.model_loader_extra_config["threads"] == 2, "the caller's config is left alone"
+    off = vllm.LoadConfig(model_loader_extra_config={"share": False})
+    assert vllm.Fxkit(off).fxkit_options == {"share": False}
+    for bad in ({"share": 2}, {"threads": 0}, {"chunk_size": "32MiB"}, {"drop_cache": "yes"}):
+        with pytest.raises(ValueError, match="model_loader_extra_config"):
+            vllm.Fxkit(vllm.LoadConfig(model_loader_extra_config=bad))
+
+
+def test_vllms_file_list_meets_the_loaders_file_rule(vllm: Any, moe: Path, tmp_path: Path) -> None:
+    """vLLM globs ``*.safetensors``; a FIFO among them is refused at once, not waited on."""
+    for shard in moe.glob("model-0*.safetensors"):
+        (tmp_path / shard.name).symlink_to(shard)  # a Hugging Face snapshot: links to blobs
+    _, linked = load(vllm, "fxkit", tmp_path)
+    _, theirs = load(vllm, "auto", moe)
+    same(linked.got, theirs.got)
+    fifo = make_fifo(tmp_path / "model-00003-of-00003.safetensors")
+    loader = vllm.Fxkit(vllm.LoadConfig(load_format="fxkit"))
+    weights = loader.get_all_weights(model_config(tmp_path), Model())
+    with pytest.raises(LoaderError, match=f"{fifo}: is a FIFO, not a regular file"):
+        returns_at_once(lambda: next(weights), fifo)
+
+
+@pytest.mark.parametrize("version", ["0.17.1", "0.9.2", "unknown"])
+def test_a_vllm_older_than_checked_is_refused_by_name(
+    workdir: Any, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """Registered, so that ``--load-format fxkit`` says why it cannot run, not "not supported"."""
+    with vllm_source.running(workdir[0], workdir[1]) as source:
+        monkeypatch.setattr(sys.modules["vllm"], "__version__", version)
+        monkeypatch.setattr(vllm_plugin, "_registered", False)
+        vllm_plugin.register()
+        oldest, newest = vllm_plugin.VLLM_CHECKED
+        with pytest.raises(
+            ValueError, match=rf"not support vLLM {version}: .* {oldest} to {newest}"
+        ):
+            source.registered["fxkit"](source.LoadConfig(load_format="fxkit"))
+
+
+def test_a_vllm_newer_than_checked_is_used_with_a_warning(
+    workdir: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, moe: Path
+) -> None:
+    with vllm_source.running(workdir[0], workdir[1]) as source:
+        monkeypatch.setattr(sys.modules["vllm"], "__version__", "0.99.0")
+        monkeypatch.setattr(vllm_plugin, "_registered", False)
+        with caplog.at_level(logging.WARNING, logger=vllm_plugin.__name__):
+            vllm_plugin.register()
+        assert "vLLM 0.99.0 is newer than the newest vLLM checked against" in caplog.text
+        source.Fxkit = source.registered["fxkit"]
+        _, ours = load(source, "fxkit", moe)
+        assert len(ours.got) == len(moe_tensors(0)) * LAYERS
+
+
+def test_register_is_idempotent(vllm: Any) -> None:
+    stood_in = vllm.default_loader.safetensors_weights_iterator
+    vllm_plugin.register()
+    assert vllm.registered["fxkit"] is vllm.Fxkit
+    vllm_plugin.stand_in_for_safetensors(vllm.default_loader)  # a second time: no second layer
+    assert vllm.default_loader.safetensors_weights_iterator is stood_in
