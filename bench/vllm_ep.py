@@ -17,7 +17,7 @@ Bytes read are the process's storage reads (``read_bytes`` in /proc/self/io: mma
 O_DIRECT reads alike); every yielded tensor is touched at every page (fxkit.loader.bench.touch).
 
     python bench/vllm_ep.py [--experts 64] [--layers 8] [--expert-mib 2] [--rounds 3]
-        [--vllm 0.20.1] [-o docs/bench/vllm_ep.json]
+        [--vllm 0.20.1] [--extra '{"chunk_size": 8388608}'] [-o docs/bench/vllm_ep.json]
 """
 
 from __future__ import annotations
@@ -74,7 +74,25 @@ def generate(root: Path, experts: int, layers: int, expert_mib: int) -> list[Pat
     return shards
 
 
-def worker(method: str, rank: int, model: str, experts: int, version: str) -> dict[str, Any]:
+def warm_up(path: Path) -> None:
+    """Pay the one-time costs of this process before the clock (torch's lazy imports on a first
+    ``frombuffer``, say), for every method alike: a vLLM process has paid them when it loads."""
+    import torch
+    from fxkit.loader import iter_tensors
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    if not path.exists():
+        save_file({"experts.0.w.weight": torch.ones(4096), "dense": torch.ones(8)}, path)
+    for share in (False, True):
+        list(iter_tensors(path, keep=lambda name: name == "dense", share=share))
+    with safe_open(path, framework="pt") as f:
+        [f.get_tensor(k) for k in f.keys()]  # noqa: SIM118 (as vLLM does)
+
+
+def worker(
+    method: str, rank: int, model: str, experts: int, version: str, extra: dict[str, Any]
+) -> dict[str, Any]:
     """One rank's load in this process: vLLM's real load_weights, timed from its call."""
     import torch
     import vllm_source
@@ -90,20 +108,25 @@ def worker(method: str, rank: int, model: str, experts: int, version: str) -> di
                 self.sum += touch(tensor)
             return set()
 
+    warm_up(Path(model).parent / "warm-up.safetensors")
     workdir = ROOT / ".cache/bench/vllm-src"
     with vllm_source.running(version, workdir) as vllm:
         vllm_plugin.register()
         vllm.parallel.set(ep_size=1 if method == "fxkit-all" else RANKS, ep_rank=rank)
         fmt = "auto" if method == "vllm-ep" else vllm_plugin.LOAD_FORMAT
         cls = vllm.registered.get(fmt, vllm.DefaultModelLoader)
-        loader = cls(vllm.LoadConfig(load_format=fmt, use_tqdm_on_load=False))
-        config = types.SimpleNamespace(
+        extra = extra if fmt == vllm_plugin.LOAD_FORMAT else {}
+        config = vllm.LoadConfig(
+            load_format=fmt, use_tqdm_on_load=False, model_loader_extra_config=extra
+        )
+        loader = cls(config)
+        model_config = types.SimpleNamespace(
             model=model, revision=None, quantization=None, is_moe=True,
             get_num_experts=lambda: experts, multimodal_config=None,
         )  # fmt: skip
         target = Model()
         before, start = read_bytes(), time.perf_counter()
-        loader.load_weights(target, config)
+        loader.load_weights(target, model_config)
         seconds = time.perf_counter() - start
         read = read_bytes() - before
     return {
@@ -122,7 +145,7 @@ def run_one(method: str, rank: int, args: argparse.Namespace, files: list[Path])
 
     left = cache.evict_all(files)
     command = [sys.executable, __file__, "--worker", method, str(rank), str(args.model)]
-    command += ["--experts", str(args.experts), "--vllm", args.vllm]
+    command += ["--experts", str(args.experts), "--vllm", args.vllm, "--extra", args.extra]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     result = json.loads(out.splitlines()[-1])
     result["resident_before"] = sum(left.values())
@@ -171,12 +194,14 @@ def main() -> None:
     parser.add_argument("--expert-mib", type=int, default=1, help="MiB per expert projection")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--vllm", default="0.20.1", help="the vLLM sdist whose loader runs")
+    parser.add_argument("--extra", default="{}", help="fxkit's --model-loader-extra-config (JSON)")
     parser.add_argument("--model", type=Path, default=ROOT / ".cache/bench/vllm-ep/model")
     parser.add_argument("-o", "--output", type=Path, default=ROOT / "docs/bench/vllm_ep.json")
     args = parser.parse_args()
     if args.worker:
         method, rank, model = args.worker
-        print(json.dumps(worker(method, int(rank), model, args.experts, args.vllm)))
+        extra = json.loads(args.extra)
+        print(json.dumps(worker(method, int(rank), model, args.experts, args.vllm, extra)))
         return
     files = sorted(args.model.glob("*.safetensors"))
     if not files:
@@ -190,7 +215,13 @@ def main() -> None:
                 result["round"] = rnd
                 runs.append(result)
                 print(json.dumps(result), flush=True)
-    report = {"vllm": args.vllm, "ranks": RANKS, "experts": args.experts, "runs": runs}
+    report = {
+        "vllm": args.vllm,
+        "ranks": RANKS,
+        "experts": args.experts,
+        "extra_config": json.loads(args.extra),
+        "runs": runs,
+    }
     report["summary"] = summarise(runs, files)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1) + "\n")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import types
+from collections.abc import Iterator
 
 import pytest
 from fxkit.loader import vllm_plugin
@@ -107,3 +108,32 @@ def test_importing_fxkit_loader_imports_neither_vllm_nor_torch() -> None:
 def test_entry_point_is_declared() -> None:
     points = importlib.metadata.entry_points(group="vllm.general_plugins")
     assert any(p.value == "fxkit.loader.vllm_plugin:register" for p in points)
+
+
+def test_an_argument_fxkit_does_not_know_is_left_to_vllm(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A newer vLLM passing its safetensors iterator something new (a filter, say): fxkit cannot
+    honour what it does not know, so vLLM's own iterator reads those files."""
+    calls = []
+
+    def safetensors_weights_iterator(
+        hf_weights_files: list[str], use_tqdm_on_load: bool, *, new_filter: str | None = None
+    ) -> Iterator[tuple[str, None]]:
+        calls.append((hf_weights_files, new_filter))
+        return iter([("vllm's", None)])
+
+    stand_in = vllm_plugin._stand_in(safetensors_weights_iterator, safetensors_weights_iterator)
+    loader = types.SimpleNamespace(
+        load_config=types.SimpleNamespace(safetensors_load_strategy=None), local_expert_ids=None
+    )
+    token = vllm_plugin._reading.set(vllm_plugin._Reading(loader, None))
+    try:
+        with caplog.at_level(logging.WARNING, logger=vllm_plugin.__name__):
+            weights = stand_in(["a.safetensors"], False, new_filter="x")
+    finally:
+        vllm_plugin._reading.reset(token)
+    assert list(weights) == [("vllm's", None)] and calls == [(["a.safetensors"], "x")]
+    assert "vLLM passes ['new_filter'] to its safetensors iterator, which load format 'fxkit'" \
+        in caplog.text  # fmt: skip
+    assert list(stand_in(["b.safetensors"], False)) == [("vllm's", None)]  # outside fxkit's loader
