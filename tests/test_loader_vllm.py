@@ -18,13 +18,14 @@ from collections.abc import Iterator
 
 import pytest
 from fxkit.loader import vllm_plugin
-from test_loader_vllm_contract import FIELD_VERSION, _sdist
+from test_loader_vllm_contract import FIELD_VERSION
+from vllm_source import sdist
 
 ARG_UTILS = "vllm/engine/arg_utils.py"
 
 
 def _engine_args_source(version: str) -> ast.ClassDef:
-    with tarfile.open(_sdist(version, None)) as tar:
+    with tarfile.open(sdist(version)) as tar:
         member = tar.extractfile(f"vllm-{version}/{ARG_UTILS}")
         assert member is not None
         module = ast.parse(member.read())

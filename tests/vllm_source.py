@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-from test_loader_vllm_contract import _sdist
+from test_loader_vllm_contract import CACHE, _index, _sdist
 
 REAL = (
     "vllm/config/load.py",
@@ -252,10 +252,20 @@ def _stubs(version: str, parallel: Parallel, registered: dict[str, type]) -> dic
     return stubs
 
 
+def sdist(version: str) -> Path:
+    """vLLM ``version``'s sdist from the cache, downloaded into it when missing (skips the test
+    without PyPI)."""
+    index = None
+    if not (CACHE / f"vllm-{version}.tar.gz").exists():
+        with contextlib.suppress(OSError):
+            index = _index()
+    return _sdist(version, index)
+
+
 def _extract(version: str, into: Path) -> Path:
     root = into / f"vllm-{version}"
     if not root.exists():
-        with tarfile.open(_sdist(version, None)) as tar:
+        with tarfile.open(sdist(version)) as tar:
             members = [m for m in tar if m.name.split("/", 1)[-1] in REAL]
             tar.extractall(into, members=members, filter="data")
     return root
