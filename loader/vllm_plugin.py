@@ -12,8 +12,8 @@ and the model's ``is_unused_checkpoint_weight`` decide which). What is not safet
 fxkit does not implement (``torchao``), with a warning each.
 
 Options come from ``--model-loader-extra-config '{"threads": 16, "chunk_size": 33554432}'``;
-vLLM's ``num_threads`` (with ``enable_multithread_load``) sets fxkit's ``threads``, the other keys
-go to vLLM's loader as usual. Nothing from vLLM is imported until ``register()`` runs.
+vLLM's ``num_threads`` sets fxkit's ``threads``, the other keys go to vLLM's loader as usual.
+Nothing from vLLM is imported until ``register()`` runs.
 
 ``share`` is on by default here (``"share": false`` turns it off): every rank of a tensor-parallel
 model iterates over every file, so the ranks on a node read each file once between them, into one
@@ -81,10 +81,10 @@ def split_extra_config(extra: dict[str, Any] | None) -> tuple[dict[str, Any], di
 
 
 def thread_options(options: dict[str, Any], vllm_extra: dict[str, Any]) -> dict[str, Any]:
-    """fxkit's options with vLLM's ``num_threads`` as ``threads`` when ``enable_multithread_load``
-    asks for it (vLLM reads its own multi-thread options only then); refuses (ValueError) two
-    different thread counts."""
-    if not vllm_extra.get("enable_multithread_load") or "num_threads" not in vllm_extra:
+    """fxkit's options with vLLM's ``num_threads`` as ``threads`` (fxkit always reads with
+    threads: ``enable_multithread_load`` needs nothing more); refuses (ValueError) two different
+    thread counts."""
+    if "num_threads" not in vllm_extra:
         return options
     threads = vllm_extra["num_threads"]
     if options.get("threads", threads) != threads:

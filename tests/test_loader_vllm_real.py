@@ -370,6 +370,9 @@ def test_vllms_thread_options_set_fxkits_threads(
     same(ours.got, filtered.got)
     with pytest.raises(ValueError, match="num_threads 3 and threads 4; give one of them"):
         vllm.Fxkit(vllm.LoadConfig(model_loader_extra_config={**extra, "threads": 4}))
+    # vLLM reads num_threads only with enable_multithread_load; fxkit always has threads
+    alone = vllm.LoadConfig(model_loader_extra_config={"num_threads": 5})
+    assert vllm.Fxkit(alone).fxkit_options == {"share": True, "threads": 5}
 
 
 def test_ranks_share_reads_by_default_and_bad_options_are_refused(vllm: Any) -> None:
