@@ -1,13 +1,13 @@
 """The vLLM plugin's contract, checked with ``ast`` against real vLLM source from PyPI.
 
-``loader/vllm_plugin.py`` subclasses vLLM's ``DefaultModelLoader`` and calls its private
-``_prepare_weights``. CONTRACT lists every name, signature and return position it relies on; the
-test checks that list against vLLM's sdist from PyPI (the smallest artifact with the Python
-sources: 32 MB for 0.20.1 and 45 MB for 0.33.0, against 233 and 320 MB for the x86_64 wheels),
-read out of the tarball without installing it, at the ends of the plugin's VLLM_CHECKED range, the
-field's version and the latest release; and 0.17.1, the release before the range, is shown to
-break it. Another test reads the plugin's own source and fails if it uses a name CONTRACT does
-not list.
+``loader/vllm_plugin.py`` subclasses vLLM's ``DefaultModelLoader`` and stands in for the
+safetensors iterators its ``_get_weights_iterator`` calls. CONTRACT lists every name and
+signature it relies on; the test checks that list against vLLM's sdist from PyPI (the smallest
+artifact with the Python sources: 32 MB for 0.20.1 and 45 MB for 0.33.0, against 233 and 320 MB
+for the x86_64 wheels), read out of the tarball without installing it, at the ends of the
+plugin's VLLM_CHECKED range, the field's version and the latest release; and 0.17.1, the release
+before the range, is shown to break it. Another test reads the plugin's own source and fails if
+it uses a name CONTRACT does not list.
 
 The sdists are downloaded once (sha256-checked against the index) into ``.cache/vllm-src/``, or
 ``$FXKIT_VLLM_SRC_CACHE``; without PyPI, a version that is not cached is skipped with the reason.
@@ -30,14 +30,15 @@ from fxkit.loader import vllm_plugin
 from packaging.version import Version
 
 FIELD_VERSION = "0.20.1"  # what the field runs (MISSION.md: vLLM 0.20.1+rocm721)
-#: The release before VLLM_CHECKED's oldest, and why the plugin refuses it.
-BROKEN_VERSION, BROKEN_BY = "0.17.1", "Source fields: has no ['subfolder']"
 INDEX = "https://pypi.org/simple/vllm/"
 #: where the sdists are kept; FXKIT_VLLM_SRC_CACHE points a CI runner at a cache it keeps
 CACHE = Path(
     os.environ.get("FXKIT_VLLM_SRC_CACHE", Path(__file__).parent.parent / ".cache/vllm-src")
 )
 LOADER = "vllm/model_executor/model_loader/"
+EP_FILTER = LOADER + "ep_weight_filter.py"  # expert parallelism's filter, new in 0.18.0
+#: The release before VLLM_CHECKED's oldest, and why the plugin refuses it.
+BROKEN_VERSION, BROKEN_BY = "0.17.1", f"should_skip_weight def: {EP_FILTER} is missing"
 LOAD_CONFIG_FILES = ("vllm/config/load.py", "vllm/config/__init__.py", "vllm/config.py")
 
 
@@ -60,7 +61,8 @@ class Rely:
 
 
 INIT, BASE, DEFAULT = (LOADER + f for f in ("__init__.py", "base_loader.py", "default_loader.py"))
-PREPARE = "DefaultModelLoader._prepare_weights"
+UTILS, EP = LOADER + "weight_utils.py", EP_FILTER
+ITERATE = "DefaultModelLoader._get_weights_iterator"
 CONTRACT = (
     Rely(INIT, "register_model_loader", "def", ("load_format",)),
     Rely(INIT, "DefaultModelLoader", "binds"),
@@ -69,32 +71,54 @@ CONTRACT = (
     Rely(BASE, "BaseModelLoader.load_weights", "def", ("model", "model_config")),
     Rely(DEFAULT, "DefaultModelLoader", "subclass", "BaseModelLoader"),
     Rely(DEFAULT, "DefaultModelLoader.__init__", "def", ("load_config",)),
-    Rely(
-        DEFAULT,
-        PREPARE,
-        "def",
-        (
-            "model_name_or_path",
-            "subfolder",
-            "revision",
-            "fall_back_to_pt",
-            "allow_patterns_overrides",
-        ),
-    ),
-    Rely(DEFAULT, PREPARE, "returns", {1: "hf_weights_files", 2: "use_safetensors"}),
-    # the plugin's copy of the config asks for load format "safetensors"
-    Rely(DEFAULT, PREPARE, "compares", "safetensors"),
-    Rely(DEFAULT, "DefaultModelLoader._get_weights_iterator", "def", ("source",)),
+    # the plugin's copy of the config asks for the default format, "auto", after __init__
+    Rely(DEFAULT, "DefaultModelLoader._prepare_weights", "compares", "auto"),
+    Rely(DEFAULT, ITERATE, "def", ("source",)),
     # the overridden iterator is the one that feeds load_weights
     Rely(DEFAULT, "DefaultModelLoader.get_all_weights", "calls", "self._get_weights_iterator"),
+    # ... and it calls the safetensors iterators fxkit stands in for, by their names there
+    Rely(DEFAULT, ITERATE, "calls", "safetensors_weights_iterator"),
+    Rely(DEFAULT, ITERATE, "calls", "multi_thread_safetensors_weights_iterator"),
+    Rely(DEFAULT, "safetensors_weights_iterator", "binds"),
+    Rely(DEFAULT, "multi_thread_safetensors_weights_iterator", "binds"),
     Rely(
-        DEFAULT,
-        "DefaultModelLoader.Source",
-        "fields",
-        ("model_or_path", "revision", "subfolder", "prefix", "allow_patterns_overrides"),
+        UTILS,
+        "safetensors_weights_iterator",
+        "def",
+        ("hf_weights_files", "use_tqdm_on_load", "safetensors_load_strategy", "local_expert_ids"),
     ),
-    Rely("LoadConfig", "LoadConfig", "fields", ("load_format", "model_loader_extra_config")),
+    Rely(
+        UTILS,
+        "multi_thread_safetensors_weights_iterator",
+        "def",
+        ("hf_weights_files", "use_tqdm_on_load"),
+    ),
+    Rely(
+        UTILS,
+        "pt_weights_iterator",
+        "def",
+        ("hf_weights_files", "use_tqdm_on_load", "pt_load_map_location"),
+    ),
+    Rely(UTILS, "_natural_sort_key", "def", ("filepath",)),
+    Rely(EP, "should_skip_weight", "def", ("weight_name", "local_expert_ids")),
+    Rely(DEFAULT, "DefaultModelLoader.Source", "fields", ("model_or_path",)),
+    Rely(
+        "LoadConfig",
+        "LoadConfig",
+        "fields",
+        (
+            "load_format",
+            "model_loader_extra_config",
+            "safetensors_load_strategy",
+            "use_tqdm_on_load",
+            "pt_load_map_location",
+        ),
+    ),
     Rely("vllm/plugins/__init__.py", "DEFAULT_PLUGINS_GROUP", "constant", "vllm.general_plugins"),
+    # the warning when vLLM switches --load-format fxkit to GGUF's or bitsandbytes' loader
+    Rely("vllm/engine/arg_utils.py", "EngineArgs.create_engine_config", "def", ()),
+    Rely("vllm/engine/arg_utils.py", "EngineArgs", "fields", ("model", "load_format")),
+    Rely("vllm/config/vllm.py", "VllmConfig", "fields", ("load_config",)),
 )
 
 
@@ -266,7 +290,7 @@ def test_the_plugin_contract_holds_in_vllms_source(which: str, index: dict | Non
 
 def test_the_contract_lists_what_the_plugin_uses() -> None:
     """Every vLLM name in the plugin's source: imported names, ``source.*``, ``self._*()``,
-    config fields and ``_prepare_weights``' positions."""
+    config fields."""
     plugin = ast.parse(Path(vllm_plugin.__file__).read_text())
     listed = {r.name.rsplit(".", 1)[-1] for r in CONTRACT}
     fields = {r.name: set(r.value) for r in CONTRACT if r.kind == "fields"}
@@ -275,7 +299,6 @@ def test_the_contract_lists_what_the_plugin_uses() -> None:
         "load_config": "LoadConfig",
         "config": "LoadConfig",
     }
-    positions = {p for r in CONTRACT if r.kind == "returns" for p in r.value}
     used: set[str] = set()
     for node in ast.walk(plugin):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm"):
@@ -288,15 +311,13 @@ def test_the_contract_lists_what_the_plugin_uses() -> None:
                 used.add(node.attr)  # a vLLM method the plugin calls
         elif isinstance(node, ast.ClassDef):  # the methods the plugin's loader overrides
             used |= {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "prepared":
-            assert ast.literal_eval(node.slice) in positions, ast.unparse(node)
     assert used, "the plugin's vLLM names were not found: this test reads the wrong file"
     assert used <= listed, f"the plugin uses {sorted(used - listed)}, which CONTRACT does not list"
 
 
 def test_the_release_before_the_oldest_checked_breaks_the_contract(index: dict | None) -> None:
-    """Why the plugin refuses vLLM older than VLLM_CHECKED: ``_prepare_weights`` had no
-    ``subfolder`` (the plugin passes it by keyword), nor ``Source``."""
+    """Why the plugin refuses vLLM older than VLLM_CHECKED: it had no expert-parallel weight
+    filter (``should_skip_weight``), which decides the tensors a rank reads."""
     modules = _sources(_sdist(BROKEN_VERSION, index))
     broken = [f"{r.name.split('.')[-1]} {r.kind}: {_broken(r, modules)}" for r in CONTRACT]
     assert BROKEN_BY in broken
