@@ -337,6 +337,27 @@ def run(args: argparse.Namespace, console: Console) -> list[dict]:
     return results
 
 
+def run_ranks(args: argparse.Namespace, console: Console) -> list[dict]:
+    """``--ranks``: N processes per method load the model over the mount at once, per latency."""
+    from fxkit.loader import bench_ranks
+
+    model = Path(args.model).resolve()
+    backing = model_files(model).files
+    results = []
+    with remote_mounts(args, model) as mount:
+        for ms in args.latencies:
+            with mount(ms) as mnt:
+                console.print(f"[bold]added delay {ms} ms[/]")
+                report = bench_ranks.bench_ranks(
+                    mnt, args.ranks, args.methods, args.runs, args.fxkit_options,
+                    on_run=lambda r: console.print(f"  {r.line()}", highlight=False),
+                    also_evict=backing,
+                )  # fmt: skip
+            bench_ranks.render(report, console)
+            results.append({"delay_ms": ms, "report": asdict(report)})
+    return results
+
+
 def table(results: list[dict], nbytes: int) -> Table:
     """Speed per method and fxkit's within-round ratios, per added latency."""
     methods = [s["method"] for s in results[0]["report"]["summaries"] if not s["skipped"]]
@@ -370,6 +391,11 @@ def main() -> None:
         help="sshfs over a veth pair with a delay relay, or a C FUSE passthrough that delays "
         "every request (no network, no crypto: latency without the CPU ceiling)",
     )
+    parser.add_argument(
+        "--ranks",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="N[,N...]: N processes per method at once (fxkit bench load --ranks), per latency",
+    )
     parser.add_argument("--json", help="write every report here")
     parser.add_argument("--plot", help="PNG of speed-up vs latency (needs matplotlib)")
     args = parser.parse_args()
@@ -381,6 +407,11 @@ def main() -> None:
     if missing := [c for c in required if not shutil.which(c)]:
         sys.exit(f"missing: {', '.join(missing)} (scripts/install-system-deps.sh installs them)")
     console = Console()
+    if args.ranks:
+        results = run_ranks(args, console)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        return
     results = run(args, console)
     console.print(table(results, results[0]["report"]["nbytes"]))
     if args.json:

@@ -281,9 +281,11 @@ def run_node(
     run: RankRun,
     disk: str | None = None,
     timeout: float = RANK_TIMEOUT,
+    also_evict: Sequence[Path] = (),
 ) -> str | None:
-    """``world`` ranks load ``path`` with ``method``, cold; fills ``run``; returns an eviction
-    problem, if any (the run still goes ahead)."""
+    """``world`` ranks load ``path`` with ``method``, cold (``also_evict`` too: the server's
+    copies behind a network mount); fills ``run``; returns an eviction problem, if any (the run
+    still goes ahead)."""
     spec = RANK_METHODS[method]
     files = model_files(path).files
     run.nbytes = sum(f.stat().st_size for f in files)
@@ -298,7 +300,7 @@ def run_node(
             if isinstance(ready, str) or set(ready) != {"ready"}:
                 run.error = ready if isinstance(ready, str) else f"not ready: {ready}"
                 return None
-            left = cache.evict_all(files)
+            left = cache.evict_all([*files, *also_evict])
             run.resident_before = sum(left.values())
             problem = f"still resident after eviction: {left}" if left else None
             before = sectors_read(disk) if disk else 0
@@ -456,8 +458,12 @@ def bench_ranks(
     fxkit_options: dict[str, Any] | None = None,
     on_run: Callable[[RankRun], None] | None = None,
     timeout: float = RANK_TIMEOUT,
+    also_evict: Sequence[Path] = (),
 ) -> RanksReport:
-    """For each N in ``ranks``: ``runs`` rounds of every method, interleaved and rotated; cold."""
+    """For each N in ``ranks``: ``runs`` rounds of every method, interleaved and rotated; cold.
+
+    ``also_evict``: files behind a network mount (the server's copies), evicted before every run
+    too; the disk bytes are then counted on their device."""
     if unknown := [m for m in methods if m not in RANK_METHODS]:
         known = ", ".join(RANK_METHODS)
         raise LoaderError(f"no multi-rank method {', '.join(unknown)}; at N ranks: {known}")
@@ -472,7 +478,7 @@ def bench_ranks(
             hint="use a smaller checkpoint (fxkit make-checkpoint DIR --size 1GB) or fewer ranks",
         )
     options = dict(fxkit_options or {})
-    disk = block_device(files[0])
+    disk = block_device(also_evict[0] if also_evict else files[0])
     skipped = {m: why for m in methods if (why := RANK_METHODS[m].missing())}
     active = [m for m in methods if m not in skipped]
     report = RanksReport(
@@ -487,7 +493,8 @@ def bench_ranks(
             for name in active[shift:] + active[:shift]:
                 run = RankRun(name, rnd, ranks=world)
                 opts = options if name == "fxkit" else {}
-                if problem := run_node(name, path, opts, world, run, disk, timeout):
+                problem = run_node(name, path, opts, world, run, disk, timeout, also_evict)
+                if problem:
                     report.eviction_failures.append(f"N={world} round {rnd} {name}: {problem}")
                 at_n.append(run)
                 if on_run:
