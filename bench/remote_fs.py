@@ -310,52 +310,58 @@ def remote_mounts(args: argparse.Namespace, model: Path) -> Iterator[Callable[[f
         yield mount
 
 
-def run(args: argparse.Namespace, console: Console) -> list[dict]:
+def each_latency(
+    args: argparse.Namespace, measure: Callable[[Path, float, list[Path]], dict]
+) -> list[dict]:
+    """``measure(mount, delay, backing files)`` for each added delay, on a fresh mount each."""
     model = Path(args.model).resolve()
     backing = model_files(model).files
-    results = []
     with remote_mounts(args, model) as mount:
+        results = []
         for ms in args.latencies:
             with mount(ms) as mnt:
-                rtt = sftp_round_trip_ms(mnt)
-                console.print(f"[bold]added delay {ms} ms[/]: round trip {rtt:.2f} ms")
-                report = bench.bench(
-                    mnt,
-                    args.methods,
-                    args.runs,
-                    cold=True,
-                    fxkit_options=args.fxkit_options,
-                    also_evict=backing,
-                    targets={"baseline": FIELD_SPEEDUP},
-                    on_run=lambda r: console.print(f"  {r.line()}", highlight=False),
-                )
-            bench.render(report, console)
-            ratios = {m: bench.ratio(report.runs, "fxkit", m) for m in ("baseline", "prefetch")}
-            results.append(
-                {"delay_ms": ms, "rtt_ms": rtt, "fxkit_vs": ratios, "report": asdict(report)}
-            )
-    return results
+                results.append(measure(mnt, ms, backing))
+        return results
+
+
+def run(args: argparse.Namespace, console: Console) -> list[dict]:
+    """The single-process methods over the mount, per latency."""
+
+    def measure(mnt: Path, ms: float, backing: list[Path]) -> dict:
+        rtt = sftp_round_trip_ms(mnt)
+        console.print(f"[bold]added delay {ms} ms[/]: round trip {rtt:.2f} ms")
+        report = bench.bench(
+            mnt,
+            args.methods,
+            args.runs,
+            cold=True,
+            fxkit_options=args.fxkit_options,
+            also_evict=backing,
+            targets={"baseline": FIELD_SPEEDUP},
+            on_run=lambda r: console.print(f"  {r.line()}", highlight=False),
+        )
+        bench.render(report, console)
+        ratios = {m: bench.ratio(report.runs, "fxkit", m) for m in ("baseline", "prefetch")}
+        return {"delay_ms": ms, "rtt_ms": rtt, "fxkit_vs": ratios, "report": asdict(report)}
+
+    return each_latency(args, measure)
 
 
 def run_ranks(args: argparse.Namespace, console: Console) -> list[dict]:
     """``--ranks``: N processes per method load the model over the mount at once, per latency."""
     from fxkit.loader import bench_ranks
 
-    model = Path(args.model).resolve()
-    backing = model_files(model).files
-    results = []
-    with remote_mounts(args, model) as mount:
-        for ms in args.latencies:
-            with mount(ms) as mnt:
-                console.print(f"[bold]added delay {ms} ms[/]")
-                report = bench_ranks.bench_ranks(
-                    mnt, args.ranks, args.methods, args.runs, args.fxkit_options,
-                    on_run=lambda r: console.print(f"  {r.line()}", highlight=False),
-                    also_evict=backing,
-                )  # fmt: skip
-            bench_ranks.render(report, console)
-            results.append({"delay_ms": ms, "report": asdict(report)})
-    return results
+    def measure(mnt: Path, ms: float, backing: list[Path]) -> dict:
+        console.print(f"[bold]added delay {ms} ms[/]")
+        report = bench_ranks.bench_ranks(
+            mnt, args.ranks, args.methods, args.runs, args.fxkit_options,
+            on_run=lambda r: console.print(f"  {r.line()}", highlight=False),
+            also_evict=backing,
+        )  # fmt: skip
+        bench_ranks.render(report, console)
+        return {"delay_ms": ms, "report": asdict(report)}
+
+    return each_latency(args, measure)
 
 
 def table(results: list[dict], nbytes: int) -> Table:
