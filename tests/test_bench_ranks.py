@@ -213,3 +213,18 @@ def test_a_method_that_cannot_run_is_skipped_with_its_reason(
         ("absent", "Python package no_such_package_fxkit is not installed"),
         ("later", "fxkit.loader.options has no no_such_thing (yet)"),
     ]
+
+
+def test_files_behind_a_mount_are_evicted_too(model: Path, tmp_path: Path) -> None:
+    """``also_evict`` (the server's copies behind a network mount): cold before every run."""
+    from fxkit.loader import cache
+
+    behind = tmp_path / "server"
+    shutil.copytree(model, behind)
+    files = model_files(behind).files
+    assert not cache.warm(files)
+    report = bench_ranks.bench_ranks(
+        model, [2], ["baseline"], runs=1, also_evict=files, timeout=120
+    )
+    assert not report.eviction_failures and all(not r.error for r in report.runs)
+    assert sum(cache.resident_bytes(f) for f in files) == 0
