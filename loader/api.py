@@ -22,7 +22,7 @@ from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
 from .options import DirectIO, LoadOptions
 from .plan import FilePlan, normalise_chunk_size, plan_file
 from .read import FileReader, MappedFile
-from .shared import Share, open_share
+from .shared import Share, open_shares
 from .sinks import HostSink, StagedSink, make_sink
 
 if TYPE_CHECKING:
@@ -214,12 +214,11 @@ def iter_tensors(
         stack.callback(sink.publish)
         # With ``share``, this process holds every file's share from the start to the end (a
         # process still on an early file keeps the later ones going); let go after the pool.
+        plans = [plan_file(h, chunk, whole_file=True) for h in files if opts.share and h.data_size]
         shares: dict[Path, Share] = {}
-        for header in files if opts.share else ():
-            if header.data_size:
-                plan = plan_file(header, chunk, whole_file=True)
-                shares[header.path] = share = open_share(plan)
-                stack.callback(share.close)
+        for share in open_shares(plans) if plans else ():
+            shares[share.plan.header.path] = share
+            stack.callback(share.close)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
@@ -228,7 +227,7 @@ def iter_tensors(
         def start(header: FileHeader) -> _File:
             share = shares.get(header.path)
             mode = "cache" if share else _read_mode(direct_io, header.path, can_map)
-            plan = plan_file(header, chunk, whole_file=mode in ("map", "cache"))
+            plan = share.plan if share else plan_file(header, chunk, mode in ("map", "cache"))
             tensors = wanted[header.path]
             needed = plan.holding(tensors) if keep else list(range(len(plan.chunks)))
             if mode == "cache":  # a process that keeps a part reads no more than that part
@@ -249,6 +248,8 @@ def iter_tensors(
             ]
             return _File(plan, buffer, reader, tensors, needed, futures)
 
+        # Two files in flight bound the memory of private buffers; with ``share`` every file is
+        # queued at once (they are the page cache's), so the readers never wait for the consumer.
         waiting = iter(files)
         in_flight.extend(map(start, islice(waiting, len(files) if opts.share else 2)))
         while in_flight:

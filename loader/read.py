@@ -11,7 +11,7 @@ import mmap
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from .errors import LoaderError
 from .files import open_regular
@@ -64,13 +64,6 @@ def host_buffer(size: int) -> torch.Tensor:
 def writable_view(tensor: torch.Tensor) -> memoryview:
     """A writable memoryview of a contiguous CPU uint8 tensor (no copy)."""
     return tensor.numpy().data.cast("B")
-
-
-class Reader(Protocol):
-    """What sinks read chunks from: a file, a mapped file, or a node-shared segment."""
-
-    def read(self, view: memoryview, offset: int, need: int) -> None:
-        """Fill ``view`` with the bytes at file ``offset``; ``need`` of them must arrive."""
 
 
 class FileReader:

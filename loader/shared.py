@@ -111,21 +111,18 @@ def _unused(state: Path) -> bool:
 
 
 class Share:
-    """This process's part in reading one file once per node, for as long as it holds it."""
+    """This process's part in reading one file once per node, for as long as it holds it.
 
-    def __init__(self, where: Path, plan: FilePlan) -> None:
-        self.where, self.plan = where, plan
-        self.path = where / f"{state_key(plan)}.state"
-        with _directory_lock(where):
-            for stale in where.glob("*.state"):
-                if stale != self.path and _unused(stale):
-                    stale.unlink(missing_ok=True)
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            self._state = os.open(self.path, flags, 0o600)
-            _lock(self._state, fcntl.F_RDLCK, USERS, wait=True)
-            if os.fstat(self._state).st_size != 1 + len(plan.chunks):
-                os.ftruncate(self._state, 0)  # new (or not this geometry): nothing read yet
-                os.ftruncate(self._state, 1 + len(plan.chunks))
+    Made by :func:`open_shares`, under the directory lock."""
+
+    def __init__(self, where: Path, plan: FilePlan, path: Path) -> None:
+        self.where, self.plan, self.path = where, plan, path
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._state = os.open(path, flags, 0o600)
+        _lock(self._state, fcntl.F_RDLCK, USERS, wait=True)
+        if os.fstat(self._state).st_size != 1 + len(plan.chunks):
+            os.ftruncate(self._state, 0)  # new (or not this geometry): nothing read yet
+            os.ftruncate(self._state, 1 + len(plan.chunks))
 
     def done(self, index: int) -> bool:
         return os.pread(self._state, 1, 1 + index) == DONE
@@ -155,6 +152,14 @@ class Share:
             os.close(self._state)
 
 
-def open_share(plan: FilePlan) -> Share:
-    """This process's hold on the node-shared reading of ``plan``'s file."""
-    return Share(directory(), plan)
+def open_shares(plans: list[FilePlan]) -> list[Share]:
+    """This process's hold on the node-shared reading of each plan's file (one per plan), after
+    removing the state files nobody holds (left by dead processes): all under one directory
+    lock, once per load."""
+    where = directory()
+    paths = [where / f"{state_key(plan)}.state" for plan in plans]
+    with _directory_lock(where):
+        for stale in set(where.glob("*.state")) - set(paths):
+            if _unused(stale):
+                stale.unlink(missing_ok=True)
+        return [Share(where, plan, path) for plan, path in zip(plans, paths, strict=True)]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import LoaderError
 from .plan import ALIGN, Chunk
-from .read import Reader, host_buffer, writable_view
+from .read import FileReader, MappedFile, host_buffer, writable_view
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +28,9 @@ class HostSink:
     def allocate(self, size: int) -> torch.Tensor:
         return host_buffer(size)
 
-    def fill(self, reader: Reader, dest: torch.Tensor, chunk: Chunk, need: int) -> None:
+    def fill(
+        self, reader: FileReader | MappedFile, dest: torch.Tensor, chunk: Chunk, need: int
+    ) -> None:
         end = chunk.buffer_offset + chunk.length
         reader.read(writable_view(dest)[chunk.buffer_offset : end], chunk.file_offset, need)
 
@@ -63,7 +65,9 @@ class StagedSink:
 
         return torch.empty(size, dtype=torch.uint8, device=self.device)
 
-    def fill(self, reader: Reader, dest: torch.Tensor, chunk: Chunk, need: int) -> None:
+    def fill(
+        self, reader: FileReader | MappedFile, dest: torch.Tensor, chunk: Chunk, need: int
+    ) -> None:
         staging, event = self.pool.get()
         try:
             if event is not None:

@@ -94,7 +94,7 @@ def test_one_process_loads_exactly_and_leaves_nothing(model: Path, shm: Path) ->
     assert shm.stat().st_mode & 0o777 == 0o700
 
 
-def test_staged_path_reads_from_the_segment(model: Path, shm: Path) -> None:
+def test_staged_path_copies_from_the_page_cache(model: Path, shm: Path) -> None:
     cold(model)
     tensors = dict(iter_tensors(model, share=True, chunk_size=CHUNK, _staged=True))
     assert digest(tensors) == reference(model)
@@ -142,9 +142,9 @@ STUCK = """
 import sys, time
 from fxkit.loader.format import open_checkpoint
 from fxkit.loader.plan import plan_file
-from fxkit.loader.shared import open_share
+from fxkit.loader.shared import open_shares
 header = open_checkpoint(sys.argv[1]).files[0]
-share = open_share(plan_file(header, 1 << 20, whole_file=True))
+(share,) = open_shares([plan_file(header, 1 << 20, whole_file=True)])
 class Stuck:
     def cache(self, offset, length):
         print("holding", flush=True)
@@ -178,7 +178,7 @@ def test_a_rank_that_dies_mid_chunk_does_not_block_the_others(model: Path, shm: 
     assert shares(shm) == []
 
 
-def test_stale_segments_of_dead_processes_are_removed_at_the_next_start(
+def test_state_files_of_dead_processes_are_removed_at_the_next_start(
     model: Path, shm: Path
 ) -> None:
     shm.mkdir(mode=0o700)

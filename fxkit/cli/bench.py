@@ -137,10 +137,9 @@ def load(
         _load_ranks(model, ranks, runs, methods, cold, fxkit_options, json_path, console)
         return
 
-    names = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",")]
     report = run_bench(
         model,
-        names,
+        _names(methods, METHODS),
         runs,
         cold,
         fxkit_options,
@@ -151,6 +150,11 @@ def load(
     if json_path:
         save_json(report, json_path)
         console.print(f"report: {json_path}")
+
+
+def _names(methods: str, known: dict) -> list[str]:
+    """``--methods``: ``all`` (every known one) or a comma-separated list."""
+    return list(known) if methods == "all" else [m.strip() for m in methods.split(",")]
 
 
 def _load_ranks(
@@ -169,11 +173,10 @@ def _load_ranks(
 
     if not cold:
         raise click.BadParameter("--ranks runs cold only", param_hint="--hot")
-    names = list(RANK_METHODS) if methods == "all" else [m.strip() for m in methods.split(",")]
     report = bench_ranks(
         model,
         ranks,
-        names,
+        _names(methods, RANK_METHODS),
         runs,
         fxkit_options,
         on_run=lambda run: console.print(run.line(), highlight=False),
