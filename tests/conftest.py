@@ -29,6 +29,15 @@ from fxkit.connection.base import Connection
 from fxkit.lab import AddressInUse, Fleet, LabError, check_requirements
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shm_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The loader's node-shared state (``share=True``, on in the vLLM plugin) goes to a folder of
+    the test run, not to this machine's /dev/shm (tests that need /dev/shm itself set their own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FXKIT_SHM_DIR", str(tmp_path_factory.mktemp("shm")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def lab_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
     """A factory: ``lab_fleet(n, name="shared", profile=None)`` -> fleet ``name`` with
