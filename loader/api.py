@@ -43,14 +43,13 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
     """How to read a file: "direct" (O_DIRECT), "buffered", "map" (already cached: nothing to
     read) or "cache" (read into the page cache and mapped; both for CPU loads only).
 
-    The ``auto`` rule, from measurements on the 2-core development VM (2 GB checkpoint, noisy).
-    CPU, cold, one process (1 Dec 2026): reading into the page cache through a small scratch
-    buffer and mapping the file took 1.40-1.49 s, O_DIRECT into fresh buffers 1.51-2.39 s (a
-    fresh 4 KiB page costs a fault; the page cache takes large folios), with 0.6 s of CPU
-    against 1.0; processes loading one file then also share its pages. Hot, mapping the cached
-    pages ran 9-12 GB/s without copying a byte. For a device (29 Nov 2026): cold, O_DIRECT into
-    the pinned staging ran 1.5-1.9 GB/s against 0.5-1.3 for buffered reads; hot, buffered reads
-    ran 10-12 GB/s against 1-3 for O_DIRECT.
+    The ``auto`` rule, from measurements on the 2-core development VM (docs/BENCHMARKS.md). CPU,
+    cold, one process (1 Dec 2026): reading into the page cache through a small scratch buffer
+    and mapping the file ran 1.12x the baseline, O_DIRECT into fresh buffers 1.00x (a fresh 4 KiB
+    page costs a fault; the page cache takes large folios), and processes loading one file share
+    its pages. Hot, mapping the cached pages ran 9-12 GB/s without copying a byte. For a device
+    (29 Nov 2026): cold, O_DIRECT into the pinned staging ran 1.5-1.9 GB/s against 0.5-1.3 for
+    buffered reads; hot, buffered reads ran 10-12 GB/s against 1-3 for O_DIRECT.
     """
     if direct_io in ("on", True):
         return "direct"
