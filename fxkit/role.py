@@ -352,6 +352,8 @@ class Host:
     download = operation(ops.download)
     mount = operation(ops.mount)
     filesystem = operation(ops.filesystem)
+    instance = operation(ops.instance)
+    instance_ready = operation(ops.instance_ready)
 
     def __init__(
         self,

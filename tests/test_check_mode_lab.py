@@ -49,6 +49,8 @@ CASES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "git": (("/srv/fxkit-check.git", "/opt/fxkit-check-src", "main"), {}),
     "dropin": (("vllm@.service", "limits", "[Service]\nLimitMEMLOCK=infinity\n"), {}),
     "wait_for": ((), {"path": "/root/never", "timeout": 5}),
+    "instance": (("fxcheck@a0.service", ["sleep", "100"], {"A": "1"}), {}),
+    "instance_ready": (("fxcheck@a0.service", "http://127.0.0.1:18999/v1/models", "m"), {}),
     "reboot": ((), {}),
     "attribute": (("/sys/kernel/mm/transparent_hugepage/enabled", "never"), {}),
     "group": (("render",), {"gid": 4242, "system": True}),

@@ -8,6 +8,7 @@ from fxkit.ops.boot import reboot
 from fxkit.ops.commands import command
 from fxkit.ops.files import directory, file
 from fxkit.ops.filesystems import filesystem
+from fxkit.ops.instances import instance, instance_ready
 from fxkit.ops.kernel import kernel_cmdline, module, sysctl
 from fxkit.ops.lines import block, line
 from fxkit.ops.mounts import mount
@@ -50,6 +51,8 @@ OPERATIONS: dict[str, Operation] = {
         download,
         mount,
         filesystem,
+        instance,
+        instance_ready,
     )
 }
 

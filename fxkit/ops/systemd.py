@@ -55,11 +55,11 @@ def unit_instance(template: str, instance: str) -> str:
     unit_instance("vllm@.service", "0") == "vllm@0.service"
     unit_instance("nvme@.service", "/dev/nvme0") == "nvme@-dev-nvme0.service"
     """
-    match = _check_name(template)
+    match = check_unit_name(template)
     if match.group(2) != "":
         raise OpError(f"{template!r} is not a template unit", hint="e.g. 'vllm@.service'")
     escaped = "".join(_escape(c, first=i == 0) for i, c in enumerate(instance))
-    return _check_name(f"{match.group(1)}@{escaped}.{match.group(3)}").string
+    return check_unit_name(f"{match.group(1)}@{escaped}.{match.group(3)}").string
 
 
 def _escape(char: str, first: bool) -> str:
@@ -72,7 +72,7 @@ def _escape(char: str, first: bool) -> str:
     return "".join(f"\\x{byte:02x}" for byte in char.encode())
 
 
-def _check_name(name: str) -> re.Match[str]:
+def check_unit_name(name: str) -> re.Match[str]:
     match = _UNIT.fullmatch(name)
     if not match or len(name) > _UNIT_MAX:
         raise OpError(
@@ -98,7 +98,7 @@ def unit(
 
         host.unit("vllm@.service", content=unit_text)
     """
-    _check_name(name)
+    check_unit_name(name)
     return _unit_file(ctx, f"{unit_dir}/{name}", content, daemon_reload)
 
 
@@ -117,7 +117,7 @@ def dropin(
 
         host.dropin("vllm@.service", "10-env", "[Service]\\nEnvironment=HF_HOME=/mnt/hf\\n")
     """
-    _check_name(unit)
+    check_unit_name(unit)
     base = name.removesuffix(".conf")
     if not _DROPIN.fullmatch(base) or base.startswith("."):
         raise OpError(f"bad drop-in name {name!r} for {unit}", hint="e.g. '10-override.conf'")
@@ -159,7 +159,7 @@ def service(
 
         host.service("nvmf-autoconnect.service", enabled=True, state="started")
     """
-    match = _check_name(name)
+    match = check_unit_name(name)
     check_state(state, (None, "started", "stopped", "restarted", "reloaded"))
     if match.group(2) == "" and state is not None:
         raise OpError(

@@ -1,0 +1,309 @@
+"""Long-running service instances (a vLLM server, the probe): started, restarted only when their
+configuration changed, and awaited until they serve.
+
+An instance is a unit name (``vllm@tp4-0.service``), the command it runs and its environment.
+Where systemd runs the host the unit does the running (its unit file and environment file are
+the role's to write); elsewhere (a lab host, a container: no init) the command is started
+directly, in a session of its own, with exactly that environment, its output in a log file.
+Either way the operation records, on the host, a digest of the command and environment and when
+it started (``STATE_DIR/<unit>.json``): a run restarts the instance only when that digest
+differs or it is not running, and :func:`instance_ready` measures the time to ready from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from shlex import quote
+
+from fxkit.connection.base import RunResult
+from fxkit.facts.tools import Executables
+from fxkit.ops.base import OpContext, OpError, Result, check_state, failed, ok, skipped
+from fxkit.ops.systemd import check_unit_name, systemd_missing
+from fxkit.ops.wait import HTTP_TOOLS, PROBE_TIMEOUT, check_url, http_probe
+
+STATE_DIR = "/var/lib/fxkit/instances"
+LOG_DIR = "/var/log/fxkit"
+#: The PATH a directly started instance gets (systemd's default for system services).
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Seconds a stopping instance gets after SIGTERM before SIGKILL (systemd's TimeoutStopSec).
+STOP_TIMEOUT = 90
+#: Lines of the instance's log shown when it fails.
+TAIL = 20
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: How long the weights took to load, as the servers log it: fxkit's probe, then vLLM
+#: (vllm/v1/worker/gpu_model_runner.py and gpu/model_runner.py: "Model loading took %s GiB
+#: memory and %.6f seconds"; model_loader/default_loader.py: "Loading weights took %.2f seconds").
+LOAD_LINES = (
+    re.compile(r"fxkit serve-probe: loaded .* in ([0-9.]+) s"),
+    re.compile(r"Model loading took \S+ GiB(?: memory)? and ([0-9.]+) seconds"),
+    re.compile(r"Loading weights took ([0-9.]+) seconds"),
+)
+_METRIC = re.compile(r"^fxkit_load_seconds(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the host keeps of an instance's last start."""
+
+    digest: str
+    backend: str  # "systemd" or "direct"
+    started_at: float  # the host's clock, seconds since the epoch
+    pid: int = 0  # direct: the session leader
+    ticks: str = ""  # direct: its start time in /proc/PID/stat (guards against a reused PID)
+
+    @classmethod
+    def parse(cls, raw: bytes | None) -> Record | None:
+        try:
+            data = json.loads(raw or b"")
+            return cls(**data)
+        except (ValueError, TypeError):
+            return None
+
+
+def digest(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """The configuration an instance runs with, as one sha256."""
+    blob = json.dumps({"argv": list(argv), "env": dict(env)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _check(unit: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    match = check_unit_name(unit)
+    if match.group(3) != "service" or match.group(2) == "":
+        raise OpError(
+            f"{unit!r} is not a service or a service instance", hint="e.g. vllm@tp4-0.service"
+        )
+    if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+        raise OpError(f"{unit}: bad command {argv!r}", hint="a list of strings, the program first")
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name) or "\0" in str(value) or "\n" in str(value):
+            raise OpError(f"{unit}: bad environment variable {name!r}={value!r}")
+
+
+def _paths(unit: str, state_dir: str, log_dir: str) -> tuple[str, str]:
+    return f"{state_dir}/{unit}.json", f"{log_dir}/{unit}.log"
+
+
+def _alive_command(unit: str, record: Record | None) -> str:
+    """Prints ``alive`` or ``dead`` for the instance as last started."""
+    if record is None:
+        return "echo dead"
+    if record.backend == "systemd":
+        return (
+            f"case $(systemctl is-active -- {quote(unit)} | head -n1) in "
+            "active|activating|reloading) echo alive;; *) echo dead;; esac"
+        )
+    stat = f"/proc/{record.pid}/stat"
+    # Fields after the command's ')' start with the state (3rd field); the start time is 22nd.
+    return (
+        f"s=$(sed 's/.*) //' {stat} 2>/dev/null); set -- $s; "
+        f'if [ "${{1:-Z}}" != Z ] && [ "${{20:-}}" = {quote(record.ticks)} ]; '
+        "then echo alive; else echo dead; fi"
+    )
+
+
+def instance(
+    ctx: OpContext,
+    unit: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    state: str = "started",
+    state_dir: str = STATE_DIR,
+    log_dir: str = LOG_DIR,
+) -> Result:
+    """Ensure the instance ``unit`` runs ``argv`` with exactly ``env``: ``started`` starts it, or
+    restarts it when the command or environment differ from its last start; ``restarted``
+    always restarts; ``stopped`` stops it. Under systemd it starts/restarts and enables the unit
+    (whose files must say the same as ``argv`` and ``env``); without systemd it runs the command
+    itself (see the module's docstring). ``data``: backend, started_at, pid, restarted.
+
+    Example::
+
+        host.instance("vllm@tp4-0.service", ["/opt/venv/bin/vllm", "serve", model], env)
+    """
+    check_state(state, ("started", "restarted", "stopped"))
+    _check(unit, argv, env)
+    record_path, log = _paths(unit, state_dir, log_dir)
+    backend = "direct" if systemd_missing(ctx) else "systemd"
+    record = Record.parse(ctx.get(record_path))
+    alive = ctx.read(_alive_command(unit, record)).stdout.strip() == "alive"
+    wanted = digest(argv, env)
+    how = "under systemd" if backend == "systemd" else "directly (no systemd on this host)"
+    if state == "stopped":
+        if not alive:
+            return ok(f"{unit} is stopped")
+        return ctx.change(
+            f"{_stop(unit, record)}; rm -f -- {quote(record_path)}",
+            would=f"stop {unit}",
+            done=f"stopped {unit}",
+            diff=f"{unit}: running -> stopped\n",
+        )
+    same = record is not None and record.digest == wanted and record.backend == backend
+    if alive and same and state == "started":
+        assert record is not None
+        return ok(
+            f"{unit} runs as configured {how}",
+            backend=backend,
+            started_at=record.started_at,
+            pid=record.pid,
+            restarted=False,
+        )
+    why = "restart" if state == "restarted" else "configuration changed" if alive else "stopped"
+    old = "running" if alive else "stopped"
+    start = _start_systemd(unit) if backend == "systemd" else _start_direct(argv, env, log)
+    command = (
+        f"{_stop(unit, record) if alive and backend == 'direct' else 'true'}; "
+        f"mkdir -p -- {quote(state_dir)} {quote(log_dir)} && t=$(date +%s.%N) && {start} && "
+        f'printf \'{{"digest": "%s", "backend": "%s", "started_at": %s, "pid": %s, '
+        f'"ticks": "%s"}}\\n\' {wanted} {backend} "$t" "${{p:-0}}" "${{k:-}}" '
+        f"> {quote(record_path)}.tmp && mv -f -- {quote(record_path)}.tmp {quote(record_path)} "
+        '&& echo "$t ${p:-0}"'
+    )
+    verb = "restart" if alive else "start"
+    result = ctx.change(
+        command,
+        would=f"{verb} {unit} {how} ({why})",
+        done=f"{verb}ed {unit} {how} ({why})",
+        diff=f"{unit}: {old} -> started ({why})\n",
+    )
+    result.data.update(backend=backend, restarted=True)
+    if result.changed and "stdout" in result.data:
+        stamp, _, pid = result.data["stdout"].strip().rpartition("\n")[2].partition(" ")
+        result.data.update(started_at=float(stamp), pid=int(pid or 0))
+    return result
+
+
+def _start_systemd(unit: str) -> str:
+    q = quote(unit)
+    return f"systemctl enable -q -- {q} && systemctl restart -- {q}"
+
+
+def _start_direct(argv: Sequence[str], env: Mapping[str, str], log: str) -> str:
+    """Start ``argv`` in a session of its own with only ``env`` (and systemd's PATH), output to
+    ``log`` (the previous one kept as ``.1``); sets ``p`` (its PID) and ``k`` (its start time)."""
+    words = [f"PATH={PATH}", *(f"{k}={v}" for k, v in env.items()), *argv]
+    q = quote(log)
+    return (
+        f"{{ [ ! -e {q} ] || mv -f -- {q} {q}.1; }} && cd / && "
+        f"{{ setsid env -i {' '.join(quote(w) for w in words)} </dev/null >{q} 2>&1 & }} && "
+        "p=$! && k=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f20)"
+    )
+
+
+def _stop(unit: str, record: Record | None) -> str:
+    """Stop the instance as it was started: systemd stops the unit; a direct one's session gets
+    SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT` seconds."""
+    if record is None or record.backend == "systemd":
+        return f"systemctl stop -- {quote(unit)}"
+    pid = record.pid
+    return (
+        f"kill -s TERM -- -{pid} 2>/dev/null; i=0; "
+        f"while [ -e /proc/{pid} ] && [ $i -lt {STOP_TIMEOUT * 10} ]; do "
+        "sleep 0.1; i=$((i+1)); done; "
+        f"kill -s KILL -- -{pid} 2>/dev/null; true"
+    )
+
+
+def instance_ready(
+    ctx: OpContext,
+    unit: str,
+    url: str,
+    model: str,
+    timeout: float = 900.0,
+    interval: float = 1.0,
+    state_dir: str = STATE_DIR,
+    log_dir: str = LOG_DIR,
+) -> Result:
+    """Wait until the instance ``unit`` answers ``url`` (its ``/v1/models``) with ``model`` among
+    the served models; fail at once when it stops running, or after ``timeout`` seconds, with the
+    tail of its log. ``data``: time_to_ready_s (from its last start, on the host's clock),
+    load_s and load_source (its ``/metrics`` ``fxkit_load_seconds``, else its log's line).
+
+    Check mode probes once and does not wait, as :func:`fxkit.ops.wait.wait_for`.
+
+    Example::
+
+        host.instance_ready("vllm@tp4-0.service", "http://127.0.0.1:8000/v1/models", "llama")
+    """
+    check_url(url)
+    if timeout <= 0 or interval <= 0:
+        raise OpError(f"bad timeout {timeout!r} or interval {interval!r}", hint="seconds > 0")
+    record_path, log = _paths(unit, state_dir, log_dir)
+    record = Record.parse(ctx.get(record_path))
+    tools = ctx.fact(Executables, *HTTP_TOOLS)
+    if not tools:
+        return failed(f"cannot probe {url}: the host has none of {', '.join(HTTP_TOOLS)}")
+    seconds = max(1.0, min(PROBE_TIMEOUT, timeout))
+    probe = http_probe(tools[0], url, 200, {"data": [{"id": model}]}, seconds)
+    command = f"date +%s.%N; {_alive_command(unit, record)}; {probe.command}"
+    deadline = time.monotonic() + timeout
+    while True:
+        result = ctx.read(command, timeout=seconds + 5)
+        now, alive, rest = [*result.stdout.split("\n", 2), "", ""][:3]
+        done, seen = probe.judge(RunResult(result.command, result.rc, rest, result.stderr))
+        if done and record is not None:
+            took = float(now) - record.started_at
+            load_s, source = _load_time(ctx, unit, url, record, tools[0], log)
+            where = f"; weights loaded in {load_s:.1f} s ({source})" if load_s is not None else ""
+            return ok(
+                f"{unit} serves {model} {took:.1f} s after its start{where}",
+                time_to_ready_s=round(took, 3),
+                load_s=load_s,
+                load_source=source,
+                backend=record.backend,
+            )
+        if ctx.check:
+            return skipped(f"check mode: would wait up to {timeout:g} s for {probe.what}")
+        if record is None:
+            return failed(f"{unit} was never started by fxkit ({record_path} is missing)")
+        if alive.strip() != "alive":
+            return failed(
+                f"{unit} stopped before it was ready ({float(now) - record.started_at:.1f} s "
+                f"after its start); last lines of its log:\n{_log_tail(ctx, unit, record, log)}",
+                seen=seen,
+            )
+        if time.monotonic() >= deadline:
+            return failed(
+                f"{unit} was not ready after {timeout:g} s (last seen: {seen}); last lines of "
+                f"its log:\n{_log_tail(ctx, unit, record, log)}",
+                seen=seen,
+            )
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def _log_command(unit: str, record: Record, log: str) -> str:
+    if record.backend == "systemd":
+        since = f"@{int(record.started_at)}"
+        return f"journalctl -u {quote(unit)} --since {quote(since)} -o cat --no-pager"
+    return f"cat -- {quote(log)}"
+
+
+def _log_tail(ctx: OpContext, unit: str, record: Record, log: str) -> str:
+    out = ctx.read(f"{_log_command(unit, record, log)} 2>&1 | tail -n {TAIL}")
+    return out.stdout.rstrip() or "(empty)"
+
+
+def _load_time(
+    ctx: OpContext, unit: str, url: str, record: Record, tool: str, log: str
+) -> tuple[float | None, str]:
+    """The instance's own account of its weights' load time: ``/metrics``, else its log."""
+    metrics = re.sub(r"(https?://[^/]+).*", r"\1/metrics", url)
+    answer = ctx.read(http_probe(tool, metrics, 200, None, PROBE_TIMEOUT).command)
+    found = _METRIC.search(answer.stdout.rpartition("\n")[0])
+    if found:
+        return float(found[1]), "metrics"
+    seconds = load_seconds(ctx.read(_log_command(unit, record, log)).stdout)
+    return (seconds, "log") if seconds is not None else (None, "unknown")
+
+
+def load_seconds(text: str) -> float | None:
+    """The weights' load time in a server's log (its last such line), None when it says none."""
+    for pattern in LOAD_LINES:
+        hits = pattern.findall(text)
+        if hits:
+            return float(hits[-1])
+    return None
