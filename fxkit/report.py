@@ -54,6 +54,15 @@ class Reporter:
         self._lock = threading.RLock()
         self._live: Live | None = None
 
+    def fresh(self) -> Reporter:
+        """A reporter for another run, printing and logging as this one does (its secrets
+        too), with results of its own."""
+        other = Reporter(
+            self.console, diff=self.show_diff, verbose=self.verbose, log_json=self._log
+        )
+        other.add_secrets(self._secret_values)
+        return other
+
     # -- secrets ---------------------------------------------------------------------------
 
     def add_secrets(self, values: Iterable[str]) -> None:

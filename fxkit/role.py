@@ -116,6 +116,9 @@ class Role:
     validate: Callable[[HostVars], None] | None = None
     #: ``validate_all({host: v})``: checks across the play's hosts (an NQN used twice).
     validate_all: Callable[[dict[str, HostVars]], None] | None = None
+    #: The loaded role.py, for what a command reads from a role beside ``apply`` (the instances
+    #: that ``fxkit rollout`` rolls out: ``instance_specs(v)``).
+    module: ModuleType | None = field(default=None, repr=False, compare=False)
 
     @property
     def templates(self) -> Path:
@@ -153,6 +156,7 @@ class RoleLoader:
                     _apply_function(module, path / "role.py"),
                     _hook(module, "validate", path / "role.py"),
                     _hook(module, "validate_all", path / "role.py"),
+                    module,
                 )
         known = sorted({p.parent.name for folder in self.search for p in folder.glob("*/role.py")})
         close = difflib.get_close_matches(name, known, n=1)

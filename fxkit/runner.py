@@ -134,10 +134,7 @@ class Runner:
 
     def run(self) -> PlaybookResult:
         """Every play; returns once every host thread has reported (see the module docstring)."""
-        for play in self.playbook.plays:  # mistakes show before any host is touched
-            hosts = self._hosts(play)
-            for ref in play.roles:
-                self._validate(play, ref, self.roles.load(ref.role, ref.where), hosts)
+        self.validate()
         if self.options.connect.become_password:
             self.reporter.add_secrets([self.options.connect.become_password])
         self.reporter.run_started(check=self.options.check)
@@ -150,6 +147,14 @@ class Runner:
             self._close()
             self.reporter.run_done(interrupted=self._stop.is_set())
         return self.reporter.results
+
+    def validate(self) -> None:
+        """Every role's variable checks on every host of its play: mistakes show (all at once,
+        as one error) before any host is touched."""
+        for play in self.playbook.plays:
+            hosts = self._hosts(play)
+            for ref in play.roles:
+                self._validate(play, ref, self.roles.load(ref.role, ref.where), hosts)
 
     def interrupt(self) -> None:
         """Ctrl-C (safe in a signal handler: it only counts; the waiting runner acts on it)."""
@@ -193,7 +198,7 @@ class Runner:
         wrong variable of every host is named at once, before any host is touched."""
         if not (role.validate or role.validate_all):
             return
-        everyone = {inv.name: self._vars(play, inv, role, ref) for inv in hosts}
+        everyone = self.role_vars(play, ref, role, hosts)
         problems: list[FxkitError] = []
         validate = role.validate
         for v in everyone.values() if validate else ():
@@ -210,6 +215,13 @@ class Runner:
                 + "\n".join("  - " + str(p).replace("\n", "\n    ") for p in problems),
                 hint="fix them in the inventory, group_vars, the play's vars or -e",
             )
+
+    def role_vars(
+        self, play: Play, ref: RoleRef, role: Role, hosts: list[InventoryHost] | None = None
+    ) -> dict[str, HostVars]:
+        """Each host's variables as ``role`` sees them in ``play`` (its hosts, within --limit)."""
+        chosen = self._hosts(play) if hosts is None else hosts
+        return {inv.name: self._vars(play, inv, role, ref) for inv in chosen}
 
     def _play(self, play: Play) -> bool:
         """Run one play batch by batch; False when the failure policy stops the run."""

@@ -15,6 +15,7 @@ from fxkit.cli.inventory import inventory
 from fxkit.cli.lab import lab
 from fxkit.cli.loader import load, make_checkpoint
 from fxkit.cli.play import play
+from fxkit.cli.rollout import rollout
 from fxkit.errors import FxkitError
 
 err_console = Console(stderr=True)
@@ -27,6 +28,7 @@ def cli() -> None:
 
     \b
     Provisioning:  fxkit play PLAYBOOK -i INVENTORY [--check] [--diff]
+    Rollout:       fxkit rollout -i INVENTORY [--canary] [--serial N] [--report FILE]
     Inventories:   fxkit inventory -i INVENTORY [-i ...] --list | --graph | --list-hosts P
     Lab fleet:     fxkit lab up N | status | down
     Models:        fxkit load MODEL; fxkit bench load MODEL; fxkit make-checkpoint DIR
@@ -34,7 +36,7 @@ def cli() -> None:
     """
 
 
-for command in (play, inventory, lab, load, bench, make_checkpoint, demo):
+for command in (play, rollout, inventory, lab, load, bench, make_checkpoint, demo):
     cli.add_command(command)
 
 

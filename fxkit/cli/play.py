@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any, TypeVar
 
 import click
 
@@ -16,106 +18,141 @@ from fxkit.role import TagFilter
 from fxkit.runner import RunOptions, load_inventory, run_playbook
 from fxkit.variables import parse_extra_vars
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 def _tags(values: tuple[str, ...]) -> frozenset[str]:
     return frozenset(t.strip() for value in values for t in value.split(",") if t.strip())
 
 
+#: The options of every command that runs a playbook (``fxkit play``, ``fxkit rollout``).
+RUN_OPTIONS = [
+    click.option(
+        "-i",
+        "--inventory",
+        required=True,
+        multiple=True,
+        help="Inventory file (YAML or INI), directory, or a built-in name; repeat to merge "
+        "several.",
+    ),
+    click.option(
+        "-l", "--limit", metavar="PATTERN", help="Only hosts matching PATTERN (a:b, a:&b, a:!b)."
+    ),
+    click.option("-C", "--check", is_flag=True, help="Change nothing; report what would change."),
+    click.option(
+        "-D", "--diff", is_flag=True, help="Show diffs of what changes (or would change)."
+    ),
+    click.option(
+        "-t",
+        "--tags",
+        multiple=True,
+        metavar="T[,T]",
+        help="Only roles/operations with these tags.",
+    ),
+    click.option(
+        "--skip-tags", multiple=True, metavar="T[,T]", help="Skip roles/operations with these tags."
+    ),
+    click.option(
+        "-e",
+        "--extra-vars",
+        multiple=True,
+        metavar="VARS",
+        help="key=value, a JSON/YAML mapping, or @file.yml; wins over every other variable.",
+    ),
+    click.option(
+        "-f",
+        "--forks",
+        type=click.IntRange(min=1),
+        default=50,
+        show_default=True,
+        help="Hosts at once.",
+    ),
+    click.option(
+        "--log-json",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Write one JSON event per operation, then one summary per host, to FILE.",
+    ),
+    click.option(
+        "--roles-path",
+        multiple=True,
+        type=click.Path(file_okay=False),
+        envvar="FXKIT_ROLES_PATH",
+        help="Extra role folders, searched after the playbook's roles/ and before the built-in "
+        "roles (env FXKIT_ROLES_PATH, ':'-separated).",
+    ),
+    click.option(
+        "-v", "--verbose", is_flag=True, help="Also show operations that were already ok."
+    ),
+    click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to connect."),
+    click.option("--command-timeout", type=float, help="Seconds a remote command may run."),
+    click.option(
+        "--connect-retries",
+        type=click.IntRange(min=0),
+        default=2,
+        show_default=True,
+        help="Retries of a failed connection attempt.",
+    ),
+    click.option(
+        "--known-hosts", type=click.Path(dir_okay=False), help="fxkit's known_hosts file."
+    ),
+    click.option(
+        "--accept-new-host-keys",
+        is_flag=True,
+        help="Trust and record unknown SSH host keys (changed keys are always refused).",
+    ),
+    click.option("-K", "--ask-become-pass", is_flag=True, help="Prompt for the sudo password."),
+    click.option(
+        "--become-password-file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Read the sudo password from FILE (or set FXKIT_BECOME_PASSWORD).",
+    ),
+]
+
+
+def run_options(command: F) -> F:
+    """Add :data:`RUN_OPTIONS` to a click command."""
+    for option in reversed(RUN_OPTIONS):
+        command = option(command)
+    return command
+
+
+def options_from(params: dict[str, Any]) -> tuple[RunOptions, Reporter, IO[str] | None]:
+    """The run's options and its reporter (and the open --log-json file, to close) from the
+    values of :data:`RUN_OPTIONS`."""
+    become_password = os.environ.get("FXKIT_BECOME_PASSWORD")
+    if params["become_password_file"]:
+        become_password = params["become_password_file"].read_text().rstrip("\n")
+    if params["ask_become_pass"]:
+        become_password = click.prompt("become password", hide_input=True)
+    options = RunOptions(
+        check=params["check"],
+        diff=params["diff"],
+        tags=TagFilter(_tags(params["tags"]), _tags(params["skip_tags"])),
+        limit=params["limit"],
+        extra_vars=parse_extra_vars(params["extra_vars"]),
+        forks=params["forks"],
+        roles_path=list(params["roles_path"]),
+        connect=ConnectOptions(
+            connect_timeout=params["connect_timeout"],
+            command_timeout=params["command_timeout"],
+            connect_retries=params["connect_retries"],
+            known_hosts=params["known_hosts"],
+            accept_new_host_keys=params["accept_new_host_keys"],
+            become_password=become_password,
+        ),
+    )
+    log = params["log_json"].open("w", encoding="utf-8") if params["log_json"] else None
+    reporter = Reporter(diff=params["diff"], verbose=params["verbose"], log_json=log)
+    return options, reporter, log
+
+
 @click.command(context_settings={"max_content_width": 100})
 @click.argument("playbook")
 @click.option(
-    "-i",
-    "--inventory",
-    required=True,
-    multiple=True,
-    help="Inventory file (YAML or INI), directory, or a built-in name; repeat to merge several.",
-)
-@click.option(
-    "-l", "--limit", metavar="PATTERN", help="Only hosts matching PATTERN (a:b, a:&b, a:!b)."
-)
-@click.option(
     "--list-hosts", is_flag=True, help="Only list the hosts each play would run on, in order."
 )
-@click.option("-C", "--check", is_flag=True, help="Change nothing; report what would change.")
-@click.option("-D", "--diff", is_flag=True, help="Show diffs of what changes (or would change).")
-@click.option(
-    "-t", "--tags", multiple=True, metavar="T[,T]", help="Only roles/operations with these tags."
-)
-@click.option(
-    "--skip-tags", multiple=True, metavar="T[,T]", help="Skip roles/operations with these tags."
-)
-@click.option(
-    "-e",
-    "--extra-vars",
-    multiple=True,
-    metavar="VARS",
-    help="key=value, a JSON/YAML mapping, or @file.yml; wins over every other variable.",
-)
-@click.option(
-    "-f",
-    "--forks",
-    type=click.IntRange(min=1),
-    default=50,
-    show_default=True,
-    help="Hosts at once.",
-)
-@click.option(
-    "--log-json",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write one JSON event per operation, then one summary per host, to FILE.",
-)
-@click.option(
-    "--roles-path",
-    multiple=True,
-    type=click.Path(file_okay=False),
-    envvar="FXKIT_ROLES_PATH",
-    help="Extra role folders, searched after the playbook's roles/ and before the built-in roles "
-    "(env FXKIT_ROLES_PATH, ':'-separated).",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Also show operations that were already ok.")
-@click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to connect.")
-@click.option("--command-timeout", type=float, help="Seconds a remote command may run.")
-@click.option(
-    "--connect-retries",
-    type=click.IntRange(min=0),
-    default=2,
-    show_default=True,
-    help="Retries of a failed connection attempt.",
-)
-@click.option("--known-hosts", type=click.Path(dir_okay=False), help="fxkit's known_hosts file.")
-@click.option(
-    "--accept-new-host-keys",
-    is_flag=True,
-    help="Trust and record unknown SSH host keys (changed keys are always refused).",
-)
-@click.option("-K", "--ask-become-pass", is_flag=True, help="Prompt for the sudo password.")
-@click.option(
-    "--become-password-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Read the sudo password from FILE (or set FXKIT_BECOME_PASSWORD).",
-)
-def play(
-    playbook: str,
-    inventory: tuple[str, ...],
-    limit: str | None,
-    list_hosts: bool,
-    check: bool,
-    diff: bool,
-    tags: tuple[str, ...],
-    skip_tags: tuple[str, ...],
-    extra_vars: tuple[str, ...],
-    forks: int,
-    log_json: Path | None,
-    roles_path: tuple[str, ...],
-    verbose: bool,
-    connect_timeout: float,
-    command_timeout: float | None,
-    connect_retries: int,
-    known_hosts: str | None,
-    accept_new_host_keys: bool,
-    ask_become_pass: bool,
-    become_password_file: Path | None,
-) -> None:
+@run_options
+def play(playbook: str, list_hosts: bool, **params: Any) -> None:
     """Run PLAYBOOK (a file, or a built-in name like `site`) against an inventory.
 
     \b
@@ -127,34 +164,11 @@ def play(
     command line, inventory, playbook or roles, 130 when interrupted (Ctrl-C).
     """
     if list_hosts:
-        _list_hosts(playbook, inventory, limit)
+        _list_hosts(playbook, params["inventory"], params["limit"])
         return
-    become_password = os.environ.get("FXKIT_BECOME_PASSWORD")
-    if become_password_file:
-        become_password = become_password_file.read_text().rstrip("\n")
-    if ask_become_pass:
-        become_password = click.prompt("become password", hide_input=True)
-    options = RunOptions(
-        check=check,
-        diff=diff,
-        tags=TagFilter(_tags(tags), _tags(skip_tags)),
-        limit=limit,
-        extra_vars=parse_extra_vars(extra_vars),
-        forks=forks,
-        roles_path=list(roles_path),
-        connect=ConnectOptions(
-            connect_timeout=connect_timeout,
-            command_timeout=command_timeout,
-            connect_retries=connect_retries,
-            known_hosts=known_hosts,
-            accept_new_host_keys=accept_new_host_keys,
-            become_password=become_password,
-        ),
-    )
-    log = log_json.open("w", encoding="utf-8") if log_json else None
+    options, reporter, log = options_from(params)
     try:
-        reporter = Reporter(diff=diff, verbose=verbose, log_json=log)
-        results = run_playbook(playbook, inventory, options, reporter)
+        results = run_playbook(playbook, params["inventory"], options, reporter)
     finally:
         if log:
             log.close()

@@ -135,18 +135,21 @@ def instance(
     how = "under systemd" if backend == "systemd" else "directly (no systemd on this host)"
     if state == "stopped":
         if not alive:
-            return ok(f"{unit} is stopped")
-        return ctx.change(
+            return ok(f"{unit} is stopped", unit=unit)
+        result = ctx.change(
             f"{_stop(unit, record)}; rm -f -- {quote(record_path)}",
             would=f"stop {unit}",
             done=f"stopped {unit}",
             diff=f"{unit}: running -> stopped\n",
         )
+        result.data["unit"] = unit
+        return result
     same = record is not None and record.digest == wanted and record.backend == backend
     if alive and same and state == "started":
         assert record is not None
         return ok(
             f"{unit} runs as configured {how}",
+            unit=unit,
             backend=backend,
             started_at=record.started_at,
             pid=record.pid,
@@ -170,7 +173,7 @@ def instance(
         done=f"{verb}ed {unit} {how} ({why})",
         diff=f"{unit}: {old} -> started ({why})\n",
     )
-    result.data.update(backend=backend, restarted=True)
+    result.data.update(unit=unit, backend=backend, restarted=True)
     if result.changed and "stdout" in result.data:
         stamp, _, pid = result.data["stdout"].strip().rpartition("\n")[2].partition(" ")
         result.data.update(started_at=float(stamp), pid=int(pid or 0))
@@ -251,25 +254,32 @@ def instance_ready(
             where = f"; weights loaded in {load_s:.1f} s ({source})" if load_s is not None else ""
             return ok(
                 f"{unit} serves {model} {took:.1f} s after its start{where}",
+                unit=unit,
                 time_to_ready_s=round(took, 3),
                 load_s=load_s,
                 load_source=source,
                 backend=record.backend,
             )
         if ctx.check:
-            return skipped(f"check mode: would wait up to {timeout:g} s for {probe.what}")
+            return skipped(
+                f"check mode: would wait up to {timeout:g} s for {probe.what}", unit=unit
+            )
         if record is None:
-            return failed(f"{unit} was never started by fxkit ({record_path} is missing)")
+            return failed(
+                f"{unit} was never started by fxkit ({record_path} is missing)", unit=unit
+            )
         if alive.strip() != "alive":
             return failed(
                 f"{unit} stopped before it was ready ({float(now) - record.started_at:.1f} s "
                 f"after its start); last lines of its log:\n{_log_tail(ctx, unit, record, log)}",
+                unit=unit,
                 seen=seen,
             )
         if time.monotonic() >= deadline:
             return failed(
                 f"{unit} was not ready after {timeout:g} s (last seen: {seen}); last lines of "
                 f"its log:\n{_log_tail(ctx, unit, record, log)}",
+                unit=unit,
                 seen=seen,
             )
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))

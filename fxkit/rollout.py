@@ -1,0 +1,251 @@
+"""Rolling server instances out across nodes: batch by batch of instances, each batch started
+and awaited by the playbook's role, stopped when too many of a batch fail; a report per instance
+and for the whole fleet, read from the engine's results.
+
+The instances come from the role's ``instance_specs(v)`` (role vllm_lmcache), for every host of
+the play. They are ordered round-robin across hosts (the first instance of every host, then the
+second, ...), so a batch spreads over the nodes, and cut into batches by the play's ``serial``
+(or ``--serial``); ``canary`` makes the first batch one instance. Each batch is one run of the
+playbook on the batch's hosts with ``vllm_lmcache_rollout_instances`` naming the batch's
+instances (``host/name``): the role touches only those; earlier batches' instances are left as
+they run. A batch in which more than ``max_fail_percentage`` of the instances failed (default 0:
+any) stops the rollout; the instances of later batches are reported ``not_run``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fxkit import paths
+from fxkit.errors import PlaybookError
+from fxkit.playbook import Play, Playbook, RoleRef
+from fxkit.report import Reporter
+from fxkit.results import Outcome, PlaybookResult, TaskResult
+from fxkit.role import Role
+from fxkit.runner import Runner, RunOptions, load_inventory
+
+#: The variable that tells the role which instances a batch acts on.
+SELECT = "vllm_lmcache_rollout_instances"
+
+
+@dataclass
+class Instance:
+    """One instance of the rollout and how it went."""
+
+    host: str
+    name: str
+    unit: str
+    gpus: list[int]
+    port: int
+    served_name: str
+    batch: int = 0
+    #: ready (started or restarted, and ready), unchanged (ran as configured; ready), failed,
+    #: unreachable, not_run (the rollout stopped before its batch), would_start (check mode)
+    status: str = "not_run"
+    restarted: bool = False
+    load_s: float | None = None
+    time_to_ready_s: float | None = None
+    msg: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}/{self.name}"
+
+
+@dataclass
+class Rollout:
+    """The whole rollout: every instance, the batches, why it stopped, the fleet's timing."""
+
+    instances: list[Instance]
+    batches: list[list[str]] = field(default_factory=list)
+    check: bool = False
+    stopped: str | None = None
+    interrupted: bool = False
+    started: datetime | None = None
+    #: Seconds from the rollout's start until its last instance was ready; None unless all were.
+    fleet_time_to_ready_s: float | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 1 if self.stopped or any(i.status != "ready" for i in self._acted()) else 0
+
+    def _acted(self) -> list[Instance]:
+        return [i for i in self.instances if i.status not in ("unchanged", "would_start")]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "started": self.started.isoformat() if self.started else None,
+            "stopped": self.stopped,
+            "interrupted": self.interrupted,
+            "exit_code": self.exit_code,
+            "fleet_time_to_ready_s": self.fleet_time_to_ready_s,
+            "batches": self.batches,
+            "instances": [asdict(i) for i in self.instances],
+        }
+
+
+def plan(runner: Runner) -> tuple[Play, list[Instance]]:
+    """The play that rolls instances out and its instances, round-robin across its hosts."""
+    for play in runner.playbook.plays:
+        for ref in play.roles:
+            role = runner.roles.load(ref.role, ref.where)
+            if role.module is not None and hasattr(role.module, "instance_specs"):
+                return play, _instances(runner, play, ref, role)
+    raise PlaybookError(
+        f"no play of {runner.playbook.path} has a role that lists instances",
+        hint="fxkit rollout needs a role with instance_specs(v), such as vllm_lmcache",
+    )
+
+
+def _instances(runner: Runner, play: Play, ref: RoleRef, role: Role) -> list[Instance]:
+    per_host = []
+    for host, v in runner.role_vars(play, ref, role).items():
+        specs = role.module.instance_specs(v)  # type: ignore[union-attr]
+        per_host.append(
+            [Instance(host, s.name, s.unit, list(s.gpus), s.port, s.served_name) for s in specs]
+        )
+    depth = max((len(h) for h in per_host), default=0)
+    return [h[i] for i in range(depth) for h in per_host if i < len(h)]
+
+
+def batches(play: Play, instances: Sequence[Instance], canary: bool) -> list[list[Instance]]:
+    """``serial`` batches of instances; with ``canary`` the first is one instance."""
+    if not canary:
+        return play.batches(instances)
+    first, rest = list(instances[:1]), instances[1:]
+    return [first, *play.batches(rest)] if first else []
+
+
+def rollout(
+    playbook: str | Path,
+    inventory: str | Path | Sequence[str | Path],
+    options: RunOptions,
+    reporter_for: Callable[[], Reporter],
+    *,
+    serial: list[int | str] | None = None,
+    max_fail_percentage: float | None = None,
+    canary: bool = False,
+) -> Rollout:
+    """Roll the playbook's instances out (see the module's docstring). ``reporter_for()`` makes
+    the engine's reporter for each batch's run (its live lines and JSON log)."""
+    book = Playbook.load(paths.resolve(playbook, "playbooks"))
+    hosts = load_inventory(inventory)
+    planner = Runner(book, hosts, options, Reporter(Console(quiet=True)))
+    planner.validate()
+    play, instances = plan(planner)
+    if serial is not None:
+        play = play.model_copy(update={"serial": serial})
+    limit = max_fail_percentage if max_fail_percentage is not None else play.max_fail_percentage
+    result = Rollout(instances, check=options.check, started=datetime.now(UTC))
+    start = time.monotonic()
+    groups = batches(play, instances, canary)
+    result.batches = [[i.key for i in group] for group in groups]
+    for number, group in enumerate(groups, 1):
+        for item in group:
+            item.batch = number
+    for number, group in enumerate(groups, 1):
+        chosen = sorted({i.host for i in group}, key=[i.host for i in instances].index)
+        batch_options = replace(
+            options,
+            limit=":".join(chosen),
+            extra_vars={**options.extra_vars, SELECT: [i.key for i in group]},
+        )
+        reporter = reporter_for()
+        reporter.note(
+            f"batch {number}/{len(groups)}: {', '.join(i.key for i in group)}", style="bold"
+        )
+        with_runner = Runner(book, hosts, batch_options, reporter)
+        with reporter:
+            results = with_runner.run()
+        _read(results, group)
+        if results.interrupted:
+            result.interrupted = True
+            result.stopped = f"interrupted during batch {number}"
+            break
+        failed = [i for i in group if i.status in ("failed", "unreachable")]
+        percent = 100.0 * len(failed) / len(group)
+        if percent > (limit or 0.0):
+            names = ", ".join(f"{i.key} ({i.status})" for i in failed)
+            result.stopped = (
+                f"batch {number}/{len(groups)}: {len(failed)} of {len(group)} instances failed "
+                f"({percent:.0f}% > max_fail_percentage {limit or 0:g}%): {names}; later "
+                "batches did not start, earlier ones were left running"
+            )
+            break
+    if (
+        not result.stopped
+        and not options.check
+        and all(i.status in ("ready", "unchanged") for i in instances)
+    ):
+        result.fleet_time_to_ready_s = round(time.monotonic() - start, 3)
+    return result
+
+
+def _read(results: PlaybookResult, group: Iterable[Instance]) -> None:
+    """Each instance's status, load time and time to ready, from its host's tasks."""
+    for item in group:
+        host = results.hosts.get(item.host)
+        if host is None:
+            item.status, item.msg = "failed", "its host did not run"
+            continue
+        mine = [t for t in host.tasks if t.data.get("unit") == item.unit]
+        started = next((t for t in mine if "restarted" in t.data), None)
+        ready = next((t for t in mine if "time_to_ready_s" in t.data), None)
+        failure = next((t for t in mine if t.status == "failed"), None)
+        item.restarted = started is not None and started.status == "changed"
+        if host.outcome is Outcome.UNREACHABLE:
+            item.status, item.msg = "unreachable", _last_failure(host.tasks)
+        elif failure is not None:
+            item.status, item.msg = "failed", failure.msg
+        elif ready is not None:
+            item.status = "ready" if item.restarted else "unchanged"
+            item.load_s = ready.data.get("load_s")
+            item.time_to_ready_s = ready.data.get("time_to_ready_s") if item.restarted else None
+            item.msg = ready.msg
+        elif results.check and started is not None:
+            item.status = "would_start" if item.restarted else "unchanged"
+            item.msg = started.msg
+        else:
+            item.status, item.msg = "failed", _last_failure(host.tasks)
+
+
+def _last_failure(tasks: list[TaskResult]) -> str:
+    failures = [t for t in tasks if t.status in ("failed", "unreachable")]
+    if not failures:
+        return "the host stopped before this instance"
+    last = failures[-1]
+    return f"{last.operation}: {last.msg}"
+
+
+def table(result: Rollout) -> Table:
+    """The report as a rich table: one row per instance, then the fleet's time to ready."""
+    grid = Table(title="rollout", title_justify="left")
+    for column in ("batch", "host", "instance", "GPUs", "port", "status", "load s", "ready s"):
+        grid.add_column(column, justify="right" if column.endswith(" s") else "left")
+    style = {"ready": "green", "unchanged": "cyan", "failed": "red", "unreachable": "red"}
+    for i in result.instances:
+        grid.add_row(
+            str(i.batch),
+            i.host,
+            i.name,
+            ",".join(map(str, i.gpus)),
+            str(i.port),
+            f"[{style.get(i.status, 'yellow')}]{i.status}[/]",
+            f"{i.load_s:.1f}" if i.load_s is not None else "-",
+            f"{i.time_to_ready_s:.1f}" if i.time_to_ready_s is not None else "-",
+        )
+    if result.fleet_time_to_ready_s is not None:
+        grid.caption = f"fleet time to ready: {result.fleet_time_to_ready_s:.1f} s"
+        grid.caption_justify = "left"
+    return grid
