@@ -92,7 +92,8 @@ def pids(fleet, host: str) -> dict[str, int]:
     with fleet.connect(host) as conn:
         out = conn.run("cat /var/lib/fxkit/instances/*.json").stdout
     return {
-        f"{host}/{i}": json.loads(line)["pid"] for i, line in zip(("i0", "i1"), out.splitlines())
+        f"{host}/{i}": json.loads(line)["pid"]
+        for i, line in zip(("i0", "i1"), out.splitlines(), strict=True)
     }
 
 
