@@ -165,9 +165,8 @@ def rollout(
         reporter.note(
             f"batch {number}/{len(groups)}: {', '.join(i.key for i in group)}", style="bold"
         )
-        with_runner = Runner(book, hosts, batch_options, reporter)
         with reporter:
-            results = with_runner.run()
+            results = Runner(book, hosts, batch_options, reporter).run()
         _read(results, group)
         if results.interrupted:
             result.interrupted = True
