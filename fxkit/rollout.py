@@ -26,6 +26,7 @@ from rich.table import Table
 
 from fxkit import paths
 from fxkit.errors import PlaybookError
+from fxkit.inventory import Inventory
 from fxkit.playbook import Play, Playbook, RoleRef
 from fxkit.report import Reporter
 from fxkit.results import Outcome, PlaybookResult, TaskResult
@@ -154,8 +155,32 @@ def rollout(
     for number, group in enumerate(groups, 1):
         for item in group:
             item.batch = number
+    try:
+        result.stopped = _run(book, hosts, options, reporter_for, groups, limit or 0.0)
+    except KeyboardInterrupt:
+        result.stopped = "interrupted"
+    result.interrupted = (result.stopped or "").startswith("interrupted")
+    if (
+        not result.stopped
+        and not options.check
+        and all(i.status in ("ready", "unchanged") for i in instances)
+    ):
+        result.fleet_time_to_ready_s = round(time.monotonic() - start, 3)
+    return result
+
+
+def _run(
+    book: Playbook,
+    hosts: Inventory,
+    options: RunOptions,
+    reporter_for: Callable[[], Reporter],
+    groups: list[list[Instance]],
+    limit: float,
+) -> str | None:
+    """Run the batches in turn; why the rollout stopped (None: it did not)."""
+    order = [i.host for group in groups for i in group]
     for number, group in enumerate(groups, 1):
-        chosen = sorted({i.host for i in group}, key=[i.host for i in instances].index)
+        chosen = sorted({i.host for i in group}, key=order.index)
         batch_options = replace(
             options,
             limit=":".join(chosen),
@@ -169,26 +194,17 @@ def rollout(
             results = Runner(book, hosts, batch_options, reporter).run()
         _read(results, group)
         if results.interrupted:
-            result.interrupted = True
-            result.stopped = f"interrupted during batch {number}"
-            break
+            return f"interrupted during batch {number}"
         failed = [i for i in group if i.status in ("failed", "unreachable")]
         percent = 100.0 * len(failed) / len(group)
-        if percent > (limit or 0.0):
+        if percent > limit:
             names = ", ".join(f"{i.key} ({i.status})" for i in failed)
-            result.stopped = (
+            return (
                 f"batch {number}/{len(groups)}: {len(failed)} of {len(group)} instances failed "
-                f"({percent:.0f}% > max_fail_percentage {limit or 0:g}%): {names}; later "
+                f"({percent:.0f}% > max_fail_percentage {limit:g}%): {names}; later "
                 "batches did not start, earlier ones were left running"
             )
-            break
-    if (
-        not result.stopped
-        and not options.check
-        and all(i.status in ("ready", "unchanged") for i in instances)
-    ):
-        result.fleet_time_to_ready_s = round(time.monotonic() - start, 3)
-    return result
+    return None
 
 
 def _read(results: PlaybookResult, group: Iterable[Instance]) -> None:
