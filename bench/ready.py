@@ -14,7 +14,8 @@ ready, as a rollout's batch waits. Each instance's own load seconds come from it
 reads and map one copy in the page cache); ``baseline`` is ``--load-format safetensors``
 (``safetensors.torch.load_file`` per file, mmap, which also shares the page cache). Rounds are
 interleaved, the order of the loaders rotated each round; ``x baseline`` is the median over rounds
-of the baseline's fleet seconds over fxkit's within the round. ``disk`` is the bytes read from the
+of the baseline's fleet seconds over fxkit's within the round (``load x baseline``: the same for
+the slowest instance's load seconds, the loader alone). ``disk`` is the bytes read from the
 checkpoint's block device (/proc/diskstats) during the fleet's start, over the checkpoint's bytes.
 
 ``--latency MS`` serves the checkpoint through bench/latency_fuse (a read-only FUSE passthrough
@@ -200,13 +201,14 @@ def summarise(runs: list[Fleet], counts: list[int], rounds: int) -> list[dict]:
     for n in counts:
         for method in METHODS:
             mine = [r for r in runs if r.instances == n and r.method == method]
-            ratios = []
+            ratios, load_ratios = [], []
             for rnd in range(rounds):
                 (base,) = [
                     r for r in runs if (r.instances, r.method, r.round) == (n, "baseline", rnd)
                 ]
                 (this,) = [r for r in mine if r.round == rnd]
                 ratios.append(base.fleet_s / this.fleet_s)
+                load_ratios.append(max(base.load_s) / max(this.load_s))
             disks = [r.disk for r in mine if r.disk is not None]
             rows.append({
                 "instances": n,
@@ -219,6 +221,7 @@ def summarise(runs: list[Fleet], counts: list[int], rounds: int) -> list[dict]:
                 "startup_s": statistics.median(max(r.startup_s) for r in mine),
                 "disk": statistics.median(disks) if disks else None,
                 "x_baseline": statistics.median(ratios),
+                "load_x_baseline": statistics.median(load_ratios),
             })  # fmt: skip
     return rows
 
@@ -226,7 +229,7 @@ def summarise(runs: list[Fleet], counts: list[int], rounds: int) -> list[dict]:
 COLUMNS = (  # header, summary key (seconds unless said)
     ("fleet s", "fleet_s"), ("min", "fleet_min_s"), ("max", "fleet_max_s"),
     ("instance s", "ready_median_s"), ("startup s", "startup_s"), ("load s", "load_s"),
-    ("disk", "disk"), ("x baseline", "x_baseline"),
+    ("disk", "disk"), ("x baseline", "x_baseline"), ("load x baseline", "load_x_baseline"),
 )  # fmt: skip
 
 
@@ -271,13 +274,16 @@ def main() -> None:
     checkpoint = open_checkpoint(model)
     args.file_bytes = sum(f.stat().st_size for f in model_files(model).files)
     console = Console(width=120)
+    load_before = os.getloadavg()
     with served(model, args.latency) as (path, evict):
         runs = bench(path, evict, args)
+    load_after = os.getloadavg()
     rows = summarise(runs, args.instances, args.rounds)
     where = f"through FUSE +{args.latency} ms" if args.latency is not None else "local"
     title = (
         f"time to ready, {checkpoint.total_bytes / 1e9:.2f} GB in {len(checkpoint.files)} files, "
-        f"{where}, cold, {args.rounds} rounds"
+        f"{where}, cold, {args.rounds} rounds; load average {load_before[0]:.1f} -> "
+        f"{load_after[0]:.1f} on {os.cpu_count()} CPUs"
     )
     console.print(table(rows, title))
     target = next(
@@ -293,6 +299,7 @@ def main() -> None:
         report = {
             "model": str(model), "latency_ms": args.latency, "rounds": args.rounds,
             "drop_caches": args.drop_caches, "nbytes": checkpoint.total_bytes,
+            "loadavg_before": load_before, "loadavg_after": load_after, "cpus": os.cpu_count(),
             "summary": rows, "runs": [asdict(r) for r in runs],
         }  # fmt: skip
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
