@@ -8,7 +8,9 @@ with mincore; ``--drop-caches`` also drops the whole page cache (``echo 1 >
 /proc/sys/vm/drop_caches``: Python and torch start cold too). An instance's time to ready runs
 from just before its process is spawned to the first ``GET /v1/models`` that lists its served name
 (polled every 10 ms); the **fleet time to ready** runs from the first spawn to the last instance
-ready, as a rollout's batch waits. Each instance's own load seconds come from its /metrics.
+ready, as a rollout's batch waits. From each instance's /metrics: its load seconds, its startup
+(spawn to the load's start: Python, torch, the imports) and its CPU seconds when ready (the table
+gives the slowest instance's load and startup, and the fleet's CPU seconds summed).
 
 ``fxkit`` is ``--load-format fxkit`` (its default, ``--share``: the instances split each file's
 reads and map one copy in the page cache); ``baseline`` is ``--load-format safetensors``
@@ -95,6 +97,8 @@ class Fleet:
     load_s: list[float] = field(default_factory=list)
     #: from the spawn to the load's start (Python, torch, fxkit: the imports), per instance
     startup_s: list[float] = field(default_factory=list)
+    #: CPU seconds (user + system) of each instance's process when it was ready
+    cpu_s: list[float] = field(default_factory=list)
     disk: float | None = None
 
 
@@ -168,6 +172,7 @@ def start_fleet(model: Path, method: str, n: int, rnd: int, evict: list[Path], a
             result.load_s.append(metrics["fxkit_load_seconds"])
             loaded = metrics["fxkit_load_end_time_seconds"] - metrics["fxkit_load_seconds"]
             result.startup_s.append(loaded - inst.spawned_unix)
+            result.cpu_s.append(metrics["process_cpu_seconds_total"])
         if disk:
             result.disk = (after - before) * SECTOR / args.file_bytes
     finally:
@@ -219,6 +224,7 @@ def summarise(runs: list[Fleet], counts: list[int], rounds: int) -> list[dict]:
                 "ready_median_s": statistics.median(s for r in mine for s in r.ready_s),
                 "load_s": statistics.median(max(r.load_s) for r in mine),
                 "startup_s": statistics.median(max(r.startup_s) for r in mine),
+                "cpu_s": statistics.median(sum(r.cpu_s) for r in mine),
                 "disk": statistics.median(disks) if disks else None,
                 "x_baseline": statistics.median(ratios),
                 "load_x_baseline": statistics.median(load_ratios),
@@ -229,6 +235,7 @@ def summarise(runs: list[Fleet], counts: list[int], rounds: int) -> list[dict]:
 COLUMNS = (  # header, summary key (seconds unless said)
     ("fleet s", "fleet_s"), ("min", "fleet_min_s"), ("max", "fleet_max_s"),
     ("instance s", "ready_median_s"), ("startup s", "startup_s"), ("load s", "load_s"),
+    ("CPU s", "cpu_s"),
     ("disk", "disk"), ("x baseline", "x_baseline"), ("load x baseline", "load_x_baseline"),
 )  # fmt: skip
 

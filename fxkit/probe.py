@@ -199,6 +199,9 @@ def serve_probe(
     loaded = load_weights(model, load_format, options)
     print(loaded.line(), file=sys.stderr, flush=True)
     sock = listen(host, port)
+    print(
+        f"fxkit serve-probe: serving {served_name!r} on {host}:{port}", file=sys.stderr, flush=True
+    )
     config = uvicorn.Config(
         make_app(loaded, served_name), log_level="info", access_log=False, lifespan="off"
     )
