@@ -15,6 +15,7 @@ from fxkit.cli.inventory import inventory
 from fxkit.cli.lab import lab
 from fxkit.cli.loader import load, make_checkpoint
 from fxkit.cli.play import play
+from fxkit.cli.probe import serve_probe
 from fxkit.cli.rollout import rollout
 from fxkit.errors import FxkitError
 
@@ -36,7 +37,7 @@ def cli() -> None:
     """
 
 
-for command in (play, rollout, inventory, lab, load, bench, make_checkpoint, demo):
+for command in (play, rollout, inventory, lab, load, bench, make_checkpoint, demo, serve_probe):
     cli.add_command(command)
 
 

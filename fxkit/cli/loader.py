@@ -41,28 +41,31 @@ class Size(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def load_options(command: Callable[..., None]) -> Callable[..., None]:
-    """A click option for each of the loader's options (fxkit.loader.options.LoadOptions)."""
+def load_options(command: Callable[..., None], **defaults: Any) -> Callable[..., None]:
+    """A click option for each of the loader's options (fxkit.loader.options.LoadOptions);
+    ``defaults`` overrides theirs (``fxkit serve-probe`` shares reads by default)."""
     from fxkit.loader.options import DIRECT_IO_CHOICES, fields
 
     for option in reversed(fields()):
         flag = "--" + option.name.replace("_", "-")
         help_text = option.metadata["help"]
-        if isinstance(option.default, bool):
-            decorator = click.option(flag, is_flag=True, help=help_text)
+        default = defaults.get(option.name, option.default)
+        if isinstance(default, bool):
+            names = f"{flag}/--no-{flag[2:]}" if default else flag
+            decorator = click.option(names, is_flag=True, default=default, help=help_text)
         elif option.name == "direct_io":
             decorator = click.option(
-                flag, type=click.Choice(DIRECT_IO_CHOICES), default=option.default,
+                flag, type=click.Choice(DIRECT_IO_CHOICES), default=default,
                 show_default=True, help=help_text,
             )  # fmt: skip
         elif option.name == "chunk_size":
-            shown = f"{option.default >> 20}MiB"
+            shown = f"{default >> 20}MiB"
             decorator = click.option(
-                flag, type=Size(), default=option.default, show_default=shown, help=help_text
+                flag, type=Size(), default=default, show_default=shown, help=help_text
             )
         else:
             decorator = click.option(
-                flag, type=click.IntRange(min=1), default=option.default, show_default=True,
+                flag, type=click.IntRange(min=1), default=default, show_default=True,
                 help=help_text,
             )  # fmt: skip
         command = decorator(command)
