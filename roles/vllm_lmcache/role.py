@@ -30,8 +30,9 @@ import yaml
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.python import VenvPackages
 from fxkit.facts.system import Mount, Mounts
-from fxkit.ops.base import OpContext, Result, changed, failed, ok
+from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok
 from fxkit.ops.files import file as write_file
+from fxkit.ops.transfer import copy
 from fxkit.role import Host
 from fxkit.rolevars import var_error, whole_number
 from fxkit.variables import HostVars
@@ -581,6 +582,19 @@ def torch_pin(ctx: OpContext, path: str, version: str | None) -> Result:
     return write_file(ctx, path, f"torch=={version}\n", mode="0644")
 
 
+def copy_wheels(ctx: OpContext, wheels: list[Path], folder: str) -> Result:
+    """The controller's wheels into ``folder`` on the node (each skipped where its sha256 is
+    there already); in check mode, a folder still to be made is reported as such."""
+    if ctx.check and not ctx.read(f"test -d {quote(folder)}").ok:
+        return changed(f"would copy {len(wheels)} wheel(s) to {folder} (made in this run)")
+    done = [copy(ctx, str(wheel), f"{folder}/{wheel.name}", mode="0644") for wheel in wheels]
+    result = combine(*done)
+    if not result.failed:
+        copied = sum(1 for r in done if r.changed)
+        result.msg = f"{copied} of {len(wheels)} wheel(s) copied to {folder}, the rest there"
+    return result
+
+
 def verify_venv(ctx: OpContext, path: str, torch: str | None) -> Result:
     """torch is the version pinned before the later installs, and fxkit's loader imports."""
     if torch is None and ctx.check:
@@ -620,8 +634,8 @@ def environment(host: Host, v: HostVars) -> None:
     house = wheelhouse(v)
     if house is not None:
         host.directory(wheel_dir(v), mode="0755")
-        for wheel in sorted(house.glob("*.whl")):
-            host.task(f"copy {wheel.name}").copy(str(wheel), f"{wheel_dir(v)}/{wheel.name}")
+        wheels = sorted(house.glob("*.whl"))
+        host.task(f"copy wheelhouse to {wheel_dir(v)}").call(copy_wheels, wheels, wheel_dir(v))
     base = (
         {"vllm": v.vllm_lmcache_vllm_version}
         if v.vllm_lmcache_vllm_version
@@ -644,10 +658,9 @@ def environment(host: Host, v: HostVars) -> None:
             pip_args=[*pip_source_args(v, "vllm_lmcache_lmcache_source"), *constrained],
         )
     wheel = fxkit_wheel(v)
-    node_wheel = f"{wheel_dir(v)}/{wheel.name}"
     if house is None:
         host.directory(wheel_dir(v), mode="0755")
-        host.task(f"copy {wheel.name}").copy(str(wheel), node_wheel)
+        host.task(f"copy {wheel.name}").call(copy_wheels, [wheel], wheel_dir(v))
     match = _WHEEL.fullmatch(wheel.name)
     fxkit = {"fxkit": match[2] if match else "", "safetensors": "", "numpy": ""}
     for pin_spec in v.vllm_lmcache_packages:
