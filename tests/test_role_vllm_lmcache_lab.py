@@ -117,7 +117,8 @@ def test_the_files_on_the_host_are_what_the_specs_say(
 ) -> None:
     fleet = converged["fleet"]
     address = fleet.address("lab02")
-    layers = [Layer("role defaults", ROLE.defaults), Layer("inventory", converged["vars"])]
+    inventory = {**converged["vars"], "ansible_host": address}
+    layers = [Layer("role defaults", ROLE.defaults), Layer("inventory", inventory)]
     v = HostVars("lab02", layers)
     with fleet.connect("lab02") as conn:
         bound = v.vllm_lmcache_bind_host
@@ -160,7 +161,7 @@ def test_what_cannot_work_fails_naming_the_variable_and_host_and_writes_nothing(
     fleet = converged["fleet"]
     before = snapshot(fleet, "lab01")
     variables = {**converged["vars"], **values}
-    run = play_role(fleet, converged["folder"], "vllm_lmcache", "lab01", variables)
+    run = play_role(fleet, converged["folder"], "vllm_lmcache", "lab01", variables, executable=True)
     assert run.code != 0
     assert says in run.output.replace("\n", " ") or any(
         says in msg for _, msg in events_of(run, "lab01", "failed")

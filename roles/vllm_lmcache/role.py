@@ -591,7 +591,8 @@ def copy_wheels(ctx: OpContext, wheels: list[Path], folder: str) -> Result:
     result = combine(*done)
     if not result.failed:
         copied = sum(1 for r in done if r.changed)
-        result.msg = f"{copied} of {len(wheels)} wheel(s) copied to {folder}, the rest there"
+        there = f", {len(wheels) - copied} there already" if copied < len(wheels) else ""
+        result.msg = f"{copied} of {len(wheels)} wheel(s) copied to {folder}{there}"
     return result
 
 
