@@ -295,3 +295,54 @@ def test_the_reading_would_catch_a_flag_vllm_lacks(tmp_path: Path) -> None:
     v = host_vars(tmp_path, vllm_lmcache_extra_args=["--tensor-paralel-size=2"])
     assert our_flags(v) - flags == {"--tensor-paralel-size"}
     assert len(flags) > 150  # engine and frontend flags, not a handful
+
+
+KV_CONFIG = "vllm/config/kv_transfer.py"
+KV_FACTORY = "vllm/distributed/kv_transfer/kv_connector/factory.py"
+
+
+def kv_transfer_source(version: str) -> tuple[set[str], set[str], set[str]]:
+    """vLLM ``version``'s KVTransferConfig fields, its kv_role values (the KVProducer and
+    KVConsumer Literals) and the connectors its factory registers, read with ast."""
+    with tarfile.open(vllm_source.sdist(version)) as tar:
+        trees = {
+            path: ast.parse(tar.extractfile(m).read())  # type: ignore[union-attr]
+            for m in tar
+            if (path := m.name.split("/", 1)[-1]) in (KV_CONFIG, KV_FACTORY)
+        }
+    (config,) = [
+        n
+        for n in trees[KV_CONFIG].body
+        if isinstance(n, ast.ClassDef) and n.name == "KVTransferConfig"
+    ]
+    fields = _fields(config, {})
+    roles = {
+        c.value
+        for n in trees[KV_CONFIG].body
+        if isinstance(n, ast.Assign)
+        and getattr(n.targets[0], "id", "") in ("KVProducer", "KVConsumer")
+        for c in ast.walk(n.value)
+        if isinstance(c, ast.Constant) and isinstance(c.value, str)
+    }
+    connectors = {
+        n.args[0].value
+        for n in ast.walk(trees[KV_FACTORY])
+        if isinstance(n, ast.Call)
+        and getattr(n.func, "attr", "") == "register_connector"
+        and n.args
+        and isinstance(n.args[0], ast.Constant)
+    }
+    return fields, roles, connectors
+
+
+@pytest.mark.parametrize("which", ["pinned", "latest"])
+def test_the_kv_transfer_config_is_one_vllm_accepts(which: str, tmp_path: Path) -> None:
+    """--kv-transfer-config's JSON: KVTransferConfig's fields (vllm/config/kv_transfer.py), a
+    kv_role of its Literals, a connector its factory registers (kv_connector/factory.py)."""
+    version = VLLM_VERSION if which == "pinned" else _latest_version()
+    fields, roles, connectors = kv_transfer_source(version)
+    assert set(CODE.KV_ROLES) == roles, "the role's kv_role choices are vLLM's"
+    [spec] = CODE.instance_specs(host_vars(tmp_path))
+    sent = json.loads(spec.argv[spec.argv.index("--kv-transfer-config") + 1])
+    assert set(sent) <= fields
+    assert sent["kv_role"] in roles and sent["kv_connector"] in connectors
