@@ -304,12 +304,13 @@ KV_FACTORY = "vllm/distributed/kv_transfer/kv_connector/factory.py"
 def kv_transfer_source(version: str) -> tuple[set[str], set[str], set[str]]:
     """vLLM ``version``'s KVTransferConfig fields, its kv_role values (the KVProducer and
     KVConsumer Literals) and the connectors its factory registers, read with ast."""
+    trees = {}
     with tarfile.open(vllm_source.sdist(version)) as tar:
-        trees = {
-            path: ast.parse(tar.extractfile(m).read())  # type: ignore[union-attr]
-            for m in tar
-            if (path := m.name.split("/", 1)[-1]) in (KV_CONFIG, KV_FACTORY)
-        }
+        for member in tar:
+            path = member.name.split("/", 1)[-1]
+            file = tar.extractfile(member) if path in (KV_CONFIG, KV_FACTORY) else None
+            if file is not None:
+                trees[path] = ast.parse(file.read(), filename=path)
     (config,) = [
         n
         for n in trees[KV_CONFIG].body
