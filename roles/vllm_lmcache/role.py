@@ -313,12 +313,12 @@ def validate(v: HostVars) -> None:
             f"{words!r} is not a command as a list",
             "[/path/to/program, subcommand]: words after the first without spaces",
         )
-    if words and not posixpath.isabs(words[0]):
+    if words and (not posixpath.isabs(words[0]) or re.search(r"[\s%\\\"'$;]", words[0])):
         raise var_error(
             v,
             "vllm_lmcache_command",
-            f"{words[0]!r} is not an absolute path",
-            "systemd runs it without a shell",
+            f"{words[0]!r} is not an absolute path (without white space, %, \\, quotes, $ or ;)",
+            "systemd runs it without a shell, written as it is in ExecStart",
         )
     if v.vllm_lmcache_server == "vllm" and not v.vllm_lmcache_vllm_version and not words:
         raise var_error(
@@ -455,11 +455,11 @@ def _arguments(v: HostVars, gpus: tuple[int, ...], port: int) -> list[tuple[str,
 
 
 def exec_start(v: HostVars) -> str:
-    """The unit's ExecStart: ``${VAR}`` is one argument each, ``$VAR`` splits at white space
-    (systemd.service(5), "Command lines"): the command's later words and the extra args."""
-    sets = gpu_sets(v)
-    words = ["${FXKIT_COMMAND}", "$FXKIT_COMMAND_ARGS"]
-    for flag, var, _ in _arguments(v, sets[0], 0):
+    """The unit's ExecStart (systemd.service(5), "Command lines"): the program itself literal
+    (it "may not be a variable"), each value ``${VAR}``, exactly one argument, and the
+    command's later words and the extra args ``$VAR``, split at white space."""
+    words = [command(v)[0], "$FXKIT_COMMAND_ARGS"]
+    for flag, var, _ in _arguments(v, gpu_sets(v)[0], 0):
         words += [flag, f"${{{var}}}"] if flag else [f"${{{var}}}"]
     return " ".join([*words, "$FXKIT_EXTRA_ARGS"])
 
@@ -487,7 +487,6 @@ def instance_specs(v: HostVars) -> list[InstanceSpec]:
             argv += [flag, value] if flag else [value]
         argv += v.vllm_lmcache_extra_args
         env = {
-            "FXKIT_COMMAND": cmd[0],
             "FXKIT_COMMAND_ARGS": " ".join(cmd[1:]),
             **{var: value for _, var, value in args},
             "FXKIT_EXTRA_ARGS": " ".join(v.vllm_lmcache_extra_args),
