@@ -6,12 +6,15 @@ checkout) and serve-probe's libraries, all from a wheelhouse copied over (tests/
 as on an air-gapped node. Check mode changes nothing; a run converges; a second run changes
 nothing; torch is the version installed first and fxkit's loader imports in the venv; the files
 on the host are what instance_specs says and LMCache's own code reads the config; the checks
-that need the host (local_disk on a mount, the disk budget) fail naming the variable and host.
+that need the host (local_disk on a mount, the disk budget) fail naming the variable and host;
+the torch read-back fails a changed torch; LMCache from a pinned commit (a stand-in source tree:
+no hipcc here) is built once, with LMCACHE_TARGET_DEVICE=HIP and CXX=hipcc.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ import yaml
 from nvme_lab import play_role
 from test_role_vllm_lmcache_fidelity import LMCACHE_VERSION, lmcache_config_module
 
+from fxkit.facts.base import FactCache
+from fxkit.ops.base import OpContext, Status
 from fxkit.role import RoleLoader, roles_path
 from fxkit.variables import HostVars, Layer
 from tests.lab_helpers import changes, events_of, sh, snapshot
@@ -168,3 +173,63 @@ def test_what_cannot_work_fails_naming_the_variable_and_host_and_writes_nothing(
     ), run.output
     assert events_of(run, "lab01", "changed") == []
     assert changes(before, snapshot(fleet, "lab01")) == []
+
+
+@pytest.mark.lab
+def test_a_later_install_that_changed_torch_fails_the_host(converged: dict[str, Any]) -> None:
+    """The read-back after the installs, on the real venv: as if torch had been 2.12.0 before."""
+    with converged["fleet"].connect("lab01") as conn:
+        ctx = OpContext(conn, FactCache(conn))
+        assert CODE.verify_venv(ctx, VENV, "2.13.0+cpu").status == Status.OK
+        result = CODE.verify_venv(ctx, VENV, "2.12.0")
+    assert result.failed
+    assert f"torch in {VENV} changed from 2.12.0 to 2.13.0+cpu" in result.msg
+    assert "replaced the torch vLLM brought" in result.msg
+
+
+#: A stand-in for LMCache's source tree (ROCm's hipcc is not here): a package named lmcache
+#: whose build records the environment it was built in.
+SETUP = """\
+import json, os
+from setuptools import setup
+with open("lmcache/built_with.json", "w") as f:
+    json.dump({k: os.environ.get(k) for k in ("LMCACHE_TARGET_DEVICE", "CXX")}, f)
+setup(name="lmcache", version="0.0.0", packages=["lmcache"],
+      package_data={"lmcache": ["built_with.json"]})
+"""
+PYPROJECT = '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+
+
+@pytest.mark.lab
+def test_lmcache_from_a_pinned_commit_is_built_for_hip_once(converged: dict[str, Any]) -> None:
+    fleet, repo = converged["fleet"], "/srv/lmcache-src"
+    with fleet.connect("lab01") as conn:
+        sh(conn, f"mkdir -p {repo}/lmcache")
+        conn.put(f"{repo}/setup.py", SETUP.encode())
+        conn.put(f"{repo}/pyproject.toml", PYPROJECT.encode())
+        conn.put(f"{repo}/lmcache/__init__.py", b"")
+        git = f"git -C {repo} -c user.name=fxkit -c user.email=fxkit@localhost"
+        commit = sh(conn, f"{git} init -q && {git} add -A && {git} commit -qm v1 && "
+                          f"{git} rev-parse HEAD").strip()  # fmt: skip
+        variables = {
+            **converged["vars"],
+            "vllm_lmcache_lmcache_git": repo,
+            "vllm_lmcache_lmcache_git_version": commit,
+        }
+        built = play_role(fleet, converged["folder"], "vllm_lmcache", "lab01", variables)
+        assert built.code == 0, built.output
+        done = [op for op, _ in events_of(built, "lab01", "changed")]
+        assert done == [
+            "directory /opt/fxkit/src",
+            "git /opt/fxkit/src/lmcache-probe",
+            f"build LMCache {commit[:12]} for HIP",
+        ]
+        said = sh(
+            conn,
+            f"{VENV}/bin/python -c 'import importlib.resources as r; "
+            'print(r.files("lmcache").joinpath("built_with.json").read_text())\'',
+        )
+        assert json.loads(said) == {"LMCACHE_TARGET_DEVICE": "HIP", "CXX": "hipcc"}
+        assert sh(conn, f"cat {VENV}/.fxkit-lmcache-commit").strip() == commit
+        again = play_role(fleet, converged["folder"], "vllm_lmcache", "lab01", variables)
+        assert again.code == 0 and events_of(again, "lab01", "changed") == []

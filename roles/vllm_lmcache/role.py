@@ -54,7 +54,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LAYOUT = re.compile(r"TP([1-9][0-9]*)(?:x([1-9][0-9]*))?", re.IGNORECASE)
 _WHEEL = re.compile(r"([A-Za-z0-9_.]+)-([0-9][^-]*)-.+\.whl")
 _URL = re.compile(r"(https?|file)://\S+")
-_GIT_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 #: What a value in an EnvironmentFile, single-quoted, cannot hold (systemd.exec(5)).
 _UNQUOTABLE = re.compile(r"['\x00-\x08\x0a-\x1f\x7f]")
 
@@ -249,12 +249,13 @@ def validate(v: HostVars) -> None:
             "set vllm_lmcache_vllm_version, or vllm_lmcache_torch_version",
         )
     git, git_version = v.vllm_lmcache_lmcache_git, v.vllm_lmcache_lmcache_git_version
-    if git and not (isinstance(git_version, str) and _GIT_VERSION.fullmatch(git_version)):
+    if git and not (isinstance(git_version, str) and _COMMIT.fullmatch(git_version)):
         raise var_error(
             v,
             "vllm_lmcache_lmcache_git_version",
             f"{git_version!r}: building LMCache from {git} needs a pinned commit",
-            "the full commit hash (git rev-parse v0.5.6^{commit})",
+            "the full 40-digit commit hash (git rev-parse v0.5.6^{commit}): a tag or branch "
+            "can move",
         )
     wheelhouse(v)
     fxkit_wheel(v)
@@ -677,13 +678,14 @@ def lmcache_from_git(host: Host, v: HostVars, constrained: list[str]) -> None:
     version = v.vllm_lmcache_lmcache_git_version
     src = posixpath.join(v.vllm_lmcache_src_dir, f"lmcache-{v.vllm_lmcache_deployment}")
     host.directory(v.vllm_lmcache_src_dir, mode="0755")
-    host.git(v.vllm_lmcache_lmcache_git, src, version)
+    host.task(f"git {src}").git(v.vllm_lmcache_lmcache_git, src, version)
+    # The venv records the commit it was built from: a new pin rebuilds, nothing else does.
     stamp = f"{venv(v)}/.fxkit-lmcache-commit"
     pip = f"{quote(venv(v))}/bin/python -m pip install -q --no-build-isolation"
     args = " ".join(quote(a) for a in [*pip_source_args(v, ""), *constrained, src])
-    host.task(f"build LMCache {version} for HIP").command(
-        f"{pip} {args} && git -C {quote(src)} rev-parse HEAD > {quote(stamp)}",
-        unless=f'[ "$(cat {quote(stamp)} 2>/dev/null)" = "$(git -C {quote(src)} rev-parse HEAD)" ]',
+    host.task(f"build LMCache {version[:12]} for HIP").command(
+        f"{pip} {args} && echo {version} > {quote(stamp)}",
+        unless=f'[ "$(cat {quote(stamp)} 2>/dev/null)" = {version} ]',
         env={"LMCACHE_TARGET_DEVICE": "HIP", "CXX": "hipcc"},
     )
 
