@@ -750,5 +750,7 @@ def check_local_disk(host: Host, v: HostVars) -> None:
 def start_instances(host: Host, v: HostVars, specs: list[InstanceSpec]) -> None:
     """THE ROLLOUT'S PART (the lead fills it with host.instance / host.instance_ready): for now
     it writes each instance's environment file, and starts nothing."""
+    secret = bool(v.vllm_lmcache_env)  # may carry tokens: never in a diff, root only
     for spec in specs:
-        host.task(f"env file {spec.name}").file(spec.env_file, env_file_text(spec), mode="0644")
+        text = env_file_text(spec)
+        host.task(f"env file {spec.name}").file(spec.env_file, text, mode="0600", secret=secret)
