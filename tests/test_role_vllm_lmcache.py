@@ -196,6 +196,7 @@ def test_systemd_analyze_accepts_the_unit(wheel: str, tmp_path: Path) -> None:
         ({"vllm_lmcache_layout": [[0, 1, 2, 3], [3, 4]]}, "vllm_lmcache_layout",
          "GPU 3 is in instance 0 and instance 1: GPU sets must not overlap"),
         ({"vllm_lmcache_layout": [[0, -1]]}, "vllm_lmcache_layout", "not a list of GPU indices"),
+        ({"vllm_lmcache_layout": [[2, 2]]}, "vllm_lmcache_layout", "GPU 2 is listed twice"),
         ({"vllm_lmcache_layout": "TP4x2", "vllm_lmcache_gpus": 4}, "vllm_lmcache_layout",
          "instance 1 wants GPU 4, the host has 4"),
         ({"vllm_lmcache_extra_args": ["--max-model-len 8192"]}, "vllm_lmcache_extra_args",

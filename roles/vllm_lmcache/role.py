@@ -135,7 +135,9 @@ def gpu_sets(v: HostVars) -> list[tuple[int, ...]]:
                     v,
                     var,
                     f"GPU {gpu} is in instance {seen[gpu]} and instance {i}: GPU sets "
-                    "must not overlap",
+                    "must not overlap"
+                    if seen[gpu] != i
+                    else f"GPU {gpu} is listed twice in instance {i}",
                 )
             seen[gpu] = i
     return sets
