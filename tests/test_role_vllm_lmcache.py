@@ -1,0 +1,279 @@
+"""roles/vllm_lmcache: the instances from a layout (argv, environment, unit, health URLs), what
+systemd makes of the unit and its environment files, and the variable checks.
+
+systemd's rules, as systemd.service(5) ("Command lines") and systemd.exec(5)
+(``EnvironmentFile=``) state them, for systemd 252 (Debian 12) to 257: in ExecStart the program
+(the first word) "may not be a variable"; ``${VAR}`` is replaced by the variable's value as
+exactly one argument, ``$VAR`` as a word of its own is split at white space into zero or more
+arguments; an environment file holds ``NAME=value`` lines, ``#`` and ``;`` lines are comments, a
+single-quoted value is read as POSIX shell single-quoted text (nothing escaped, nothing
+expanded). :func:`systemd_argv` applies these rules to the files the role writes; where
+``systemd-analyze`` is installed it verifies the unit too.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fxkit.errors import VarError
+from fxkit.role import RoleLoader, roles_path
+from fxkit.variables import HostVars, Layer
+
+ROLE = RoleLoader(roles_path(None)).load("vllm_lmcache")
+CODE = inspect.getmodule(ROLE.apply)
+MODEL = "/mnt/models/Llama-3.1-8B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A file named as fxkit's wheel (validate checks it is there on the controller)."""
+    path = tmp_path_factory.mktemp("wheels") / "fxkit-0.1.0-py3-none-any.whl"
+    path.write_bytes(b"")
+    return str(path)
+
+
+def host_vars(wheel: str, **values: Any) -> HostVars:
+    inventory = {"vllm_lmcache_model": MODEL, "vllm_lmcache_fxkit_wheel": wheel, **values}
+    return HostVars("gpu01", [Layer("role defaults", ROLE.defaults), Layer("inventory", inventory)])
+
+
+# -- systemd's reading of the files -----------------------------------------------------------
+
+
+def read_env_file(text: str) -> dict[str, str]:
+    """An EnvironmentFile as systemd reads one (the subset the role writes: single quotes)."""
+    env = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip()[0] in "#;":
+            continue
+        name, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name), line
+        match = re.fullmatch(r"'([^']*)'", value)
+        assert match, f"not single-quoted as the role writes values: {line!r}"
+        env[name] = match[1]
+    return env
+
+
+def systemd_argv(exec_start: str, env: dict[str, str]) -> list[str]:
+    """ExecStart's words with ``${VAR}`` (one argument) and ``$VAR`` (split) replaced; the
+    program, the first word, "may not be a variable"."""
+    program, *words = exec_start.split()
+    assert program.startswith("/") and "$" not in program and "%" not in program, program
+    argv = [program]
+    for word in words:
+        if re.fullmatch(r"\$\{\w+\}", word):
+            argv.append(env.get(word[2:-1], ""))
+        elif re.fullmatch(r"\$\w+", word):
+            argv += env.get(word[1:], "").split()
+        else:
+            assert "$" not in word and "%" not in word, word
+            argv.append(word)
+    return argv
+
+
+def unit_setting(unit: str, key: str) -> str:
+    (line,) = [line for line in unit.splitlines() if line.startswith(f"{key}=")]
+    return line.partition("=")[2]
+
+
+# -- instances --------------------------------------------------------------------------------
+
+
+def test_tp4x2_makes_two_instances_of_four_gpus_on_consecutive_ports(wheel: str) -> None:
+    v = host_vars(wheel, vllm_lmcache_layout="TP4x2", vllm_lmcache_deployment="llama")
+    first, second = CODE.instance_specs(v)
+    assert (first.name, first.gpus, first.port) == ("tp4-0", (0, 1, 2, 3), 8000)
+    assert (second.name, second.gpus, second.port) == ("tp4-1", (4, 5, 6, 7), 8001)
+    assert first.unit == "vllm@tp4-0.service"
+    assert first.env_file == "/etc/fxkit/vllm/llama/tp4-0.env"
+    assert first.served_name == "Llama-3.1-8B-Instruct" and first.model == MODEL
+    assert first.argv == [
+        "/opt/fxkit/venvs/llama/bin/vllm", "serve", MODEL,
+        "--served-model-name", "Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000",
+        "--tensor-parallel-size", "4", "--load-format", "fxkit",
+        "--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}',
+    ]  # fmt: skip
+    assert first.env["HIP_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert second.env["HIP_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert first.env["LMCACHE_CONFIG_FILE"] == "/etc/fxkit/vllm/llama/lmcache.yaml"
+    assert first.ready_url == "http://127.0.0.1:8000/v1/models"
+    assert second.health_url == "http://127.0.0.1:8001/health"
+
+
+def test_explicit_gpu_sets_a_bind_address_and_a_selection(wheel: str) -> None:
+    v = host_vars(
+        wheel,
+        vllm_lmcache_layout=[[6, 7], [0, 1, 2, 3]],
+        vllm_lmcache_bind_host="10.1.2.3",
+        vllm_lmcache_base_port=9100,
+        vllm_lmcache_rollout_instances=["tp4-1"],
+    )
+    [spec] = CODE.instance_specs(v)
+    assert (spec.name, spec.gpus, spec.port) == ("tp4-1", (0, 1, 2, 3), 9101)
+    assert spec.ready_url == "http://10.1.2.3:9101/v1/models"
+
+
+def test_the_probe_takes_only_the_flags_it_has_and_vllm_s_spellings(wheel: str) -> None:
+    v = host_vars(
+        wheel,
+        vllm_lmcache_server="serve-probe",
+        vllm_lmcache_vllm_version=None,
+        vllm_lmcache_torch_version="2.13.0+cpu",
+        vllm_lmcache_layout="TP1x2",
+        vllm_lmcache_extra_args=["--threads=8"],
+    )
+    first, _ = CODE.instance_specs(v)
+    assert first.argv == [
+        "/opt/fxkit/venvs/default/bin/fxkit", "serve-probe", MODEL,
+        "--served-model-name", "Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000",
+        "--load-format", "fxkit", "--threads=8",
+    ]  # fmt: skip
+    assert first.env["HIP_VISIBLE_DEVICES"] == "0"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"vllm_lmcache_layout": "TP4x2"},
+        {"vllm_lmcache_layout": "TP2x4", "vllm_lmcache_extra_args": ["--max-model-len=8192"],
+         "vllm_lmcache_env": {"VLLM_RPC_TIMEOUT": "100000"}},
+        {"vllm_lmcache_model": "/mnt/models/Llama-3(8B)$x", "vllm_lmcache_served_name": "a$b",
+         "vllm_lmcache_extra_args": ['--override-generation-config={"temperature":0.5}']},
+        {"vllm_lmcache_server": "serve-probe", "vllm_lmcache_command": ["/usr/bin/env", "fxkit",
+                                                                         "serve-probe"]},
+    ],
+)  # fmt: skip
+def test_systemd_runs_exactly_the_argv_and_env_of_each_instance(
+    wheel: str, values: dict[str, Any]
+) -> None:
+    v = host_vars(wheel, **values)
+    CODE.validate(v)
+    unit = CODE.unit_text(v)
+    assert unit_setting(unit, "EnvironmentFile") == "/etc/fxkit/vllm/default/%i.env"
+    for spec in CODE.instance_specs(v):
+        env = read_env_file(CODE.env_file_text(spec))
+        assert env == spec.env
+        assert systemd_argv(unit_setting(unit, "ExecStart"), env) == spec.argv
+        assert spec.unit.removeprefix("vllm@").removesuffix(".service") == spec.name  # %i
+
+
+def test_systemd_analyze_accepts_the_unit(wheel: str, tmp_path: Path) -> None:
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed")
+    v = host_vars(wheel, vllm_lmcache_layout="TP4x2", vllm_lmcache_local_disk="/mnt/fx/lmcache",
+                  vllm_lmcache_max_local_disk_size=50)  # fmt: skip
+    (tmp_path / "vllm@.service").write_text(CODE.unit_text(v))
+    (tmp_path / "vllm@tp4-0.service").symlink_to(tmp_path / "vllm@.service")
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "vllm@tp4-0.service")],
+        capture_output=True,
+        text=True,
+    )
+    program = "/opt/fxkit/venvs/default/bin/vllm"  # not installed on this machine
+    complaints = [
+        line for line in done.stderr.splitlines()
+        if line != f"vllm@tp4-0.service: Command {program} is not executable: No such file or "
+        "directory"
+    ]  # fmt: skip
+    assert complaints == [], done.stderr
+
+
+# -- the variable checks ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "where", "says"),
+    [
+        ({"vllm_lmcache_layout": "TP3x3"}, "vllm_lmcache_layout", "wants GPU 8, the host has 8"),
+        ({"vllm_lmcache_layout": "4xTP2"}, "vllm_lmcache_layout", "unknown layout"),
+        ({"vllm_lmcache_layout": [[0, 1, 2, 3], [3, 4]]}, "vllm_lmcache_layout",
+         "GPU 3 is in instance 0 and instance 1: GPU sets must not overlap"),
+        ({"vllm_lmcache_layout": [[0, -1]]}, "vllm_lmcache_layout", "not a list of GPU indices"),
+        ({"vllm_lmcache_layout": [[2, 2]]}, "vllm_lmcache_layout", "GPU 2 is listed twice"),
+        ({"vllm_lmcache_layout": "TP4x2", "vllm_lmcache_gpus": 4}, "vllm_lmcache_layout",
+         "instance 1 wants GPU 4, the host has 4"),
+        ({"vllm_lmcache_extra_args": ["--max-model-len 8192"]}, "vllm_lmcache_extra_args",
+         "without white space"),
+        ({"vllm_lmcache_env": {"FXKIT_MODEL": "x"}}, "vllm_lmcache_env", "not FXKIT_"),
+        ({"vllm_lmcache_env": {"A": "line\nbreak"}}, "vllm_lmcache_env.A",
+         "cannot be written to an EnvironmentFile"),
+        ({"vllm_lmcache_model": "/mnt/models/it's"}, "vllm_lmcache_model",
+         "wanted the model's path"),
+        ({"vllm_lmcache_rollout_instances": ["tp8-1"]}, "vllm_lmcache_rollout_instances",
+         "names instances the layout lacks"),
+        ({"vllm_lmcache_local_disk": "lmcache"}, "vllm_lmcache_local_disk", "not an absolute"),
+        ({"vllm_lmcache_local_disk": "/mnt/fx/lmcache"}, "vllm_lmcache_max_local_disk_size",
+         "LMCache makes no disk backend without a budget"),
+        ({"vllm_lmcache_vllm_version": None}, "vllm_lmcache_torch_version",
+         "fxkit's loader needs torch"),
+        ({"vllm_lmcache_vllm_version": False, "vllm_lmcache_torch_version": "2.13.0+cpu"},
+         "vllm_lmcache_command", "vLLM is not installed"),
+        ({"vllm_lmcache_lmcache_git": "https://github.com/LMCache/LMCache"},
+         "vllm_lmcache_lmcache_git_version", "needs a pinned commit"),
+        ({"vllm_lmcache_lmcache_git": "https://github.com/LMCache/LMCache",
+          "vllm_lmcache_lmcache_git_version": "v0.5.6"}, "vllm_lmcache_lmcache_git_version",
+         "needs a pinned commit"),
+        ({"vllm_lmcache_model": ""}, "vllm_lmcache_model", "wanted the model's path"),
+        ({"vllm_lmcache_base_port": 65535, "vllm_lmcache_layout": "TP1x2"},
+         "vllm_lmcache_base_port", "pass 65535"),
+        ({"vllm_lmcache_bind_host": "gpu01"}, "vllm_lmcache_bind_host", "not an IP address"),
+        ({"vllm_lmcache_kv_role": "both"}, "vllm_lmcache_kv_role", "not one of kv_both"),
+        ({"vllm_lmcache_fxkit_wheel": ""}, "vllm_lmcache_fxkit_wheel", "not given"),
+        ({"vllm_lmcache_vllm_source": "wheels/"}, "vllm_lmcache_vllm_source", "not a path"),
+        ({"vllm_lmcache_command": ["vllm", "serve"]}, "vllm_lmcache_command",
+         "not an absolute path"),
+    ],
+)  # fmt: skip
+def test_wrong_variables_name_the_host_and_the_variable(
+    wheel: str, values: dict[str, Any], where: str, says: str
+) -> None:
+    with pytest.raises(VarError) as caught:
+        CODE.validate(host_vars(wheel, **values))
+    assert caught.value.where == f"gpu01: {where}"
+    assert says in caught.value.message
+
+
+def test_the_defaults_with_a_model_and_a_wheel_pass(wheel: str) -> None:
+    CODE.validate(host_vars(wheel))
+    assert [s.name for s in CODE.instance_specs(host_vars(wheel))] == ["tp8-0"]
+
+
+def test_pip_takes_each_source_as_pip_means_it(wheel: str, tmp_path: Path) -> None:
+    args = CODE.pip_source_args
+    v = host_vars(wheel, vllm_lmcache_vllm_source="/srv/wheels/vllm-0.20.1+rocm721-cp312.whl")
+    assert args(v, "vllm_lmcache_vllm_source") == ["--find-links", "/srv/wheels"]
+    v = host_vars(wheel, vllm_lmcache_vllm_source="http://mirror/simple")
+    assert args(v, "vllm_lmcache_vllm_source") == ["--index-url", "http://mirror/simple"]
+    v = host_vars(wheel, vllm_lmcache_wheelhouse=str(tmp_path))
+    assert args(v, "vllm_lmcache_vllm_source") == [
+        "--no-index", "--find-links", "/opt/fxkit/wheels/default",
+    ]  # fmt: skip
+    with pytest.raises(VarError, match="beside vllm_lmcache_wheelhouse"):
+        CODE.validate(
+            host_vars(
+                wheel,
+                vllm_lmcache_wheelhouse=str(tmp_path),
+                vllm_lmcache_lmcache_source="https://pypi.org/simple",
+            )
+        )
+
+
+def test_the_local_disk_lies_on_the_longest_mount_point_above_it() -> None:
+    from fxkit.facts.system import Mount
+
+    mounts = [
+        Mount("/dev/vda1", "/", "ext4", ("rw",)),
+        Mount("/dev/nvme1n1", "/mnt/fx", "xfs", ("rw",)),
+        Mount("tmpfs", "/mnt/fxtmp", "tmpfs", ("rw",)),
+    ]
+    assert CODE._mount_of("/mnt/fx/lmcache", mounts).path == "/mnt/fx"
+    assert CODE._mount_of("/mnt/fxtmp/a", mounts).path == "/mnt/fxtmp"
+    assert CODE._mount_of("/mnt/fxother", mounts).path == "/"  # a prefix, not a parent
+    assert CODE._mount_of("/mnt/fx", mounts).path == "/mnt/fx"
