@@ -113,11 +113,17 @@ def test_explicit_gpu_sets_a_bind_address_and_a_selection(wheel: str) -> None:
         vllm_lmcache_layout=[[6, 7], [0, 1, 2, 3]],
         vllm_lmcache_bind_host="10.1.2.3",
         vllm_lmcache_base_port=9100,
-        vllm_lmcache_rollout_instances=["tp4-1"],
+        vllm_lmcache_rollout_instances=["tp4-1", "other-node/tp2-0"],
     )
-    [spec] = CODE.instance_specs(v)
+    specs = CODE.instance_specs(v)
+    assert [s.name for s in specs] == ["tp2-0", "tp4-1"]  # all of them, for fxkit rollout
+    [spec] = CODE.chosen(v, specs)  # the other node's tp2-0 is not this one's
     assert (spec.name, spec.gpus, spec.port) == ("tp4-1", (0, 1, 2, 3), 9101)
     assert spec.ready_url == "http://10.1.2.3:9101/v1/models"
+    mine = host_vars(
+        wheel, vllm_lmcache_layout="TP4x2", vllm_lmcache_rollout_instances=["gpu01/tp4-1"]
+    )
+    assert [s.name for s in CODE.chosen(mine, CODE.instance_specs(mine))] == ["tp4-1"]
 
 
 def test_the_probe_takes_only_the_flags_it_has_and_vllm_s_spellings(wheel: str) -> None:

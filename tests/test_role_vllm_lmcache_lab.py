@@ -52,6 +52,8 @@ def lab_vars(house: Path, **values: Any) -> dict[str, Any]:
         # /tmp is a mount of its own on a lab host (tmpfs): LMCache's disk tier goes there
         "vllm_lmcache_local_disk": "/tmp/lmcache",
         "vllm_lmcache_max_local_disk_size": 0.01,
+        # No checkpoint here: the instances are started by tests/test_rollout_vllm_lab.py.
+        "vllm_lmcache_rollout_instances": [],
         **values,
     }
 

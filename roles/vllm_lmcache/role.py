@@ -388,13 +388,14 @@ def validate(v: HostVars) -> None:
     names = [_instance_name(i, gpus) for i, gpus in enumerate(sets)]
     chosen = v.vllm_lmcache_rollout_instances
     if chosen is not None and (
-        not isinstance(chosen, list) or any(name not in names for name in chosen)
+        not isinstance(chosen, list)
+        or any(_own(v, entry) not in [*names, None] for entry in chosen)
     ):
         raise var_error(
             v,
             "vllm_lmcache_rollout_instances",
             f"{chosen!r} names instances the layout lacks",
-            f"null (all), or some of {', '.join(names)}",
+            f"null (all), or some of {', '.join(names)} (or HOST/NAME: fxkit rollout's form)",
         )
     for key, value in env.items():
         if _UNQUOTABLE.search(str(value)):
@@ -476,14 +477,12 @@ def _url(host: str, port: int, path: str) -> str:
 
 
 def instance_specs(v: HostVars) -> list[InstanceSpec]:
-    """The instances a run acts on (``vllm_lmcache_rollout_instances``; null: all)."""
-    cmd, chosen = command(v), v.vllm_lmcache_rollout_instances
+    """Every instance of the host's layout, in order."""
+    cmd = command(v)
     env_dir = deployment_dir(v, "vllm_lmcache_config_dir")
     specs = []
     for i, gpus in enumerate(gpu_sets(v)):
         name, port = _instance_name(i, gpus), int(v.vllm_lmcache_base_port) + i
-        if chosen is not None and name not in chosen:
-            continue
         args = _arguments(v, gpus, port)
         argv = cmd[:]
         for flag, _, value in args:
@@ -749,10 +748,31 @@ def check_local_disk(host: Host, v: HostVars) -> None:
         )
 
 
+def _own(v: HostVars, entry: object) -> str | None:
+    """The instance an entry of ``vllm_lmcache_rollout_instances`` names on this host: ``NAME``
+    or ``HOST/NAME`` (None: another host's)."""
+    host, _, name = str(entry).rpartition("/")
+    return name if host in ("", v.host) else None
+
+
+def chosen(v: HostVars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
+    """The instances this run acts on (``vllm_lmcache_rollout_instances``; null: all)."""
+    names = v.vllm_lmcache_rollout_instances
+    if names is None:
+        return specs
+    wanted = {_own(v, entry) for entry in names}
+    return [spec for spec in specs if spec.name in wanted]
+
+
 def start_instances(host: Host, v: HostVars, specs: list[InstanceSpec]) -> None:
-    """THE ROLLOUT'S PART (the lead fills it with host.instance / host.instance_ready): for now
-    it writes each instance's environment file, and starts nothing."""
-    secret = bool(v.vllm_lmcache_env)  # may carry tokens: never in a diff, root only
+    """The chosen instances: each one's environment file, then each started (restarted only
+    when its command or environment changed) and, once all are starting, awaited in turn."""
+    specs = chosen(v, specs)
     for spec in specs:
-        text = env_file_text(spec)
-        host.task(f"env file {spec.name}").file(spec.env_file, text, mode="0600", secret=secret)
+        host.task(f"env file {spec.name}").file(
+            spec.env_file, env_file_text(spec), mode="0600", secret=bool(v.vllm_lmcache_env)
+        )
+        host.instance(spec.unit, spec.argv, spec.env)
+    timeout = float(v.vllm_lmcache_ready_timeout)
+    for spec in specs:
+        host.instance_ready(spec.unit, spec.ready_url, spec.served_name, timeout=timeout)
