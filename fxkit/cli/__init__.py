@@ -15,6 +15,7 @@ from fxkit.cli.inventory import inventory
 from fxkit.cli.lab import lab
 from fxkit.cli.loader import load, make_checkpoint
 from fxkit.cli.play import play
+from fxkit.cli.stage import stage
 from fxkit.errors import FxkitError
 
 err_console = Console(stderr=True)
@@ -36,6 +37,7 @@ def cli() -> None:
 
 for command in (play, inventory, lab, load, bench, make_checkpoint, demo):
     cli.add_command(command)
+cli.add_command(stage)
 
 
 def main() -> None:

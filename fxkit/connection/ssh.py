@@ -375,6 +375,16 @@ class SSHConnection(Connection):
                 "read", path, getattr(exc, "strerror", None) or _describe(exc)
             ) from None
 
+    def sftp(self) -> paramiko.SFTPClient:
+        """A new SFTP session on the connection (one per thread: each has its own channel)."""
+        try:
+            client = paramiko.SFTPClient.from_transport(self._transport())
+        except _LINK_ERRORS as exc:
+            raise self._lost(_describe(exc)) from None
+        if client is None:
+            raise self._lost("the SFTP subsystem did not start")
+        return client
+
     # -- errors ----------------------------------------------------------------------------
 
     def _lost(self, reason: str) -> ConnectionFailed:
