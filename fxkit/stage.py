@@ -570,9 +570,12 @@ class Stager:
         with ThreadPoolExecutor(max(1, self.jobs), thread_name_prefix="fxkit-stage") as pool:
             futures = [pool.submit(self._step, step, summary) for step in work]
             try:
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    future.result()
+                pending = set(futures)
+                while pending:
+                    # In slices: a Ctrl-C that lands in a worker thread still reaches this one.
+                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                    for future in done:
+                        future.result()
             except BaseException:
                 self.stop.set()
                 for future in futures:

@@ -34,7 +34,7 @@ from fxkit.stage import (
 
 @click.command()
 @click.argument("source")
-@click.argument("dest", type=click.Path(file_okay=False))
+@click.argument("dest")
 @click.option(
     "-j",
     "--jobs",
