@@ -741,12 +741,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 def prepare(source: Source, dest: str | Path, verify: bool = False) -> tuple[Plan, Manifest]:
-    """Check the destination, plan the run and check the space for it (nothing written but the
-    destination folder)."""
+    """Plan the run (reads only), then make the destination folder and check it has the space
+    (nothing else is written)."""
     dest = Path(dest)
-    check_destination(dest)
+    if dest.exists() and not dest.is_dir():
+        raise StageError("the destination is not a directory", where=str(dest))
     manifest = Manifest(dest)
     plan = make_plan(source, dest, manifest, verify)
+    check_destination(dest)
     check_space(plan, dest)
     return plan, manifest
 
