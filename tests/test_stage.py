@@ -61,7 +61,7 @@ def start(*args: str | Path) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def caught(proc: subprocess.Popen[str], partial: Path, at_least: int = 8 << 20) -> None:
+def caught(proc: subprocess.Popen[str], partial: Path, at_least: int = 40 << 20) -> None:
     """Stop ``proc`` (SIGSTOP) once ``partial`` holds ``at_least`` bytes."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -160,7 +160,7 @@ def test_a_corrupted_partial_is_rewritten_from_where_it_differs(tmp_path: Path) 
     caught(proc, dest / PARTIAL)
     proc.kill()
     proc.wait()
-    flip(dest / PARTIAL, 3 << 20)  # inside what was written: a torn or rotten write
+    flip(dest / PARTIAL, 20 << 20)  # inside what was written: a torn or rotten write
     result = summary(model, dest)
     assert result["resumed"] == 1
     assert digests(dest) == digests(model)

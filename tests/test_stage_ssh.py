@@ -81,9 +81,10 @@ def test_resumes_a_partial_from_a_lab_host(fleet: Fleet, tmp_path: Path) -> None
     half[5 << 20] ^= 0xFF  # and a byte gone wrong in it
     (dest / ".model-00001.safetensors.fxkit-partial").write_bytes(half)
     final.unlink()
-    proc = stage(tmp_path, f"lab01:{MODEL}", dest, "--ssh-config", config, "--json")
+    proc = stage(tmp_path, f"lab01:{MODEL}", dest, "--ssh-config", config, "--json",
+                 "--chunk-size", "1MiB")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["resumed"] == 1
+    assert json.loads(proc.stdout)["resumed"] == 1  # its first 5 MiB kept
     assert digests(dest) == remote_digests(fleet)
 
 
