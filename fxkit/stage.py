@@ -653,7 +653,8 @@ class Stager:
         record = self.manifest.get(src.path)
         with open(final, "rb") as f:
             if record and record.same_source(src):
-                same = hash_file(f.fileno(), src.size, self.chunk) == record.sha256
+                digest = hash_file(f.fileno(), src.size, self.chunk, drop_cache=self.verify)
+                same = digest == record.sha256
                 sha = record.sha256
             else:
                 with self.source.open(src.path) as reader:
