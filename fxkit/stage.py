@@ -63,8 +63,9 @@ CHUNK = 16 << 20
 JOBS = 4
 #: O_DIRECT's grid: offsets and lengths in whole 4 KiB blocks (buffers are page-aligned).
 _ALIGN = 4096
-#: SFTP read requests in flight per file (32 KiB each): ~8 MiB on the wire.
-_SFTP_REQUESTS = 256
+#: SFTP read requests in flight per file, of paramiko's largest size (32 KiB): 2 MiB on the wire.
+_SFTP_REQUESTS = 64
+_SFTP_BLOCK = 32768
 
 
 class StageError(FxkitError):
@@ -297,12 +298,19 @@ class _SFTPReader:
         self.f = f
 
     def readinto(self, buffer: memoryview) -> int:
-        try:
-            data = self.f.read(len(buffer))
-        except Exception as exc:  # paramiko's SSHException, EOFError: the link broke
-            raise OSError(f"SFTP read failed: {exc}") from None
-        buffer[: len(data)] = data
-        return len(data)
+        """One prefetched block at a time: paramiko joins the blocks of a larger read by
+        concatenating bytes, quadratic in the read's size (16 MiB reads ran at 17 MB/s)."""
+        got = 0
+        while got < len(buffer):
+            try:
+                data = self.f.read(min(_SFTP_BLOCK, len(buffer) - got))
+            except Exception as exc:  # paramiko's SSHException, EOFError: the link broke
+                raise OSError(f"SFTP read failed: {exc}") from None
+            if not data:
+                break
+            buffer[got : got + len(data)] = data
+            got += len(data)
+        return got
 
 
 def parse_source(spec: str) -> tuple[str | None, str | None, str]:
