@@ -1,7 +1,7 @@
 """Model staging: copy a model directory to the fast store, verified and resumable.
 
 :func:`stage` copies every file under a source (a local folder such as an NFS mount, or
-``[user@]host:/path`` read over SFTP) into ``dest``, several files at once in large chunks.
+``[user@]host:/path`` read over SSH) into ``dest``, several files at once in large chunks.
 
 - **Never a partial file under a final name.** Each file is written as ``.NAME.fxkit-partial``
   beside its final name, fsynced, checked, and only then renamed into place (and its folder
@@ -36,6 +36,7 @@ import hashlib
 import json
 import mmap
 import os
+import shlex
 import stat
 import threading
 import time
@@ -63,9 +64,8 @@ CHUNK = 16 << 20
 JOBS = 4
 #: O_DIRECT's grid: offsets and lengths in whole 4 KiB blocks (buffers are page-aligned).
 _ALIGN = 4096
-#: SFTP read requests in flight per file, of paramiko's largest size (32 KiB): 2 MiB on the wire.
-_SFTP_REQUESTS = 64
-_SFTP_BLOCK = 32768
+#: Seconds a remote file's stream may go without data before the copy gives up.
+_STREAM_TIMEOUT = 120.0
 
 
 class StageError(FxkitError):
@@ -210,9 +210,10 @@ class _DirectReader:
 
 
 class SSHSource(Source):
-    """A folder on another host, read over SFTP through fxkit's SSH connection (host keys
-    verified as for every fxkit connection). Each copying thread has its own SFTP session, and
-    each file is read with pipelined requests (paramiko's prefetch)."""
+    """A folder on another host, through fxkit's SSH connection (host keys verified as for
+    every fxkit connection): listed and stat'ed over SFTP (a session per thread), each file
+    streamed by ``cat`` on an exec channel of its own (160 MB/s from a lab host, against 65
+    MB/s for paramiko's pipelined SFTP reads, which cost four times the CPU)."""
 
     def __init__(self, connection: SSHConnection, root: str):
         self.conn = connection
@@ -278,13 +279,12 @@ class SSHSource(Source):
 
     @contextmanager
     def open(self, path: str) -> Iterator[Reader]:
+        chan = self.conn.stream(f"exec cat -- {shlex.quote(self._path(path))}")
+        chan.settimeout(_STREAM_TIMEOUT)
         try:
-            f = self._sftp().open(self._path(path), "rb")
-        except OSError as exc:
-            raise StageError(f"cannot read {path}: {exc}", where=self.where) from None
-        with f:
-            f.prefetch(max_concurrent_requests=_SFTP_REQUESTS)
-            yield _SFTPReader(f)
+            yield _StreamReader(chan)
+        finally:
+            chan.close()
 
     def close(self) -> None:
         for client in self._sessions:
@@ -293,24 +293,32 @@ class SSHSource(Source):
         self.conn.close()
 
 
-class _SFTPReader:
-    def __init__(self, f: paramiko.SFTPFile):
-        self.f = f
+class _StreamReader:
+    """A remote file's bytes as ``cat`` writes them on an exec channel; its exit status
+    checked at the end (a file that cannot be read is an error, not a short file)."""
+
+    def __init__(self, chan: paramiko.Channel):
+        self.chan = chan
 
     def readinto(self, buffer: memoryview) -> int:
-        """One prefetched block at a time: paramiko joins the blocks of a larger read by
-        concatenating bytes, quadratic in the read's size (16 MiB reads ran at 17 MB/s)."""
         got = 0
         while got < len(buffer):
             try:
-                data = self.f.read(min(_SFTP_BLOCK, len(buffer) - got))
-            except Exception as exc:  # paramiko's SSHException, EOFError: the link broke
-                raise OSError(f"SFTP read failed: {exc}") from None
+                data = self.chan.recv(len(buffer) - got)
+            except TimeoutError:
+                raise OSError(f"no data for {_STREAM_TIMEOUT:g} s") from None
             if not data:
+                self._check_exit()
                 break
             buffer[got : got + len(data)] = data
             got += len(data)
         return got
+
+    def _check_exit(self) -> None:
+        status = self.chan.recv_exit_status()
+        if status != 0:
+            err = self.chan.recv_stderr(4096).decode(errors="replace").strip()
+            raise OSError(err or f"cat exited {status} (the connection broke?)")
 
 
 def parse_source(spec: str) -> tuple[str | None, str | None, str]:
@@ -726,7 +734,9 @@ class Stager:
                 )
             os.rename(partial, final)
             _fsync_dir(final.parent)
-        except _Stopped:
+        except _Stopped:  # kept for a resume, unless there is nothing in it
+            if not os.fstat(fd).st_size:
+                partial.unlink()
             os.close(fd)
             raise
         except BaseException as exc:

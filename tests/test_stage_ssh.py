@@ -108,3 +108,25 @@ def test_a_missing_remote_source_is_one_clear_error(fleet: Fleet, tmp_path: Path
     assert proc.returncode == 2
     assert "lab01:/srv/no-such-model: the source does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_remote_file_that_cannot_be_read_is_an_error_not_a_short_file(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    with fleet.connect("lab01") as conn:
+        result = conn.run(
+            "rm -rf /srv/stage-locked && mkdir -p /srv/stage-locked && cd /srv/stage-locked && "
+            "echo '{}' > config.json && head -c 100000 /dev/urandom > secret.safetensors && "
+            "chmod 0 secret.safetensors && chmod 755 /srv/stage-locked"
+        )
+        assert result.ok, result.stderr
+    config = ssh_config(fleet, tmp_path / "ssh_config")
+    text = config.read_text().replace("User root", "User fxkit")  # the lab's non-root user
+    config.write_text(text)
+    dest = tmp_path / "dest"
+    proc = stage(tmp_path, "lab01:/srv/stage-locked", dest, "--ssh-config", config, "-j", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert "secret.safetensors: cannot read" in proc.stderr
+    assert "Permission denied" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (dest / "secret.safetensors").exists()
+    assert not (dest / ".secret.safetensors.fxkit-partial").exists()
