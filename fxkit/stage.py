@@ -24,9 +24,12 @@
 - **Bad input** (missing or empty source, not enough space, a checksum mismatch) raises a
   :class:`StageError` with where and a hint, before anything is written where it can be.
 
-Copying goes through user space (``readinto`` a buffer, hash, ``pwrite``) rather than
-``copy_file_range``/``sendfile``: the hash needs every byte in user space anyway, and one read
-into a reused buffer then one write costs what ``cp``'s read/write loop costs.
+Copying goes through user space rather than ``copy_file_range``/``sendfile``, since the hash
+needs every byte there anyway: a local file is read with O_DIRECT into a page-aligned buffer
+(no kernel copy, no page cache spent on the source), hashed and written with ``pwrite``; a
+remote one is streamed by ``cat`` over the SSH connection. The hash is the cost: sha256 runs at
+about 1.2 GB/s per core, so each of the ``jobs`` files copied at once hashes on a core of its
+own (docs/BENCHMARKS.md, "Model staging").
 """
 
 from __future__ import annotations

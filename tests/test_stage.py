@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from fxkit.stage import parse_source
+
 FXKIT = Path(sys.executable).with_name("fxkit")
 BIG = 192 << 20  # a file big enough to catch the copy in the middle of it
 PARTIAL = ".model-00001.safetensors.fxkit-partial"
@@ -295,3 +297,17 @@ def test_a_destination_that_is_a_file_is_refused(model: Path, tmp_path: Path) ->
     proc = stage(model, dest, check=False)
     assert proc.returncode == 2 and "not a directory" in proc.stderr
     assert dest.read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("/mnt/nfs/llama", (None, None, "/mnt/nfs/llama")),
+        ("node1:/models/llama", (None, "node1", "/models/llama")),
+        ("ubuntu@node1:/models/llama", ("ubuntu", "node1", "/models/llama")),
+        ("./v1:2/llama", (None, None, "./v1:2/llama")),  # a slash before the colon: local
+        ("node1:", (None, "node1", ".")),  # as scp: the login's home
+    ],
+)
+def test_sources_are_read_as_scp_and_rsync_read_them(spec: str, parsed: tuple) -> None:
+    assert parse_source(spec) == parsed
