@@ -311,3 +311,13 @@ def test_a_destination_that_is_a_file_is_refused(model: Path, tmp_path: Path) ->
 )
 def test_sources_are_read_as_scp_and_rsync_read_them(spec: str, parsed: tuple) -> None:
     assert parse_source(spec) == parsed
+
+
+def test_a_stale_partial_longer_than_the_source_is_restarted(model: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / PARTIAL).write_bytes(os.urandom(6 << 20))  # left by an older, bigger version
+    result = summary(model, dest)
+    assert (result["copied"], result["resumed"]) == (5, 0)
+    assert digests(dest) == digests(model)
+    assert not (dest / PARTIAL).exists()
