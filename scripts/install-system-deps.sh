@@ -10,6 +10,7 @@
 # libfuse3-dev + pkg-config: the latency FUSE passthrough (bench/latency_fuse/) is compiled here.
 # python3-minimal: a system python3 for the lab hosts (the HTTP server of the wait_for tests).
 # xfsprogs: mkfs.xfs, for the NVMe-oF initiator's filesystem tests on lab hosts.
+# rsync: a baseline of the staging benchmark (bench/stage.py).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -28,6 +29,7 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -e /usr/include/fuse3/fuse.h ] || need+=(libfuse3-dev)
 [ -x /usr/bin/python3 ] || need+=(python3-minimal)
 command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
+command -v rsync >/dev/null || need+=(rsync)
 # newuidmap reads /etc/subuid and /etc/subgid, which a minimal image may lack: empty files do
 # (the lab maps its uids in its own mount namespace and never writes them).
 if [ "$(id -u)" = 0 ]; then

@@ -17,6 +17,7 @@ from fxkit.cli.loader import load, make_checkpoint
 from fxkit.cli.play import play
 from fxkit.cli.probe import serve_probe
 from fxkit.cli.rollout import rollout
+from fxkit.cli.stage import stage
 from fxkit.errors import FxkitError
 
 err_console = Console(stderr=True)
@@ -32,12 +33,14 @@ def cli() -> None:
     Rollout:       fxkit rollout -i INVENTORY [--canary] [--serial N] [--report FILE]
     Inventories:   fxkit inventory -i INVENTORY [-i ...] --list | --graph | --list-hosts P
     Lab fleet:     fxkit lab up N | status | down
-    Models:        fxkit load MODEL; fxkit bench load MODEL; fxkit make-checkpoint DIR
+    Models:        fxkit stage SRC DEST; fxkit load MODEL; fxkit bench load MODEL;
+                   fxkit make-checkpoint DIR; fxkit serve-probe MODEL --port P
     Demo:          fxkit demo (both halves on a lab fleet, as root)
     """
 
 
-for command in (play, rollout, inventory, lab, load, bench, make_checkpoint, demo, serve_probe):
+COMMANDS = (play, rollout, inventory, lab, stage, load, bench, make_checkpoint, serve_probe, demo)
+for command in COMMANDS:
     cli.add_command(command)
 
 

@@ -1,0 +1,268 @@
+"""Staging benchmark: ``fxkit stage`` against ``cp -r`` and ``rsync -a`` of the same checkpoint,
+and fio's sequential read limit of the source disk, side by side in one run.
+
+Each round copies the same generated checkpoint with every method (the order rotates from
+round to round), each from a cold cache (the destination emptied and synced, then
+``echo 1 > /proc/sys/vm/drop_caches``) and timed from the start of the command until its copy is
+on the destination's store (``sync -f`` on it after cp and rsync, which do not fsync; fxkit
+fsyncs every file itself and gets the same ``sync -f``). Then fio reads the source files with a
+few settings, each cold: the round's fastest is the read limit. Round 1 checks every method's
+copy (sha256 of every file against the source). Ratios are medians of within-round ratios.
+
+With ``--loop`` the script makes its own isolated storage, as the loader benchmarks did
+(docs/BENCHMARKS.md, "Results for issue 10"): the source on an ext4 on a loop device with direct
+I/O to a file in /var/tmp (so every read reaches the disk), the destination on a tmpfs (a store
+that is not the limit: the copy is measured against the source's reads) or, with
+``--dest-on loop``, on a second such loop device. Everything it makes is removed at the end.
+
+    sudo .venv/bin/python bench/stage.py --loop --size 3GiB --rounds 3 --json docs/bench/stage.json
+
+Needs root (loop devices, drop_caches), fio and rsync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fxkit.loader.bench import FioSetting, fio_job, fio_read  # noqa: E402
+
+from fxkit.cli.loader import parse_size  # noqa: E402
+
+FXKIT = Path(sys.executable).with_name("fxkit")
+#: Read settings for the limit: the fastest ones of the loader benchmark's sweep on this VM
+#: (buffered streams per file or per range) and its best O_DIRECT one.
+FIO = (
+    FioSetting("per-file", 1, 16 << 20, True),
+    FioSetting("split", 1, 4 << 20, True),
+    FioSetting("per-file", 16, 4 << 20, False),
+)
+
+
+def methods(dest: Path, src: Path) -> dict[str, list[str]]:
+    out = str(dest / "model")
+    return {
+        "cp": ["cp", "-r", str(src), out],
+        "rsync": ["rsync", "-a", f"{src}/", f"{out}/"],
+        "fxkit": [str(FXKIT), "stage", str(src), out, "-q", "--json"],
+        "fxkit-verify": [str(FXKIT), "stage", str(src), out, "-q", "--json", "--verify"],
+    }
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
+def empty(dest: Path) -> None:
+    shutil.rmtree(dest / "model", ignore_errors=True)
+    subprocess.run(["sync", "-f", str(dest)], check=True)
+    subprocess.run(["fstrim", str(dest)], capture_output=True)  # give a loop file its space back
+
+
+def files_of(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def digest(root: Path) -> dict[str, str]:
+    sums = {}
+    for p in files_of(root):
+        sha = hashlib.sha256()
+        with open(p, "rb") as f:
+            while block := f.read(16 << 20):
+                sha.update(block)
+        sums[p.relative_to(root).as_posix()] = sha.hexdigest()
+    return sums
+
+
+def copy(argv: list[str], dest: Path) -> tuple[float, float]:
+    """Seconds of one cold copy (until it is on the store), and the CPU seconds it used."""
+    empty(dest)
+    drop_caches()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(["sync", "-f", str(dest)], check=True)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return time.perf_counter() - start, cpu
+
+
+def fio(files: list[Path], setting: FioSetting) -> float:
+    """GB/s of one cold fio read of ``files``."""
+    drop_caches()
+    with tempfile.NamedTemporaryFile("w", suffix=".fio") as job:
+        job.write(fio_job(files, setting))
+        job.flush()
+        out = subprocess.run(["fio", "--output-format=json", job.name], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+    nbytes, seconds = fio_read(out)
+    return nbytes / seconds / 1e9
+
+
+@contextmanager
+def loop_fs(image: Path, mount: Path, size: int) -> Iterator[Path]:
+    """An ext4 on a loop device with direct I/O to ``image``; all of it removed afterwards."""
+    image.unlink(missing_ok=True)
+    sh("truncate", "-s", str(size), str(image))
+    device = sh("losetup", "--find", "--show", "--direct-io=on", str(image))
+    try:
+        sh("mkfs.ext4", "-q", "-E", "nodiscard", device)
+        mount.mkdir(parents=True, exist_ok=True)
+        sh("mount", device, str(mount))
+        try:
+            yield mount
+        finally:
+            sh("umount", str(mount))
+    finally:
+        sh("losetup", "-d", device)
+        image.unlink(missing_ok=True)
+
+
+@contextmanager
+def tmpfs(mount: Path, size: int) -> Iterator[Path]:
+    mount.mkdir(parents=True, exist_ok=True)
+    sh("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount))
+    try:
+        yield mount
+    finally:
+        sh("umount", str(mount))
+
+
+def run(src: Path, dest: Path, rounds: int, only: list[str]) -> dict:
+    files = files_of(src)
+    nbytes = sum(p.stat().st_size for p in files)
+    expected = digest(src)
+    gbps: dict[str, list[float]] = {m: [] for m in [*only, "fio"]}
+    cpu: dict[str, list[float]] = {m: [] for m in only}
+    commands = methods(dest, src)
+    for rnd in range(rounds):
+        order = only[rnd % len(only) :] + only[: rnd % len(only)]
+        for name in order:
+            seconds, used = copy(commands[name], dest)
+            gbps[name].append(nbytes / seconds / 1e9)
+            cpu[name].append(used)
+            if rnd == 0:
+                assert digest(dest / "model") == expected, f"{name} copied other bytes"
+            print(f"round {rnd + 1} {name:13} {gbps[name][-1]:.2f} GB/s {used:.2f} CPU s",
+                  flush=True)  # fmt: skip
+        empty(dest)
+        best = max(fio(files, s) for s in FIO)
+        gbps["fio"].append(best)
+        print(f"round {rnd + 1} {'fio-best':13} {best:.2f} GB/s", flush=True)
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(gbps[a], gbps[b], strict=True))
+
+    fastest_tool = max(("cp", "rsync"), key=lambda m: statistics.median(gbps[m]))
+    summary = {
+        m: {
+            "gbps_median": round(statistics.median(v), 3),
+            "gbps_min": round(min(v), 3),
+            "gbps_max": round(max(v), 3),
+            "vs_fio": round(ratio(m, "fio"), 3),
+            "vs_cp": round(ratio(m, "cp"), 3),
+            "vs_rsync": round(ratio(m, "rsync"), 3),
+        }
+        for m, v in gbps.items()
+    }
+    for m, used in cpu.items():
+        summary[m]["cpu_s_median"] = round(statistics.median(used), 2)
+    startup = []
+    for _ in range(3):
+        start = time.perf_counter()
+        subprocess.run([str(FXKIT), "stage", "--help"], check=True, capture_output=True)
+        startup.append(time.perf_counter() - start)
+    targets = {
+        "fxkit >= faster of cp, rsync": ratio("fxkit", fastest_tool) >= 1.0,
+        "fxkit >= 0.8x fio": ratio("fxkit", "fio") >= 0.8,
+    }
+    return {
+        "files": len(files),
+        "bytes": nbytes,
+        "rounds": rounds,
+        "runs_gbps": gbps,
+        "runs_cpu_s": cpu,
+        "fxkit_startup_s": round(min(startup), 3),
+        "summary": summary,
+        "targets": targets,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--src", type=Path, help="a checkpoint folder (default: made by --loop)")
+    parser.add_argument("--dest", type=Path, help="an empty folder on the destination store")
+    parser.add_argument("--loop", action="store_true", help="make isolated storage (see above)")
+    parser.add_argument("--dest-on", choices=("tmpfs", "loop"), default="tmpfs")
+    parser.add_argument("--size", default="3GiB", help="checkpoint size with --loop")
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--methods", default="cp,rsync,fxkit,fxkit-verify")
+    parser.add_argument("--json", type=Path, help="write the report here")
+    args = parser.parse_args()
+    only = args.methods.split(",")
+    for tool in ("fio", "rsync"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is not installed (scripts/install-system-deps.sh installs it)")
+    with ExitStack() as stack:
+        src, dest = args.src, args.dest
+        if args.loop:
+            size = parse_size(args.size)
+            work = Path(tempfile.mkdtemp(prefix="fxstage-", dir="/tmp"))
+            stack.callback(shutil.rmtree, work, ignore_errors=True)
+            room = size + size // 2 + (256 << 20)
+            src_fs = stack.enter_context(
+                loop_fs(Path("/var/tmp/fxstage-src.img"), work / "src", room)
+            )
+            dest = stack.enter_context(
+                tmpfs(work / "dest", room)
+                if args.dest_on == "tmpfs"
+                else loop_fs(Path("/var/tmp/fxstage-dest.img"), work / "dest", room)
+            )
+            src = src_fs / "model"
+            sh(str(FXKIT), "make-checkpoint", str(src), "--size", args.size, "--shards",
+               str(args.shards))  # fmt: skip
+        if src is None or dest is None:
+            parser.error("give --src and --dest, or --loop")
+        report = run(src, dest, args.rounds, only)
+        report.update(
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            command=" ".join(sys.argv),
+            machine={
+                "cpus": len(os.sched_getaffinity(0)),
+                "kernel": platform.release(),
+                "load": Path("/proc/loadavg").read_text().split()[:3],
+            },
+            source=sh("findmnt", "-no", "SOURCE,FSTYPE", "-T", str(src)),
+            destination=sh("findmnt", "-no", "SOURCE,FSTYPE", "-T", str(dest)),
+        )
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""``fxkit stage SRC DEST``: copy a model directory to the fast store (:mod:`fxkit.stage`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from fxkit.cli.loader import Size
+from fxkit.connection import ConnectOptions
+from fxkit.stage import (
+    CHUNK,
+    JOBS,
+    Manifest,
+    Plan,
+    StageError,
+    Stager,
+    Summary,
+    make_plan,
+    open_source,
+    prepare,
+)
+
+
+@click.command()
+@click.argument("source")
+@click.argument("dest")
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=JOBS,
+    show_default=True,
+    help="Files copied at once.",
+)
+@click.option(
+    "--chunk-size",
+    type=Size(),
+    default=CHUNK,
+    show_default=f"{CHUNK >> 20}MiB",
+    help="Bytes per read and write.",
+)
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Also read every file back from the store after writing it (and every file "
+    "already there) and compare its sha256 with the source's.",
+)
+@click.option(
+    "--plan",
+    "plan_only",
+    is_flag=True,
+    help="Only say what would be copied, checked and skipped; change nothing.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (or plan) as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option(
+    "--ssh-key",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Private key for a remote SOURCE (else the ssh config's, the agent's).",
+)
+@click.option(
+    "--ssh-config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="ssh config file to read (default: $FXKIT_SSH_CONFIG, ~/.ssh/config).",
+)
+@click.option(
+    "--accept-new-host-keys",
+    is_flag=True,
+    help="Accept and record the key of a remote SOURCE seen for the first time "
+    "(a changed key is always refused).",
+)
+@click.option("--connect-timeout", type=float, default=10.0, show_default=True)
+def stage(
+    source: str,
+    dest: str,
+    jobs: int,
+    chunk_size: int,
+    verify: bool,
+    plan_only: bool,
+    as_json: bool,
+    quiet: bool,
+    ssh_key: str | None,
+    ssh_config: str | None,
+    accept_new_host_keys: bool,
+    connect_timeout: float,
+) -> None:
+    """Copy the model directory SOURCE into DEST, verified and resumable.
+
+    SOURCE is a local folder (an NFS mount) or [user@]host:/path (SFTP, host keys verified).
+    Files are written under a temporary name, checked (size, sha256) and renamed into place;
+    a re-run skips what is staged and resumes what was cut off. Exit code 2 on a bad source,
+    a full destination or a checksum mismatch, 130 when interrupted.
+    """
+    options = ConnectOptions(
+        connect_timeout=connect_timeout,
+        accept_new_host_keys=accept_new_host_keys,
+        ssh_config=ssh_config,
+    )
+    src = open_source(source, options, key_file=ssh_key)
+    try:
+        if plan_only:
+            if Path(dest).exists() and not Path(dest).is_dir():
+                raise StageError("the destination is not a directory", where=dest)
+            _print_plan(make_plan(src, Path(dest), Manifest(Path(dest)), verify), as_json)
+            return
+        plan, manifest = prepare(src, dest, verify)
+        with Progress(
+            TextColumn("staging"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            disable=quiet,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("staging", total=plan.bytes_to_copy + plan.bytes_to_check)
+            stager = Stager(
+                src, Path(dest), manifest, jobs=jobs, chunk=chunk_size, verify=verify,
+                progress=lambda n: bar.advance(task, n),
+            )  # fmt: skip
+            summary = stager.run(plan)
+    finally:
+        src.close()
+    _print_summary(summary, as_json)
+
+
+def _print_plan(plan: Plan, as_json: bool) -> None:
+    data = plan.to_json()
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    click.echo(
+        f"{plan.source} -> {plan.dest}: {data['files']} files; "
+        f"copy {len(data['copy'])} ({data['bytes_to_copy'] / 1e9:.2f} GB), "
+        f"check {len(data['check'])}, skip {data['skip']}"
+    )
+    for path in data["copy"]:
+        click.echo(f"  copy   {path}")
+    for path in data["check"]:
+        click.echo(f"  check  {path}")
+
+
+def _print_summary(summary: Summary, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(summary.to_json()))
+        return
+    resumed = f", {summary.resumed} resumed" if summary.resumed else ""
+    click.echo(
+        f"staged {summary.source} -> {summary.dest}: {summary.copied} files copied "
+        f"({summary.bytes_copied / 1e9:.2f} GB{resumed}), {summary.skipped} skipped "
+        f"({summary.bytes_skipped / 1e9:.2f} GB) in {summary.seconds:.2f} s, "
+        f"{summary.rate_gbps:.2f} GB/s"
+    )

@@ -1,0 +1,323 @@
+"""``fxkit stage`` on real files: the copy, skip and resume, corruption, a full destination (a
+tmpfs of our own), a source that changes, Ctrl-C and a kill mid-copy (the real executable,
+signalled while it copies), and the errors of bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fxkit.stage import parse_source
+
+FXKIT = Path(sys.executable).with_name("fxkit")
+BIG = 192 << 20  # a file big enough to catch the copy in the middle of it
+PARTIAL = ".model-00001.safetensors.fxkit-partial"
+
+
+def make_model(root: Path, big: int = 4 << 20) -> Path:
+    """A model folder as Hugging Face lays them out: shards, config, tokenizer, a subfolder."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "model-00001.safetensors").write_bytes(os.urandom(big))
+    (root / "model-00002.safetensors").write_bytes(os.urandom(3 << 20))
+    (root / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}\n')
+    (root / "tokenizer_config.json").write_text("{}\n")
+    (root / "original").mkdir()
+    (root / "original" / "params.json").write_text('{"dim": 4096}\n')
+    return root
+
+
+def digests(root: Path) -> dict[str, str]:
+    """sha256 of every file, fxkit's own files left out."""
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def stage(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(FXKIT), "stage", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def summary(*args: str | Path) -> dict:
+    return json.loads(stage(*args, "--json", "-q").stdout)
+
+
+def start(*args: str | Path) -> subprocess.Popen[str]:
+    """``fxkit stage`` started in the background, one file at a time, 1 MiB chunks."""
+    argv = [str(FXKIT), "stage", *map(str, args), "-j", "1", "--chunk-size", "1MiB", "-q"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def caught(proc: subprocess.Popen[str], partial: Path, at_least: int = 40 << 20) -> None:
+    """Stop ``proc`` (SIGSTOP) once ``partial`` holds ``at_least`` bytes."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if partial.exists() and partial.stat().st_size >= at_least:
+            os.kill(proc.pid, signal.SIGSTOP)
+            return
+        assert proc.poll() is None, f"it ended before it could be caught: {proc.communicate()}"
+        time.sleep(0.001)
+    raise AssertionError("no partial appeared")
+
+
+def finish(proc: subprocess.Popen[str], sig: int = signal.SIGCONT) -> tuple[int, str]:
+    os.kill(proc.pid, sig)
+    if sig != signal.SIGCONT:
+        os.kill(proc.pid, signal.SIGCONT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def flip(path: Path, offset: int, keep_mtime: bool = False) -> None:
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return make_model(tmp_path / "src")
+
+
+def test_copies_every_file_then_skips_them(model: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "fast" / "llama"
+    first = summary(model, dest)
+    assert digests(dest) == digests(model)
+    assert (first["files"], first["copied"], first["skipped"]) == (5, 5, 0)
+    assert first["bytes_copied"] == sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
+    assert not list(dest.rglob("*.fxkit-partial"))
+    inodes = {p: p.stat().st_ino for p in dest.rglob("*") if p.is_file()}
+
+    again = summary(model, dest)
+    assert (again["copied"], again["skipped"], again["checked"]) == (0, 5, 0)
+    assert {p: p.stat().st_ino for p in dest.rglob("*") if p.is_file()} == inodes
+
+    text = stage(model, dest).stdout
+    assert "0 files copied" in text and "5 skipped" in text and "GB/s" in text
+
+
+def test_follows_symlinks_as_hugging_face_snapshots_have_them(tmp_path: Path) -> None:
+    blobs = make_model(tmp_path / "blobs")
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    for name in ("model-00001.safetensors", "config.json"):
+        (snapshot / name).symlink_to(blobs / name)
+    summary(snapshot, tmp_path / "dest")
+    dest = tmp_path / "dest" / "model-00001.safetensors"
+    assert not dest.is_symlink()
+    assert dest.read_bytes() == (blobs / "model-00001.safetensors").read_bytes()
+
+
+def test_plan_changes_nothing(model: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    plan = json.loads(stage(model, dest, "--plan", "--json").stdout)
+    assert plan["plan"] and sorted(plan["copy"]) == sorted(digests(model))
+    assert plan["bytes_to_copy"] > 7 << 20
+    assert not dest.exists()
+    summary(model, dest)
+    plan = json.loads(stage(model, dest, "--plan", "--json").stdout)
+    assert (plan["copy"], plan["check"], plan["skip"]) == ([], [], 5)
+
+
+def test_killed_mid_copy_resumes_and_never_leaves_a_final_name(tmp_path: Path) -> None:
+    model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
+    proc = start(model, dest)
+    caught(proc, dest / PARTIAL)
+    proc.kill()
+    proc.wait()
+    assert not (dest / "model-00001.safetensors").exists()
+    assert (dest / PARTIAL).stat().st_size < BIG
+
+    plan = json.loads(stage(model, dest, "--plan", "--json").stdout)
+    assert "model-00001.safetensors" in plan["copy"]
+    result = summary(model, dest)
+    assert result["resumed"] == 1 and result["copied"] == 5
+    assert digests(dest) == digests(model)
+    assert not (dest / PARTIAL).exists()
+
+
+def test_a_corrupted_partial_is_rewritten_from_where_it_differs(tmp_path: Path) -> None:
+    model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
+    proc = start(model, dest)
+    caught(proc, dest / PARTIAL)
+    proc.kill()
+    proc.wait()
+    flip(dest / PARTIAL, 20 << 20)  # inside what was written: a torn or rotten write
+    result = summary(model, dest)
+    assert result["resumed"] == 1
+    assert digests(dest) == digests(model)
+
+
+def test_ctrl_c_keeps_the_partial_under_its_temporary_name(tmp_path: Path) -> None:
+    model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
+    proc = start(model, dest)
+    caught(proc, dest / PARTIAL)
+    code, err = finish(proc, signal.SIGINT)
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert not (dest / "model-00001.safetensors").exists()
+    assert summary(model, dest)["resumed"] == 1
+    assert digests(dest) == digests(model)
+
+
+def test_a_corrupted_staged_file_is_found_and_copied_again(model: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    summary(model, dest)
+    staged = dest / "model-00002.safetensors"
+    flip(staged, 1000)  # its mtime moves: the manifest no longer vouches for it
+    plan = json.loads(stage(model, dest, "--plan", "--json").stdout)
+    assert plan["check"] == ["model-00002.safetensors"]
+    result = summary(model, dest)
+    assert (result["copied"], result["copied_files"]) == (1, ["model-00002.safetensors"])
+    assert digests(dest) == digests(model)
+
+    # With its mtime put back the manifest is believed, unless --verify hashes it again.
+    flip(staged, 1000, keep_mtime=True)
+    assert summary(model, dest)["copied"] == 0
+    result = summary(model, dest, "--verify")
+    assert (result["copied_files"], result["checked"]) == (["model-00002.safetensors"], 4)
+    assert digests(dest) == digests(model)
+
+
+def test_a_file_already_there_without_a_record_is_compared_not_recopied(
+    model: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "dest"
+    subprocess.run(["cp", "-r", str(model), str(dest)], check=True)  # staged by hand
+    result = summary(model, dest)
+    assert (result["copied"], result["checked"], result["skipped"]) == (0, 5, 5)
+    assert summary(model, dest)["checked"] == 0  # now recorded
+
+
+def test_verify_catches_a_write_the_store_did_not_keep(tmp_path: Path) -> None:
+    model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
+    proc = start(model, dest, "--verify")
+    caught(proc, dest / PARTIAL)
+    flip(dest / PARTIAL, 10)  # what a faulty store would return for a written block
+    code, err = finish(proc)
+    assert code == 2, err
+    assert "does not hash as the bytes read from the source" in err
+    assert "Traceback" not in err
+    assert not (dest / "model-00001.safetensors").exists()
+    assert not (dest / PARTIAL).exists()
+
+
+def test_a_source_that_changes_while_copied_is_refused(tmp_path: Path) -> None:
+    model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
+    proc = start(model, dest)
+    caught(proc, dest / PARTIAL)
+    with open(model / "model-00001.safetensors", "ab") as f:
+        f.write(b"more")
+    code, err = finish(proc)
+    assert code == 2, err
+    assert "changed while it was copied" in err
+    assert not (dest / "model-00001.safetensors").exists()
+    assert not (dest / PARTIAL).exists()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MiB tmpfs of our own (root only), unmounted after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_destination_fails_before_writing(tmp_path: Path, small_fs: Path) -> None:
+    model = make_model(tmp_path / "src", 32 << 20)
+    proc = stage(model, small_fs / "m", check=False)
+    assert proc.returncode == 2
+    assert "not enough space" in proc.stderr and "hint:" in proc.stderr
+    assert list((small_fs / "m").iterdir()) == []
+
+
+def test_running_out_of_space_mid_copy_removes_the_partial(tmp_path: Path, small_fs: Path) -> None:
+    model, dest = make_model(tmp_path / "src", 16 << 20), small_fs / "m"
+    proc = start(model, dest)
+    caught(proc, dest / PARTIAL, at_least=1 << 20)
+    # Something else fills the store while the copy waits.
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={small_fs / 'filler'}", "bs=1M"], capture_output=True
+    )
+    code, err = finish(proc)
+    assert code == 2, err
+    assert "filled up while copying" in err
+    assert not (dest / "model-00001.safetensors").exists()
+    assert not (dest / PARTIAL).exists()
+    (small_fs / "filler").unlink()
+    assert digests(Path(summary(model, dest)["dest"])) == digests(model)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda t: t / "missing", "the source does not exist"),
+        (lambda t: make_model(t / "m") / "config.json", "the source is not a directory"),
+        (lambda t: (t / "empty" / "sub").mkdir(parents=True) or t / "empty", "has no files"),
+    ],
+    ids=["missing", "a-file", "empty"],
+)
+def test_bad_sources_get_one_clear_message(tmp_path: Path, make, message: str) -> None:
+    proc = stage(make(tmp_path), tmp_path / "dest", check=False)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "error:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list((tmp_path / "dest").rglob("*")) if (tmp_path / "dest").exists() else True
+
+
+def test_a_destination_that_is_a_file_is_refused(model: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.write_text("x")
+    proc = stage(model, dest, check=False)
+    assert proc.returncode == 2 and "not a directory" in proc.stderr
+    assert dest.read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("/mnt/nfs/llama", (None, None, "/mnt/nfs/llama")),
+        ("node1:/models/llama", (None, "node1", "/models/llama")),
+        ("ubuntu@node1:/models/llama", ("ubuntu", "node1", "/models/llama")),
+        ("./v1:2/llama", (None, None, "./v1:2/llama")),  # a slash before the colon: local
+        ("node1:", (None, "node1", ".")),  # as scp: the login's home
+    ],
+)
+def test_sources_are_read_as_scp_and_rsync_read_them(spec: str, parsed: tuple) -> None:
+    assert parse_source(spec) == parsed
+
+
+def test_a_stale_partial_longer_than_the_source_is_restarted(model: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / PARTIAL).write_bytes(os.urandom(6 << 20))  # left by an older, bigger version
+    result = summary(model, dest)
+    assert (result["copied"], result["resumed"]) == (5, 0)
+    assert digests(dest) == digests(model)
+    assert not (dest / PARTIAL).exists()
