@@ -358,6 +358,7 @@ class Host:
     filesystem = operation(ops.filesystem)
     instance = operation(ops.instance)
     instance_ready = operation(ops.instance_ready)
+    stage = operation(ops.stage)
 
     def __init__(
         self,

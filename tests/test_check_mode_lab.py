@@ -50,6 +50,7 @@ CASES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "dropin": (("vllm@.service", "limits", "[Service]\nLimitMEMLOCK=infinity\n"), {}),
     "wait_for": ((), {"path": "/root/never", "timeout": 5}),
     "instance": (("fxcheck@a0.service", ["sleep", "100"], {"A": "1"}), {}),
+    "stage": (("/srv/nfs/model", "/srv/fast/model"), {"command": "/opt/fxkit-none/bin/fxkit"}),
     "instance_ready": (("fxcheck@a0.service", "http://127.0.0.1:18999/v1/models", "m"), {}),
     "reboot": ((), {}),
     "attribute": (("/sys/kernel/mm/transparent_hugepage/enabled", "never"), {}),

@@ -100,7 +100,7 @@ def test_stages_on_the_host_and_check_mode_changes_nothing(fleet: Fleet, tmp_pat
     preview = cli_play(book, fleet.inventory, log, "--check")
     assert preview.code == 0, preview.output
     [(op, msg)] = events_of(preview, "lab01", "changed")
-    assert op.startswith("model_staged") and "would stage 4 files (0.02 GB)" in msg
+    assert op.startswith("stage ") and "would stage 4 files (0.02 GB)" in msg
     assert tree(fleet) == before  # nothing made, not even the folder
 
     applied = cli_play(book, fleet.inventory, log)

@@ -14,6 +14,7 @@ from fxkit.ops.lines import block, line
 from fxkit.ops.mounts import mount
 from fxkit.ops.packages import packages
 from fxkit.ops.python import git, virtualenv
+from fxkit.ops.stage import stage
 from fxkit.ops.sysfs import attribute
 from fxkit.ops.systemd import dropin, service, unit
 from fxkit.ops.transfer import copy, download
@@ -53,6 +54,7 @@ OPERATIONS: dict[str, Operation] = {
         filesystem,
         instance,
         instance_ready,
+        stage,
     )
 }
 

@@ -338,6 +338,15 @@ def validate(v: HostVars) -> None:
             f"{model!r}: wanted the model's path on the node",
             "e.g. /mnt/models/Llama-3.1-8B (no white space, %, \\ or ')",
         )
+    source = v.vllm_lmcache_model_source
+    if source and (not isinstance(source, str) or not model.startswith("/")):
+        raise var_error(
+            v,
+            "vllm_lmcache_model_source",
+            f"{source!r} staged to {model!r}: wanted a folder or [user@]host:/path, and an "
+            "absolute vllm_lmcache_model",
+            "e.g. /nfs/models/Llama-3.1-8B, staged to /mnt/fx/models/Llama-3.1-8B",
+        )
     name = v.vllm_lmcache_served_name
     if name and (not isinstance(name, str) or re.search(r"[\s']", name)):
         raise var_error(v, "vllm_lmcache_served_name", f"{name!r} is not a name without spaces")
@@ -619,6 +628,8 @@ def apply(host: Host, v: HostVars) -> None:
     specs = instance_specs(v)
     check_local_disk(host, v)
     environment(host, v)
+    if v.vllm_lmcache_model_source:
+        host.stage(v.vllm_lmcache_model_source, v.vllm_lmcache_model, f"{venv(v)}/bin/fxkit")
     config_dir = deployment_dir(v, "vllm_lmcache_config_dir")
     host.directory(config_dir, mode="0755")
     host.task(f"file {lmcache_file(v)}").file(lmcache_file(v), lmcache_yaml(v), mode="0644")
