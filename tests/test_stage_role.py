@@ -71,7 +71,7 @@ def fleet(lab_fleet) -> Fleet:
 def playbook(tmp_path: Path, source: str = SOURCE) -> Path:
     path = tmp_path / "stage.yml"
     path.write_text(
-        "- hosts: lab\n"
+        "- hosts: lab01\n"  # the shared fleet may have more hosts: fxkit is on this one
         "  roles:\n"
         "    - role: model_stage\n"
         f"      model_stage_source: {source}\n"
