@@ -139,6 +139,14 @@ def test_rollout_end_to_end(lab: dict[str, Any]) -> None:
     metrics = get(lab, "lab02", f"{base}/metrics")
     assert "fxkit_load_seconds" in metrics
     running = pids(lab)
+    # Its environment file (what the unit reads under systemd), root's only, and the same
+    # environment in the process that runs here without systemd.
+    with lab["fleet"].connect("lab02") as conn:
+        env_file = "/etc/fxkit/vllm/probe/tp4-1.env"
+        assert conn.run(f"stat -c %a {env_file}").stdout.strip() == "600"
+        assert "HIP_VISIBLE_DEVICES='4,5,6,7'\n" in conn.run(f"cat {env_file}").stdout
+        environ = conn.run(f"tr '\\0' '\\n' < /proc/{running['lab02/tp4-1']}/environ").stdout
+        assert "HIP_VISIBLE_DEVICES=4,5,6,7" in environ.split()
 
     # Again: nothing changed, so nothing restarts.
     code, out, report = rollout(lab, inv, "--serial", "1")

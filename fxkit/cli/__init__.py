@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -9,21 +10,42 @@ from rich.console import Console
 from rich.markup import escape
 
 from fxkit import __version__
-from fxkit.cli.bench import bench
-from fxkit.cli.demo import demo
-from fxkit.cli.inventory import inventory
-from fxkit.cli.lab import lab
-from fxkit.cli.loader import load, make_checkpoint
-from fxkit.cli.play import play
-from fxkit.cli.probe import serve_probe
-from fxkit.cli.rollout import rollout
-from fxkit.cli.stage import stage
 from fxkit.errors import FxkitError
+
+#: Each command's module, imported when the command runs (``fxkit serve-probe`` and
+#: ``fxkit stage`` start without loading the engine, the lab or the benchmarks).
+COMMANDS = {
+    "play": "fxkit.cli.play:play",
+    "rollout": "fxkit.cli.rollout:rollout",
+    "inventory": "fxkit.cli.inventory:inventory",
+    "lab": "fxkit.cli.lab:lab",
+    "stage": "fxkit.cli.stage:stage",
+    "load": "fxkit.cli.loader:load",
+    "bench": "fxkit.cli.bench:bench",
+    "make-checkpoint": "fxkit.cli.loader:make_checkpoint",
+    "serve-probe": "fxkit.cli.probe:serve_probe",
+    "demo": "fxkit.cli.demo:demo",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use (:data:`COMMANDS`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, _, attr = COMMANDS[name].partition(":")
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
+
 
 err_console = Console(stderr=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fxkit")
 def cli() -> None:
     """Provision inference nodes Ansible-style, and load models fast.
@@ -37,11 +59,6 @@ def cli() -> None:
                    fxkit make-checkpoint DIR; fxkit serve-probe MODEL --port P
     Demo:          fxkit demo (both halves on a lab fleet, as root)
     """
-
-
-COMMANDS = (play, rollout, inventory, lab, stage, load, bench, make_checkpoint, serve_probe, demo)
-for command in COMMANDS:
-    cli.add_command(command)
 
 
 def main() -> None:
