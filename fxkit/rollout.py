@@ -199,10 +199,14 @@ def _run(
         percent = 100.0 * len(failed) / len(group)
         if percent > limit:
             names = ", ".join(f"{i.key} ({i.status})" for i in failed)
+            after = [
+                "later batches did not start" if number < len(groups) else "",
+                "earlier ones were left running" if number > 1 else "",
+            ]
             return (
                 f"batch {number}/{len(groups)}: {len(failed)} of {len(group)} instances failed "
-                f"({percent:.0f}% > max_fail_percentage {limit:g}%): {names}; later "
-                "batches did not start, earlier ones were left running"
+                f"({percent:.0f}% > max_fail_percentage {limit:g}%): {names}"
+                + "".join(f"; {part}" for part in after if part)
             )
     return None
 

@@ -189,7 +189,9 @@ def fxkit_wheel(v: HostVars) -> Path:
     )
     if given:
         path = Path(given)
-        if not path.is_file() or not path.name.startswith("fxkit-"):
+        if not path.is_file():
+            raise var_error(v, "vllm_lmcache_fxkit_wheel", f"{given}: no such file here", hint)
+        if not path.name.startswith("fxkit-") or path.suffix != ".whl":
             raise var_error(v, "vllm_lmcache_fxkit_wheel", f"{given} is not an fxkit wheel", hint)
         return path
     found = sorted(Path(v.vllm_lmcache_wheelhouse).glob("fxkit-*.whl")) if wheelhouse(v) else []
