@@ -227,14 +227,14 @@ def _read(results: PlaybookResult, group: Iterable[Instance]) -> None:
             item.status, item.msg = "unreachable", _last_failure(host.tasks)
         elif failure is not None:
             item.status, item.msg = "failed", failure.msg
+        elif results.check and started is not None:
+            item.status = "would_start" if item.restarted else "unchanged"
+            item.msg = started.msg
         elif ready is not None:
             item.status = "ready" if item.restarted else "unchanged"
             item.load_s = ready.data.get("load_s")
             item.time_to_ready_s = ready.data.get("time_to_ready_s") if item.restarted else None
             item.msg = ready.msg
-        elif results.check and started is not None:
-            item.status = "would_start" if item.restarted else "unchanged"
-            item.msg = started.msg
         else:
             item.status, item.msg = "failed", _last_failure(host.tasks)
 

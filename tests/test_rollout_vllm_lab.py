@@ -29,6 +29,7 @@ from fxkit import paths
 pytestmark = pytest.mark.lab
 
 HOSTS = ["lab01", "lab02"]
+TOKEN = "hf_rollout_secret_4f9a2c"
 NFS = "/srv/nfs/tiny"
 MODEL = "/srv/fast/tiny"
 #: Copies the controller's checkpoint to a folder on the host: the NFS export, as a node sees it.
@@ -66,6 +67,7 @@ def lab(lab_fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
         vllm_lmcache_model_source=NFS,
         vllm_lmcache_served_name="tiny",
         vllm_lmcache_ready_timeout=300,
+        vllm_lmcache_env={"HF_TOKEN": TOKEN},  # a secret: in the instances, nowhere else
         nfs_path=NFS,
         nfs_checkpoint=str(checkpoint),
     )
@@ -147,6 +149,8 @@ def test_rollout_end_to_end(lab: dict[str, Any]) -> None:
         assert "HIP_VISIBLE_DEVICES='4,5,6,7'\n" in conn.run(f"cat {env_file}").stdout
         environ = conn.run(f"tr '\\0' '\\n' < /proc/{running['lab02/tp4-1']}/environ").stdout
         assert "HIP_VISIBLE_DEVICES=4,5,6,7" in environ.split()
+        assert f"HF_TOKEN={TOKEN}" in environ.split()
+    assert TOKEN not in out and TOKEN not in json.dumps(report)
 
     # Again: nothing changed, so nothing restarts.
     code, out, report = rollout(lab, inv, "--serial", "1")
@@ -157,6 +161,11 @@ def test_rollout_end_to_end(lab: dict[str, Any]) -> None:
     # A bad model path on lab02: its first instance fails, the rollout stops there.
     bad = inventory(lab, "bad.yml", lab02={"vllm_lmcache_model": "/srv/fast/missing",
                                            "vllm_lmcache_model_source": ""})  # fmt: skip
+    code, out, report = rollout(lab, bad, "--serial", "1", "--check")
+    assert code == 0, out  # check mode: what would change, nothing changed
+    assert rows(report)["lab02/tp4-0"]["status"] == "would_start"
+    assert rows(report)["lab01/tp4-0"]["status"] == "unchanged"
+    assert pids(lab) == running
     code, out, report = rollout(lab, bad, "--serial", "1")
     assert code == 1, out
     found = rows(report)
