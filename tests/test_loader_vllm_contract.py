@@ -16,11 +16,8 @@ The sdists are downloaded once (sha256-checked against the index) into ``.cache/
 from __future__ import annotations
 
 import ast
-import hashlib
-import json
 import os
 import tarfile
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from typing import Any
 import pytest
 from fxkit.loader import vllm_plugin
 from packaging.version import Version
+from pypi_sdists import fetch, simple_index
 
 FIELD_VERSION = "0.20.1"  # what the field runs (MISSION.md: vLLM 0.20.1+rocm721)
 INDEX = "https://pypi.org/simple/vllm/"
@@ -123,11 +121,7 @@ CONTRACT = (
 
 
 def _index() -> dict:
-    request = urllib.request.Request(
-        INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
+    return simple_index(INDEX)
 
 
 def _latest(index: dict) -> str:
@@ -137,19 +131,9 @@ def _latest(index: dict) -> str:
 def _sdist(version: str, index: dict | None) -> Path:
     """The cached sdist of ``version``, downloaded (sha256-checked) when missing."""
     path = CACHE / f"vllm-{version}.tar.gz"
-    if path.exists():
-        return path
-    if index is None:
+    if index is None and not path.exists():
         pytest.skip(f"PyPI is unreachable and vLLM {version}'s sdist is not in {CACHE}")
-    (entry,) = (f for f in index["files"] if f["filename"] == path.name)
-    with urllib.request.urlopen(entry["url"], timeout=300) as response:
-        data = response.read()
-    assert hashlib.sha256(data).hexdigest() == entry["hashes"]["sha256"], entry["url"]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)  # never a partial file in the cache
-    return path
+    return fetch(path, index or {})
 
 
 def _sources(sdist: Path) -> dict[str, ast.Module]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import hashlib
 import importlib.util
 import inspect
 import json
@@ -34,7 +33,6 @@ import os
 import sys
 import tarfile
 import types
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ import pytest
 import vllm_source
 import yaml
 from packaging.version import Version
+from pypi_sdists import fetch, run_file, simple_index
 from test_loader_vllm_contract import _index, _latest
 
 from fxkit.role import RoleLoader, roles_path
@@ -75,23 +74,10 @@ def lmcache_sdist(version: str) -> Path:
     path = LMCACHE_CACHE / f"lmcache-{version}.tar.gz"
     if path.exists():
         return path
-    request = urllib.request.Request(
-        LMCACHE_INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
-    )
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            index = json.load(response)
-        (entry,) = (f for f in index["files"] if f["filename"] == path.name)
-        with urllib.request.urlopen(entry["url"], timeout=300) as response:
-            data = response.read()
+        return fetch(path, simple_index(LMCACHE_INDEX))
     except OSError as exc:
         pytest.skip(f"PyPI is unreachable ({exc}) and {path.name} is not in {LMCACHE_CACHE}")
-    assert hashlib.sha256(data).hexdigest() == entry["hashes"]["sha256"], entry["url"]
-    LMCACHE_CACHE.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)  # never a partial file in the cache
-    return path
 
 
 @contextlib.contextmanager
@@ -112,12 +98,7 @@ def lmcache_config_module(version: str, workdir: Path) -> Iterator[types.ModuleT
         sys.modules["requests"] = types.ModuleType("requests")  # remote configs only
     try:
         for path in LMCACHE_FILES:
-            name = path.removesuffix(".py").replace("/", ".")
-            spec = importlib.util.spec_from_file_location(name, root / path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
+            run_file(path.removesuffix(".py").replace("/", "."), root / path)
         yield sys.modules["lmcache.v1.config"]
     finally:
         for name in [k for k in sys.modules if k.split(".")[0] in ("lmcache", "requests")]:

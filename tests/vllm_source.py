@@ -15,7 +15,6 @@ there).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import re
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
+from pypi_sdists import run_file
 from test_loader_vllm_contract import CACHE, _index, _sdist
 
 REAL = (
@@ -286,11 +286,7 @@ def running(version: str, workdir: Path) -> Iterator[VllmSource]:
         modules = {}
         for path in REAL:
             name = path.removesuffix(".py").replace("/", ".")
-            spec = importlib.util.spec_from_file_location(name, root / path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
+            module = run_file(name, root / path)
             parent, _, leaf = name.rpartition(".")
             setattr(sys.modules[parent], leaf, module)
             modules[leaf] = module
