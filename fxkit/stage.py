@@ -771,7 +771,7 @@ class Stager:
         except OSError as exc:
             raise _write_error(exc, partial) from None
         try:
-            hasher, resumed = self._fill(src, fd)
+            digest, resumed = self._fill(src, fd)
             os.fsync(fd)
             st = os.fstat(fd)
             if st.st_size != src.size:  # never: _fill wrote exactly the source's size
@@ -779,7 +779,7 @@ class Stager:
                     f"{src.path}: wrote {st.st_size} bytes, the source has {src.size}",
                     where=str(partial),
                 )
-            if self.verify and hash_file(fd, src.size, self.checksum, self.chunk, True) != hasher:
+            if self.verify and hash_file(fd, src.size, self.checksum, self.chunk, True) != digest:
                 raise ChecksumMismatch(
                     f"{src.path}: the written file does not hash as the bytes read from the "
                     f"source ({self.checksum} differs); the partial was removed",
@@ -802,7 +802,7 @@ class Stager:
                 raise _write_error(exc, partial) from None
             raise
         os.close(fd)
-        self.manifest.put(src.path, self._record(st, hasher, src))
+        self.manifest.put(src.path, self._record(st, digest, src))
         return resumed
 
     def _record(self, st: os.stat_result, digest: str, src: SourceFile) -> Record:
