@@ -5,7 +5,8 @@ Each round copies the same generated checkpoint with every method (the order rot
 round to round), each from a cold cache (the destination emptied and synced, then
 ``echo 1 > /proc/sys/vm/drop_caches``) and timed from the start of the command until its copy is
 on the destination's store (``sync -f`` on it after cp and rsync, which do not fsync; fxkit
-fsyncs every file itself and gets the same ``sync -f``). Then fio reads the source files with a
+fsyncs every file itself and gets the same ``sync -f``); fxkit with its default checksum
+(BLAKE3), with ``--checksum sha256`` and with ``--verify``. Then fio reads the source files with a
 few settings, each cold: the round's fastest is the read limit. Round 1 checks every method's
 copy (sha256 of every file against the source). Ratios are medians of within-round ratios.
 
@@ -61,6 +62,7 @@ def methods(dest: Path, src: Path) -> dict[str, list[str]]:
         "cp": ["cp", "-r", str(src), out],
         "rsync": ["rsync", "-a", f"{src}/", f"{out}/"],
         "fxkit": [str(FXKIT), "stage", str(src), out, "-q", "--json"],
+        "fxkit-sha256": [str(FXKIT), "stage", str(src), out, "-q", "--json", "--checksum=sha256"],
         "fxkit-verify": [str(FXKIT), "stage", str(src), out, "-q", "--json", "--verify"],
     }
 
@@ -218,7 +220,7 @@ def main() -> None:
     parser.add_argument("--size", default="3GiB", help="checkpoint size with --loop")
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--methods", default="cp,rsync,fxkit,fxkit-verify")
+    parser.add_argument("--methods", default="cp,rsync,fxkit,fxkit-sha256,fxkit-verify")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args()
     only = args.methods.split(",")

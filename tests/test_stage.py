@@ -209,14 +209,15 @@ def test_a_file_already_there_without_a_record_is_compared_not_recopied(
     assert summary(model, dest)["checked"] == 0  # now recorded
 
 
-def test_verify_catches_a_write_the_store_did_not_keep(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checksum", ["blake3", "sha256"])
+def test_verify_catches_a_write_the_store_did_not_keep(tmp_path: Path, checksum: str) -> None:
     model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
-    proc = start(model, dest, "--verify")
+    proc = start(model, dest, "--verify", "--checksum", checksum)
     caught(proc, dest / PARTIAL)
     flip(dest / PARTIAL, 10)  # what a faulty store would return for a written block
     code, err = finish(proc)
     assert code == 2, err
-    assert "does not hash as the bytes read from the source" in err
+    assert f"does not hash as the bytes read from the source ({checksum} differs)" in err
     assert "Traceback" not in err
     assert not (dest / "model-00001.safetensors").exists()
     assert not (dest / PARTIAL).exists()
@@ -321,3 +322,59 @@ def test_a_stale_partial_longer_than_the_source_is_restarted(model: Path, tmp_pa
     assert (result["copied"], result["resumed"]) == (5, 0)
     assert digests(dest) == digests(model)
     assert not (dest / PARTIAL).exists()
+
+
+def manifest_of(dest: Path) -> dict:
+    return json.loads((dest / ".fxkit-stage.json").read_text())["files"]
+
+
+def test_the_manifest_records_blake3_digests_by_default_and_sha256_when_asked(
+    model: Path, tmp_path: Path
+) -> None:
+    import blake3
+
+    dest = tmp_path / "dest"
+    assert summary(model, dest)["checksum"] == "blake3"
+    shard = (model / "model-00001.safetensors").read_bytes()
+    record = manifest_of(dest)["model-00001.safetensors"]
+    assert (record["algorithm"], record["digest"]) == ("blake3", blake3.blake3(shard).hexdigest())
+
+    # Another algorithm: nothing is trusted across algorithms; every file is compared with the
+    # source and hashed anew (not copied: the bytes are the same).
+    plan = json.loads(stage(model, dest, "--plan", "--json", "--checksum", "sha256").stdout)
+    assert sorted(plan["check"]) == sorted(digests(model)) and plan["skip"] == 0
+    result = summary(model, dest, "--checksum", "sha256")
+    assert (result["checksum"], result["copied"], result["checked"]) == ("sha256", 0, 5)
+    record = manifest_of(dest)["model-00001.safetensors"]
+    assert (record["algorithm"], record["digest"]) == ("sha256", hashlib.sha256(shard).hexdigest())
+    assert summary(model, dest, "--checksum", "sha256")["checked"] == 0  # now trusted
+
+
+def test_a_sha256_manifest_of_version_1_is_read_and_rehashed_for_blake3(
+    model: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "dest"
+    summary(model, dest, "--checksum", "sha256")
+    path = dest / ".fxkit-stage.json"
+    files = manifest_of(dest)
+    for record in files.values():  # as fxkit wrote it before BLAKE3
+        record["sha256"] = record.pop("digest")
+        del record["algorithm"]
+    path.write_text(json.dumps({"version": 1, "files": files}))
+    assert summary(model, dest, "--checksum", "sha256")["skipped"] == 5  # still trusted
+    result = summary(model, dest)
+    assert (result["copied"], result["checked"]) == (0, 5)
+    assert {r["algorithm"] for r in manifest_of(dest).values()} == {"blake3"}
+
+
+@pytest.mark.parametrize("checksum", ["blake3", "sha256"])
+def test_verify_with_each_checksum(model: Path, tmp_path: Path, checksum: str) -> None:
+    dest = tmp_path / "dest"
+    result = summary(model, dest, "--verify", "--checksum", checksum)
+    assert (result["copied"], result["checksum"]) == (5, checksum)
+    assert digests(dest) == digests(model)
+    staged = dest / "model-00002.safetensors"
+    flip(staged, 1000, keep_mtime=True)  # rotten on the store, the manifest still vouches for it
+    result = summary(model, dest, "--verify", "--checksum", checksum)
+    assert result["copied_files"] == ["model-00002.safetensors"]
+    assert digests(dest) == digests(model)

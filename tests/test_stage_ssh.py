@@ -65,12 +65,25 @@ def test_stages_from_a_lab_host(fleet: Fleet, tmp_path: Path) -> None:
     proc = stage(tmp_path, f"lab01:{MODEL}", dest, "--ssh-config", config, "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert (result["copied"], result["source"]) == (4, f"lab01:{MODEL}")
+    assert (result["copied"], result["source"], result["checksum"]) == (
+        4,
+        f"lab01:{MODEL}",
+        "blake3",
+    )
     assert digests(dest) == remote_digests(fleet)
 
     again = json.loads(stage(tmp_path, f"lab01:{MODEL}", dest, "--ssh-config", config,
                              "--json").stdout)  # fmt: skip
     assert (again["copied"], again["skipped"]) == (0, 4)
+
+    # With sha256 each file is hashed anew (a blake3 digest is no sha256), and the manifest then
+    # holds the digests sha256sum prints on the source host.
+    sha = json.loads(stage(tmp_path, f"lab01:{MODEL}", dest, "--ssh-config", config, "--json",
+                           "--checksum", "sha256").stdout)  # fmt: skip
+    assert (sha["checksum"], sha["copied"], sha["checked"]) == ("sha256", 0, 4)
+    records = json.loads((dest / ".fxkit-stage.json").read_text())["files"]
+    assert {k: r["digest"] for k, r in records.items()} == remote_digests(fleet)
+    assert {r["algorithm"] for r in records.values()} == {"sha256"}
 
 
 def test_resumes_a_partial_from_a_lab_host(fleet: Fleet, tmp_path: Path) -> None:
