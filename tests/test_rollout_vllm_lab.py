@@ -138,6 +138,7 @@ def test_rollout_end_to_end(lab: dict[str, Any]) -> None:
     models = json.loads(get(lab, "lab02", f"{base}/v1/models"))
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
     assert models["data"][0]["root"] == MODEL
+    assert get(lab, "lab02", f"{base}/health") == "\n"  # liveness: 200, an empty body
     metrics = get(lab, "lab02", f"{base}/metrics")
     assert "fxkit_load_seconds" in metrics
     running = pids(lab)
