@@ -12,13 +12,15 @@ differs or it is not running, and :func:`instance_ready` measures the time to re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from shlex import quote
+from typing import ParamSpec
 
 from fxkit.connection.base import RunResult
 from fxkit.facts.tools import Executables
@@ -26,6 +28,7 @@ from fxkit.ops.base import OpContext, OpError, Result, check_state, failed, ok, 
 from fxkit.ops.systemd import check_unit_name, systemd_missing
 from fxkit.ops.wait import HTTP_TOOLS, PROBE_TIMEOUT, check_url, http_probe
 
+P = ParamSpec("P")
 STATE_DIR = "/var/lib/fxkit/instances"
 LOG_DIR = "/var/log/fxkit"
 #: The PATH a directly started instance gets (systemd's default for system services).
@@ -63,6 +66,19 @@ class Record:
             return cls(**data)
         except (ValueError, TypeError):
             return None
+
+
+def _names_unit(op: Callable[P, Result]) -> Callable[P, Result]:
+    """Every result of ``op`` names its instance (``data["unit"]``): the rollout's report reads
+    the instances' results by it."""
+
+    @functools.wraps(op)
+    def named(*args: P.args, **kwargs: P.kwargs) -> Result:
+        result = op(*args, **kwargs)
+        result.data["unit"] = kwargs["unit"] if "unit" in kwargs else args[1]
+        return result
+
+    return named
 
 
 def digest(argv: Sequence[str], env: Mapping[str, str]) -> str:
@@ -106,6 +122,7 @@ def _alive_command(unit: str, record: Record | None) -> str:
     )
 
 
+@_names_unit
 def instance(
     ctx: OpContext,
     unit: str,
@@ -119,7 +136,7 @@ def instance(
     restarts it when the command or environment differ from its last start; ``restarted``
     always restarts; ``stopped`` stops it. Under systemd it starts/restarts and enables the unit
     (whose files must say the same as ``argv`` and ``env``); without systemd it runs the command
-    itself (see the module's docstring). ``data``: backend, started_at, pid, restarted.
+    itself (see the module's docstring). ``data``: unit, backend, started_at, pid, restarted.
 
     Example::
 
@@ -135,21 +152,18 @@ def instance(
     how = "under systemd" if backend == "systemd" else "directly (no systemd on this host)"
     if state == "stopped":
         if not alive:
-            return ok(f"{unit} is stopped", unit=unit)
-        result = ctx.change(
+            return ok(f"{unit} is stopped")
+        return ctx.change(
             f"{_stop(unit, record)}; rm -f -- {quote(record_path)}",
             would=f"stop {unit}",
             done=f"stopped {unit}",
             diff=f"{unit}: running -> stopped\n",
         )
-        result.data["unit"] = unit
-        return result
     same = record is not None and record.digest == wanted and record.backend == backend
     if alive and same and state == "started":
         assert record is not None
         return ok(
             f"{unit} runs as configured {how}",
-            unit=unit,
             backend=backend,
             started_at=record.started_at,
             pid=record.pid,
@@ -173,7 +187,7 @@ def instance(
         done=f"{verb}ed {unit} {how} ({why})",
         diff=f"{unit}: {old} -> started ({why})\n",
     )
-    result.data.update(unit=unit, backend=backend, restarted=True)
+    result.data.update(backend=backend, restarted=True)
     if result.changed and "stdout" in result.data:
         stamp, _, pid = result.data["stdout"].strip().rpartition("\n")[2].partition(" ")
         result.data.update(started_at=float(stamp), pid=int(pid or 0))
@@ -211,6 +225,7 @@ def _stop(unit: str, record: Record | None) -> str:
     )
 
 
+@_names_unit
 def instance_ready(
     ctx: OpContext,
     unit: str,
@@ -254,32 +269,25 @@ def instance_ready(
             where = f"; weights loaded in {load_s:.1f} s ({source})" if load_s is not None else ""
             return ok(
                 f"{unit} serves {model} {took:.1f} s after its start{where}",
-                unit=unit,
                 time_to_ready_s=round(took, 3),
                 load_s=load_s,
                 load_source=source,
                 backend=record.backend,
             )
         if ctx.check:
-            return skipped(
-                f"check mode: would wait up to {timeout:g} s for {probe.what}", unit=unit
-            )
+            return skipped(f"check mode: would wait up to {timeout:g} s for {probe.what}")
         if record is None:
-            return failed(
-                f"{unit} was never started by fxkit ({record_path} is missing)", unit=unit
-            )
+            return failed(f"{unit} was never started by fxkit ({record_path} is missing)")
         if alive.strip() != "alive":
             return failed(
                 f"{unit} stopped before it was ready ({float(now) - record.started_at:.1f} s "
                 f"after its start); last lines of its log:\n{_log_tail(ctx, unit, record, log)}",
-                unit=unit,
                 seen=seen,
             )
         if time.monotonic() >= deadline:
             return failed(
                 f"{unit} was not ready after {timeout:g} s (last seen: {seen}); last lines of "
                 f"its log:\n{_log_tail(ctx, unit, record, log)}",
-                unit=unit,
                 seen=seen,
             )
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
