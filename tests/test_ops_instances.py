@@ -40,7 +40,7 @@ def systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def run(tmp_path: Path, env: dict[str, str], state: str = "started", check: bool = False):
     conn = SystemdHost("localhost")
     ctx = OpContext(conn, FactCache(conn), check=check, diff=True)
-    return instance(ctx, UNIT, ARGV, env, state=state, state_dir=str(tmp_path / "state"))
+    return instance(ctx, UNIT, ARGV, env, state, str(tmp_path / "state"), str(tmp_path / "log"))
 
 
 def calls(log: Path) -> list[str]:
