@@ -1,8 +1,9 @@
-"""Where the built-in roles, playbooks and inventories live.
+"""Where the built-in roles, playbooks, inventories and gates live.
 
 In a wheel they are package data inside ``fxkit/`` (``fxkit/roles``, ``fxkit/playbooks``,
-``fxkit/inventories``); in a source checkout (and an editable install, which points at it) they
-are the top-level ``roles/``, ``playbooks/`` and ``inventory/`` folders beside ``fxkit/``.
+``fxkit/inventories``, ``fxkit/gates``); in a source checkout (and an editable install, which
+points at it) they are the top-level ``roles/``, ``playbooks/``, ``inventory/`` and ``gates/``
+folders beside ``fxkit/``.
 Found from the package's own location: ``importlib.util.find_spec("fxkit.roles")`` finds nothing
 in an editable install, because these folders hold no ``__init__.py``.
 """
@@ -16,11 +17,16 @@ from fxkit.errors import FxkitError
 PACKAGE = Path(__file__).resolve().parent
 
 #: Folder name inside the installed package -> folder name in the source checkout.
-_BUILTIN = {"roles": "roles", "playbooks": "playbooks", "inventories": "inventory"}
+_BUILTIN = {
+    "roles": "roles",
+    "playbooks": "playbooks",
+    "inventories": "inventory",
+    "gates": "gates",
+}
 
 
 def builtin(kind: str) -> Path:
-    """The folder of built-in ``roles``, ``playbooks`` or ``inventories``."""
+    """The folder of built-in ``roles``, ``playbooks``, ``inventories`` or ``gates``."""
     installed = PACKAGE / kind
     checkout = PACKAGE.parent / _BUILTIN[kind]
     for folder in (installed, checkout):

@@ -24,6 +24,7 @@ COMMANDS = {
     "bench": "fxkit.cli.bench:bench",
     "make-checkpoint": "fxkit.cli.loader:make_checkpoint",
     "serve-probe": "fxkit.cli.probe:serve_probe",
+    "gate": "fxkit.cli.gate:gate",
     "demo": "fxkit.cli.demo:demo",
 }
 
@@ -54,6 +55,7 @@ def cli() -> None:
     Provisioning:  fxkit play PLAYBOOK -i INVENTORY [--check] [--diff]
     Rollout:       fxkit rollout -i INVENTORY [--canary] [--serial N] [--report FILE]
     Inventories:   fxkit inventory -i INVENTORY [-i ...] --list | --graph | --list-hosts P
+    Gates:         fxkit gate g1|g2|g3|g4 -i INVENTORY [--out DIR]; fxkit gate evaluate FILE
     Lab fleet:     fxkit lab up N | status | down
     Models:        fxkit stage SRC DEST; fxkit load MODEL; fxkit bench load MODEL;
                    fxkit make-checkpoint DIR; fxkit serve-probe MODEL --port P

@@ -25,8 +25,8 @@ def _tags(values: tuple[str, ...]) -> frozenset[str]:
     return frozenset(t.strip() for value in values for t in value.split(",") if t.strip())
 
 
-#: The options of every command that runs a playbook (``fxkit play``, ``fxkit rollout``).
-RUN_OPTIONS = [
+#: Which hosts and variables: every command that runs on an inventory (play, rollout, gate).
+TARGET_OPTIONS = [
     click.option(
         "-i",
         "--inventory",
@@ -37,20 +37,6 @@ RUN_OPTIONS = [
     ),
     click.option(
         "-l", "--limit", metavar="PATTERN", help="Only hosts matching PATTERN (a:b, a:&b, a:!b)."
-    ),
-    click.option("-C", "--check", is_flag=True, help="Change nothing; report what would change."),
-    click.option(
-        "-D", "--diff", is_flag=True, help="Show diffs of what changes (or would change)."
-    ),
-    click.option(
-        "-t",
-        "--tags",
-        multiple=True,
-        metavar="T[,T]",
-        help="Only roles/operations with these tags.",
-    ),
-    click.option(
-        "--skip-tags", multiple=True, metavar="T[,T]", help="Skip roles/operations with these tags."
     ),
     click.option(
         "-e",
@@ -68,11 +54,6 @@ RUN_OPTIONS = [
         help="Hosts at once.",
     ),
     click.option(
-        "--log-json",
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="Write one JSON event per operation, then one summary per host, to FILE.",
-    ),
-    click.option(
         "--roles-path",
         multiple=True,
         type=click.Path(file_okay=False),
@@ -80,9 +61,36 @@ RUN_OPTIONS = [
         help="Extra role folders, searched after the playbook's roles/ and before the built-in "
         "roles (env FXKIT_ROLES_PATH, ':'-separated).",
     ),
+]
+
+#: How changes are made and shown (play, rollout).
+CHANGE_OPTIONS = [
+    click.option("-C", "--check", is_flag=True, help="Change nothing; report what would change."),
+    click.option(
+        "-D", "--diff", is_flag=True, help="Show diffs of what changes (or would change)."
+    ),
+    click.option(
+        "-t",
+        "--tags",
+        multiple=True,
+        metavar="T[,T]",
+        help="Only roles/operations with these tags.",
+    ),
+    click.option(
+        "--skip-tags", multiple=True, metavar="T[,T]", help="Skip roles/operations with these tags."
+    ),
+    click.option(
+        "--log-json",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Write one JSON event per operation, then one summary per host, to FILE.",
+    ),
     click.option(
         "-v", "--verbose", is_flag=True, help="Also show operations that were already ok."
     ),
+]
+
+#: How hosts are reached (play, rollout, gate).
+CONNECT_OPTIONS = [
     click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to connect."),
     click.option("--command-timeout", type=float, help="Seconds a remote command may run."),
     click.option(
@@ -108,22 +116,44 @@ RUN_OPTIONS = [
     ),
 ]
 
-
-def run_options(command: F) -> F:
-    """Add :data:`RUN_OPTIONS` to a click command."""
-    for option in reversed(RUN_OPTIONS):
-        command = option(command)
-    return command
+#: The options of every command that runs a playbook (``fxkit play``, ``fxkit rollout``).
+RUN_OPTIONS = [*TARGET_OPTIONS, *CHANGE_OPTIONS, *CONNECT_OPTIONS]
 
 
-def options_from(params: dict[str, Any]) -> tuple[RunOptions, Reporter, IO[str] | None]:
-    """The run's options and its reporter (and the open --log-json file, to close) from the
-    values of :data:`RUN_OPTIONS`."""
+def with_options(options: list[Callable[[F], F]]) -> Callable[[F], F]:
+    """A decorator adding ``options`` (e.g. :data:`TARGET_OPTIONS`) to a click command."""
+
+    def add(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return add
+
+
+run_options = with_options(RUN_OPTIONS)
+
+
+def connect_options_from(params: dict[str, Any]) -> ConnectOptions:
+    """The connection settings from the values of :data:`CONNECT_OPTIONS`."""
     become_password = os.environ.get("FXKIT_BECOME_PASSWORD")
     if params["become_password_file"]:
         become_password = params["become_password_file"].read_text().rstrip("\n")
     if params["ask_become_pass"]:
         become_password = click.prompt("become password", hide_input=True)
+    return ConnectOptions(
+        connect_timeout=params["connect_timeout"],
+        command_timeout=params["command_timeout"],
+        connect_retries=params["connect_retries"],
+        known_hosts=params["known_hosts"],
+        accept_new_host_keys=params["accept_new_host_keys"],
+        become_password=become_password,
+    )
+
+
+def options_from(params: dict[str, Any]) -> tuple[RunOptions, Reporter, IO[str] | None]:
+    """The run's options and its reporter (and the open --log-json file, to close) from the
+    values of :data:`RUN_OPTIONS`."""
     options = RunOptions(
         check=params["check"],
         diff=params["diff"],
@@ -132,14 +162,7 @@ def options_from(params: dict[str, Any]) -> tuple[RunOptions, Reporter, IO[str] 
         extra_vars=parse_extra_vars(params["extra_vars"]),
         forks=params["forks"],
         roles_path=list(params["roles_path"]),
-        connect=ConnectOptions(
-            connect_timeout=params["connect_timeout"],
-            command_timeout=params["command_timeout"],
-            connect_retries=params["connect_retries"],
-            known_hosts=params["known_hosts"],
-            accept_new_host_keys=params["accept_new_host_keys"],
-            become_password=become_password,
-        ),
+        connect=connect_options_from(params),
     )
     log = params["log_json"].open("w", encoding="utf-8") if params["log_json"] else None
     reporter = Reporter(diff=params["diff"], verbose=params["verbose"], log_json=log)

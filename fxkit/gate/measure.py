@@ -1,0 +1,121 @@
+"""What a check measures: kinds of measurement, each a function of a host and its parameters.
+
+A kind is registered with :func:`kind`: a name (the key in a check's ``measure:``), a Pydantic
+model of its parameters (unknown keys refused) and a function that measures one host through a
+:class:`Probe` and returns plain data (numbers, text, lists, mappings) that checks pick values
+from (``value: ports.*.state``). A measurement that cannot be made (the tool is missing, the
+command failed, its output does not parse) raises :class:`MeasureError`: its checks are ERROR,
+with that reason, never PASS.
+
+The kinds live in :mod:`fxkit.gate.measures`; :data:`KINDS` lists them once it is imported.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from fxkit.connection.base import Connection, RunResult
+from fxkit.facts.base import FactCache, FactError
+from fxkit.variables import HostVars
+
+P = TypeVar("P", bound="Params")
+
+
+class MeasureError(Exception):
+    """The measurement could not be made; the message says why (the check is ERROR)."""
+
+
+class Params(BaseModel):
+    """Base of every kind's parameters: unknown keys are mistakes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class Probe:
+    """One host, as a measurement sees it: its connection, facts and variables."""
+
+    host: str
+    conn: Connection
+    facts: FactCache
+    vars: HostVars
+    #: Run commands as root (the gate's ``become``).
+    become: bool = False
+    #: Seconds a command may run (the check's ``timeout``).
+    timeout: float | None = None
+    #: Set at Ctrl-C: long measurements (soaks) stop at their next sample.
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(
+        self, command: str, *, timeout: float | None = None, become: bool | None = None
+    ) -> RunResult:
+        """Run ``command`` on the host; never raises on rc != 0."""
+        return self.conn.run(
+            command,
+            become=self.become if become is None else become,
+            timeout=timeout or self.timeout,
+        )
+
+    def output(self, command: str, *, timeout: float | None = None) -> str:
+        """The command's stdout; :class:`MeasureError` (with its stderr's tail) when it fails."""
+        result = self.run(command, timeout=timeout)
+        if not result.ok:
+            tail = (result.stderr or result.stdout).strip()[-400:]
+            raise MeasureError(f"`{result.command}` exited {result.rc}: {tail}")
+        return result.stdout
+
+    def require(self, *tools: str) -> None:
+        """:class:`MeasureError` ("fio not found") unless every tool is on the host's PATH."""
+        for tool in tools:
+            if not self.run(f"command -v {shlex.quote(tool)} >/dev/null 2>&1").ok:
+                raise MeasureError(f"{tool} not found on {self.host} (install it, or fix PATH)")
+
+    def fact(self, fact: Any, *args: Any) -> Any:
+        """A fact of the host (see :mod:`fxkit.facts`); a failing fact is a MeasureError."""
+        try:
+            return self.facts.get(fact, *args, become=self.become)
+        except FactError as exc:
+            raise MeasureError(exc.message) from None
+
+
+Measure = Callable[[Probe, Any], Any]
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    params: type[Params]
+    measure: Measure
+    #: One line for the reference (the function's docstring's first line).
+    about: str = field(default="")
+
+    def parse(self, value: Any) -> Params:
+        """The parameters from a check's ``measure: {NAME: value}``: a mapping, or a plain
+        value for the model's first field (``{fact: gpus}``). Raises pydantic's ValidationError."""
+        if not isinstance(value, dict):
+            first = next(iter(self.params.model_fields))
+            value = {first: value}
+        return self.params.model_validate(value)
+
+
+#: Every kind of measurement, by name (filled by :func:`kind` as fxkit.gate.measures imports).
+KINDS: dict[str, Kind] = {}
+
+
+def kind(
+    name: str, params: type[P]
+) -> Callable[[Callable[[Probe, P], Any]], Callable[[Probe, P], Any]]:
+    """Register a kind of measurement: ``@kind("fio", FioParams)`` over ``def fio(probe, p)``."""
+
+    def register(func: Callable[[Probe, P], Any]) -> Callable[[Probe, P], Any]:
+        about = (func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else ""
+        KINDS[name] = Kind(name, params, func, about)
+        return func
+
+    return register

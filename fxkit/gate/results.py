@@ -1,0 +1,352 @@
+"""A gate run's results: every measurement, every check's value, rule and status; as JSON.
+
+Statuses: PASS, FAIL (a critical check's rule does not hold), WARN (a warning's does not),
+ERROR (the check could not be judged: the tool is missing, the command failed, the output did
+not parse, the host was unreachable: never PASS, and the reason is kept) and SKIP (its ``when``
+is false; the reason says so). A host, and the gate, FAIL when a check FAILs, else are ERROR
+when a check is ERROR, else PASS.
+
+:func:`judge` applies a check's rule to its measurement; :func:`reevaluate` judges an earlier
+run's measurements again against a gate file's current rules, without touching the hosts.
+The JSON format (``schema: fxkit-gate-result/1``) is documented in docs/GATES.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fxkit.errors import FxkitError
+from fxkit.gate import rules
+from fxkit.gate.spec import CheckSpec, Gate, GateError
+from fxkit.redaction import redact
+
+SCHEMA = "fxkit-gate-result/1"
+STATUSES = ("PASS", "FAIL", "WARN", "ERROR", "SKIP")
+
+
+@dataclass
+class Measurement:
+    """One kind of measurement with its parameters, made once per host for all its checks."""
+
+    kind: str
+    params: dict[str, Any]
+    data: Any = None
+    #: Why it could not be made (its checks are ERROR), else None.
+    error: str | None = None
+    duration_s: float = 0.0
+
+
+@dataclass
+class CheckResult:
+    id: str
+    title: str
+    severity: str
+    status: str
+    reason: str
+    #: The value the rule was applied to (None when there is none).
+    value: Any = None
+    #: The rule as applied (templates rendered), and in words.
+    rule: dict[str, Any] = field(default_factory=dict)
+    expected: str = ""
+    unit: str | None = None
+    why: str = ""
+    #: The index of the host's measurement it was judged on (None: skipped, not measured).
+    measurement: int | None = None
+    #: For ``change`` rules: the baseline's value and the relative change.
+    baseline_value: Any = None
+    change: float | None = None
+    #: The check's file:line.
+    where: str = ""
+
+
+@dataclass
+class HostResult:
+    name: str
+    checks: list[CheckResult] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
+    #: Why the host could not be reached (all its checks are then ERROR), else None.
+    unreachable: str | None = None
+    #: The (rendered, non-secret) values of the variables the rules use: for re-evaluation.
+    vars: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return verdict(c.status for c in self.checks)
+
+    def check(self, check_id: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.id == check_id), None)
+
+
+@dataclass
+class GateResult:
+    gate: str
+    title: str
+    gate_file: str
+    gate_sha256: str
+    started_at: str
+    finished_at: str = ""
+    hosts: dict[str, HostResult] = field(default_factory=dict)
+    inventory: list[str] = field(default_factory=list)
+    limit: str | None = None
+    #: The results file ``change`` rules were judged against.
+    baseline: str | None = None
+    interrupted: bool = False
+    #: Set by ``fxkit gate evaluate``: the results file re-evaluated.
+    reevaluated_from: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        return verdict(h.verdict for h in self.hosts.values())
+
+    @property
+    def summary(self) -> dict[str, int]:
+        counts = Counter(c.status for h in self.hosts.values() for c in h.checks)
+        return {status: counts.get(status, 0) for status in STATUSES}
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 0 if self.verdict == "PASS" else 1
+
+    def to_json(self, secrets: Iterable[str] = ()) -> dict[str, Any]:
+        data = {"schema": SCHEMA, "verdict": self.verdict, "summary": self.summary, **asdict(self)}
+        hosts = data["hosts"]
+        for name, host in self.hosts.items():
+            hosts[name]["verdict"] = host.verdict
+        masked: dict[str, Any] = _redacted(data, sorted(set(secrets), key=len, reverse=True))
+        return masked
+
+    def save(self, path: Path, secrets: Iterable[str] = ()) -> None:
+        """Write the JSON whole (a temporary file, renamed), secrets masked."""
+        text = json.dumps(self.to_json(secrets), indent=2, default=str) + "\n"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> GateResult:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise GateError(
+                f"not a gate results file (want schema {SCHEMA!r})",
+                where=where,
+                hint="give the result.json that `fxkit gate ... --out DIR` wrote",
+            )
+        try:
+            hosts = {
+                name: HostResult(
+                    name=host["name"],
+                    checks=[CheckResult(**c) for c in host["checks"]],
+                    measurements=[Measurement(**m) for m in host["measurements"]],
+                    unreachable=host.get("unreachable"),
+                    vars=host.get("vars", {}),
+                )
+                for name, host in data["hosts"].items()
+            }
+            fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "hosts"}
+            return cls(**fields, hosts=hosts)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise GateError(
+                f"a gate results file with a broken entry ({exc})", where=where
+            ) from None
+
+
+def load_results(path: Path) -> GateResult:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise GateError(f"cannot read the results file: {exc.strerror}", where=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise GateError(f"not JSON: {exc.msg}", where=f"{path}:{exc.lineno}") from None
+    return GateResult.from_json(data, str(path))
+
+
+def verdict(statuses: Iterable[str]) -> str:
+    seen = set(statuses)
+    if "FAIL" in seen:
+        return "FAIL"
+    if "ERROR" in seen:
+        return "ERROR"
+    return "PASS"
+
+
+def select(data: Any, path: str | None) -> Any:
+    """The value at ``path`` (``count``, ``ports.*.state``) in a measurement's data: ``*`` takes
+    each item of a mapping (or list) and gives ``{item: value}``. :class:`KeyError` naming the
+    part when something is missing."""
+    if not path:
+        return data
+    parts = path.split(".")
+    return _select(data, parts, "")
+
+
+def _select(data: Any, parts: list[str], done: str) -> Any:
+    if not parts:
+        return data
+    part, rest = parts[0], parts[1:]
+    here = f"{done}.{part}" if done else part
+    if part == "*":
+        items = data.items() if isinstance(data, Mapping) else enumerate(data or [])
+        return {str(k): _select(v, rest, here) for k, v in items}
+    if isinstance(data, Mapping) and part in data:
+        return _select(data[part], rest, here)
+    if isinstance(data, list) and part.isdigit() and int(part) < len(data):
+        return _select(data[int(part)], rest, here)
+    raise KeyError(here)
+
+
+def judge(
+    check: CheckSpec,
+    rule: dict[str, Any],
+    measurement: Measurement,
+    index: int,
+    baseline: Any = None,
+    where: str = "",
+) -> CheckResult:
+    """The check's result on one host's measurement (its rule rendered for the host)."""
+    result = CheckResult(
+        id=check.id,
+        title=check.title,
+        severity=check.severity,
+        status="ERROR",
+        reason="",
+        rule=rule,
+        expected=_describe(rule),
+        unit=check.unit,
+        why=check.why,
+        measurement=index,
+        baseline_value=baseline,
+        where=where,
+    )
+    if measurement.error is not None:
+        result.reason = measurement.error
+        return result
+    try:
+        result.value = select(measurement.data, check.value)
+    except KeyError as exc:
+        result.reason = f"the {measurement.kind} measurement has no {exc.args[0]!r}"
+        return result
+    try:
+        outcome = rules.evaluate(rule, result.value, baseline)
+    except rules.RuleError as exc:
+        result.reason = str(exc)
+        return result
+    result.reason, result.change = outcome.reason, outcome.change
+    if outcome.passed:
+        result.status = "PASS"
+    else:
+        result.status = "FAIL" if check.severity == "critical" else "WARN"
+    return result
+
+
+def baseline_value(baseline: GateResult | None, host: str, check: CheckSpec) -> Any:
+    """The baseline run's value for a ``change`` rule (the same check, or its ``of:``)."""
+    op, operand = rules.split(check.rule)
+    if op != "change" or baseline is None:
+        return None
+    of = operand.get("of", check.id) if isinstance(operand, Mapping) else check.id
+    found = baseline.hosts.get(host)
+    result = found.check(of) if found else None
+    return result.value if result and result.status != "ERROR" else None
+
+
+def skipped(check: CheckSpec, reason: str, where: str) -> CheckResult:
+    return CheckResult(
+        id=check.id,
+        title=check.title,
+        severity=check.severity,
+        status="SKIP",
+        reason=reason,
+        unit=check.unit,
+        why=check.why,
+        where=where,
+    )
+
+
+def _describe(rule: dict[str, Any]) -> str:
+    try:
+        return rules.describe(rule)
+    except (rules.RuleError, AttributeError, IndexError, TypeError):
+        return str(rule)
+
+
+def _redacted(value: Any, secrets: list[str]) -> Any:
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, dict):
+        return {_redacted(k, secrets): _redacted(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v, secrets) for v in value]
+    return value
+
+
+def reevaluate(
+    results: GateResult,
+    gate: Gate,
+    render: Any,
+    baseline: GateResult | None = None,
+) -> GateResult:
+    """Judge ``results``' measurements again against ``gate``'s rules, touching no host.
+
+    ``render(host_result, check) -> rule`` renders a check's rule for a host (see
+    :func:`fxkit.gate.run.rule_renderer`). A check the run did not measure is ERROR; one it
+    skipped stays SKIP.
+    """
+    if gate.name != results.gate:
+        raise FxkitError(
+            f"the results are of gate {results.gate!r}, the gate file is {gate.name!r}",
+            hint="give the gate file the results were made with (--gate FILE)",
+        )
+    out = GateResult(
+        gate=results.gate,
+        title=gate.spec.title,
+        gate_file=str(gate.path),
+        gate_sha256=gate.sha256,
+        started_at=results.started_at,
+        finished_at=results.finished_at,
+        inventory=results.inventory,
+        limit=results.limit,
+        baseline=results.baseline if baseline is None else baseline_name(baseline),
+        interrupted=results.interrupted,
+    )
+    for name, host in results.hosts.items():
+        new = HostResult(name, [], host.measurements, host.unreachable, host.vars)
+        for check in gate.spec.checks:
+            old = host.check(check.id)
+            where = gate.where(check.id)
+            if old is None or (old.measurement is None and old.status != "SKIP"):
+                new.checks.append(_unmeasured(check, old, where))
+            elif old.status == "SKIP":
+                new.checks.append(skipped(check, old.reason, where))
+            else:
+                assert old.measurement is not None
+                measurement = host.measurements[old.measurement]
+                base = baseline_value(baseline, name, check) if baseline else old.baseline_value
+                new.checks.append(
+                    judge(check, render(host, check), measurement, old.measurement, base, where)
+                )
+        out.hosts[name] = new
+    return out
+
+
+def baseline_name(baseline: GateResult) -> str:
+    return f"{baseline.gate} run of {baseline.started_at}"
+
+
+def _unmeasured(check: CheckSpec, old: CheckResult | None, where: str) -> CheckResult:
+    result = skipped(check, "", where)
+    result.status = "ERROR"
+    result.reason = (
+        old.reason
+        if old is not None
+        else "not measured in this run (a check added since): run the gate again"
+    )
+    return result

@@ -1,0 +1,321 @@
+"""Running a gate: its checks on every host at once, over the hosts' connections.
+
+Before any host is touched, every check's ``when``, measurement and rule are rendered for every
+host (an undefined variable or a wrong parameter is one error naming them all). Then each host,
+in its own thread, opens its connection and makes each measurement once (checks that share one,
+such as every GPU check on ``{fact: gpus}``, share its result), judging each check as its
+measurement comes in. A host that cannot be reached has every check ERROR, with the reason.
+Ctrl-C stops the hosts before their next measurement (soaks at their next sample); what was
+measured is reported, the rest is ERROR ("interrupted").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from jinja2 import meta
+from pydantic import ValidationError
+
+from fxkit.connection import Connection, ConnectOptions, connect
+from fxkit.errors import ConnectionFailed, FxkitError
+from fxkit.facts.base import FactCache
+from fxkit.gate.measure import KINDS, MeasureError, Probe
+from fxkit.gate.results import (
+    CheckResult,
+    GateResult,
+    HostResult,
+    Measurement,
+    baseline_name,
+    baseline_value,
+    judge,
+    skipped,
+)
+from fxkit.gate.spec import CheckSpec, Gate, GateError
+from fxkit.inventory.model import Inventory, InventoryHost
+from fxkit.role import RoleLoader, roles_path
+from fxkit.variables import HostVars, Layer, environment, truthy
+
+#: Called after each check is judged on a host (for progress).
+Progress = Callable[[str, CheckResult], None]
+
+
+@dataclass
+class GateOptions:
+    limit: str | None = None
+    forks: int = 50
+    connect: ConnectOptions = field(default_factory=ConnectOptions)
+    extra_vars: dict[str, Any] = field(default_factory=dict)
+    roles_path: list[str] = field(default_factory=list)
+    #: An earlier run's results, for ``change`` rules (``--baseline``).
+    baseline: GateResult | None = None
+    #: The ``-i`` sources (recorded in the results).
+    inventory_sources: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    """One host's checks, rendered: (check, when's verdict, measurement key, params, rule)."""
+
+    inv: InventoryHost
+    vars: HostVars
+    checks: list[tuple[CheckSpec, str | None, str, Any, dict[str, Any]]]
+
+
+class GateRun:
+    """One run of one gate on an inventory's hosts; :meth:`run` returns the results."""
+
+    def __init__(
+        self,
+        gate: Gate,
+        inventory: Inventory,
+        options: GateOptions,
+        *,
+        connector: Callable[[str, Mapping[str, Any], ConnectOptions], Connection] = connect,
+        progress: Progress | None = None,
+    ):
+        self.gate = gate
+        self.inventory = inventory
+        self.options = options
+        self.connector = connector
+        self.progress = progress
+        self.stop = threading.Event()
+        self.secrets: set[str] = set()
+        if options.connect.become_password:
+            self.secrets.add(options.connect.become_password)
+        self._lock = threading.Lock()
+
+    def hosts(self) -> list[InventoryHost]:
+        try:
+            hosts = self.inventory.select(self.gate.spec.hosts, self.options.limit)
+        except FxkitError as exc:
+            raise GateError(exc.message, where=self.gate.where(""), hint=exc.hint) from None
+        if not hosts:
+            raise GateError(
+                f"no host matches {self.gate.spec.hosts!r}"
+                + (f" and --limit {self.options.limit!r}" if self.options.limit else ""),
+                where=str(self.gate.path),
+                hint="check the inventory (fxkit inventory -i ... --graph) and --limit",
+            )
+        return hosts
+
+    def plan(self) -> list[_Plan]:
+        """Every host's checks rendered; all mistakes at once, before any host is touched."""
+        loader = RoleLoader(roles_path(None, self.options.roles_path))
+        defaults = [
+            Layer(f"role {name} defaults", loader.load(name, str(self.gate.path)).defaults)
+            for name in self.gate.spec.roles
+        ]
+        plans, problems = [], []
+        for inv in self.hosts():
+            v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.secrets.update)
+            checks = []
+            for check in self.gate.spec.checks:
+                try:
+                    checks.append(self._render(check, v))
+                except FxkitError as exc:
+                    problems.append(f"{self.gate.where(check.id)}: host {inv.name}: {exc}")
+            plans.append(_Plan(inv, v, checks))
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise GateError(
+                "\n  ".join(problems[:20]) + more,
+                hint="define the variables (inventory, the gate's vars:, -e) or fix the check",
+            )
+        return plans
+
+    def _render(
+        self, check: CheckSpec, v: HostVars
+    ) -> tuple[CheckSpec, str | None, str, Any, dict[str, Any]]:
+        label = f"check {check.id}"
+        skip = None
+        if check.when is not None:
+            when = render(v, check.when, f"{label}, when")
+            if not truthy(when):
+                skip = f"when: {check.when} is false on this host"
+        name, raw = next(iter(check.measure.items()))
+        params = render(v, raw, f"{label}, measure")
+        try:
+            parsed = KINDS[name].parse(params)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            at = ".".join(str(p) for p in first["loc"])
+            raise FxkitError(f"{label}: measure {name}: {at}: {first['msg']}") from None
+        rule = render(v, check.rule, f"{label}, rule")
+        return check, skip, name, parsed, rule
+
+    def run(self) -> GateResult:
+        plans = self.plan()
+        result = GateResult(
+            gate=self.gate.name,
+            title=self.gate.spec.title,
+            gate_file=str(self.gate.path),
+            gate_sha256=self.gate.sha256,
+            started_at=_now(),
+            inventory=list(self.options.inventory_sources),
+            limit=self.options.limit,
+            baseline=baseline_name(self.options.baseline) if self.options.baseline else None,
+        )
+        with ThreadPoolExecutor(max_workers=self.options.forks) as pool:
+            futures = [pool.submit(self._host, plan) for plan in plans]
+            while wait(futures, timeout=0.2).not_done:
+                pass
+        for plan, future in zip(plans, futures, strict=True):
+            result.hosts[plan.inv.name] = future.result()
+        result.finished_at = _now()
+        result.interrupted = self.stop.is_set()
+        return result
+
+    def _host(self, plan: _Plan) -> HostResult:
+        host = HostResult(plan.inv.name, vars=snapshot(plan.vars, self.gate))
+        conn = self.connector(plan.inv.name, plan.vars, self.options.connect)
+        try:
+            conn.open()
+        except ConnectionFailed as exc:
+            host.unreachable = str(exc)
+        probe = Probe(
+            plan.inv.name,
+            conn,
+            FactCache(conn),
+            plan.vars,
+            become=self.gate.spec.become,
+            stop=self.stop,
+        )
+        done: dict[str, int] = {}
+        try:
+            for check, skip, name, params, rule in plan.checks:
+                where = self.gate.where(check.id)
+                if skip is not None:
+                    checked = skipped(check, skip, where)
+                else:
+                    key = json.dumps([name, params.model_dump(mode="json")], sort_keys=True)
+                    if key not in done:
+                        done[key] = len(host.measurements)
+                        probe.timeout = check.timeout
+                        host.measurements.append(self._measure(probe, name, params, host))
+                    index = done[key]
+                    base = baseline_value(self.options.baseline, plan.inv.name, check)
+                    checked = judge(check, rule, host.measurements[index], index, base, where)
+                host.checks.append(checked)
+                if self.progress:
+                    self.progress(plan.inv.name, checked)
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+        with self._lock:
+            self.secrets.update(plan.vars.secret_values())
+        return host
+
+    def _measure(self, probe: Probe, name: str, params: Any, host: HostResult) -> Measurement:
+        measurement = Measurement(name, params.model_dump(mode="json"))
+        started = time.monotonic()
+        if host.unreachable is not None:
+            measurement.error = f"unreachable: {host.unreachable}"
+        elif self.stop.is_set():
+            measurement.error = "interrupted before it ran"
+        else:
+            try:
+                measurement.data = KINDS[name].measure(probe, params)
+            except MeasureError as exc:
+                measurement.error = str(exc)
+            except ConnectionFailed as exc:
+                host.unreachable = str(exc)
+                measurement.error = f"unreachable: {exc}"
+            except FxkitError as exc:
+                measurement.error = str(exc)
+        measurement.duration_s = round(time.monotonic() - started, 3)
+        return measurement
+
+
+def host_vars(
+    inv: InventoryHost,
+    gate: Gate,
+    defaults: list[Layer],
+    extra_vars: Mapping[str, Any],
+    on_secret: Callable[[Any], None] | None = None,
+) -> HostVars:
+    """A host's variables for a gate: the roles' defaults, the inventory's, the gate's, -e."""
+    layers = [
+        *defaults,
+        Layer("inventory", inv.vars),
+        Layer(f"gate {gate.name} vars", gate.spec.vars),
+        Layer("extra vars", extra_vars),
+        Layer("fxkit", {"inventory_hostname": inv.name, "gate_name": gate.name}),
+    ]
+    return HostVars(inv.name, layers, on_secret=on_secret)
+
+
+def render(v: HostVars, value: Any, label: str) -> Any:
+    """Every template string in ``value`` rendered with the host's variables."""
+    if isinstance(value, str):
+        if "{{" in value or "{%" in value:
+            return v.render_string(value, label)
+        return value
+    if isinstance(value, dict):
+        return {k: render(v, item, label) for k, item in value.items()}
+    if isinstance(value, list):
+        return [render(v, item, label) for item in value]
+    return value
+
+
+def referenced(gate: Gate) -> set[str]:
+    """The variables the gate's rules and conditions name (kept in the results)."""
+    names: set[str] = set()
+    env = environment()
+    for check in gate.spec.checks:
+        for text in _strings([check.rule, check.when]):
+            with contextlib.suppress(Exception):
+                names |= meta.find_undeclared_variables(env.parse(text))
+    return names
+
+
+def snapshot(v: HostVars, gate: Gate) -> dict[str, Any]:
+    """The rendered, non-secret values of the variables the gate's rules use."""
+    kept = {}
+    for name in sorted(referenced(gate)):
+        if name in v and not v.is_secret(name):
+            with contextlib.suppress(FxkitError):
+                kept[name] = v[name]
+    return kept
+
+
+def rule_renderer(
+    gate: Gate, extra_vars: Mapping[str, Any]
+) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
+    """Renders a check's rule for a host of earlier results: the variables kept in them, then
+    the gate file's own vars, then ``-e`` (``fxkit gate evaluate``)."""
+
+    def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
+        layers = [
+            Layer("the results' variables", host.vars),
+            Layer(f"gate {gate.name} vars", gate.spec.vars),
+            Layer("extra vars", extra_vars),
+        ]
+        rendered: dict[str, Any] = render(
+            HostVars(host.name, layers), check.rule, f"check {check.id}, rule"
+        )
+        return rendered
+
+    return rule
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -1,0 +1,210 @@
+"""Gate files: one YAML file per gate (``gates/g1.yml``...), checked when read.
+
+A gate names the hosts it runs on, the roles whose variables its checks may use (their defaults,
+then the inventory's values, as ``fxkit play`` sees them), variables of its own, and its checks::
+
+    gate: g1
+    title: G1 arrival acceptance
+    hosts: gpu_nodes
+    roles: [rocm_host, roce_nic]
+    vars: {g1_fio_file: /mnt/models/.fxkit-g1.fio}
+    checks:
+      - id: gpu_count
+        title: GPU count
+        why: Every GPU the node was bought with is visible to the driver.
+        measure: {fact: gpus}     # a kind of measurement (fxkit.gate.measures) and its parameters
+        value: count              # the value checked: a path into the measurement (* = each item)
+        rule: {"==": "{{ rocm_host_gpu_count }}"}
+        severity: critical        # critical (the default): FAIL fails the gate; warning: WARN
+        unit: GPUs
+        when: "{{ ... }}"         # optional: false -> SKIP, with the reason in the report
+
+Strings anywhere in ``measure``, ``rule`` and ``when`` are Jinja2 templates rendered with each
+host's variables. Every mistake names the file and line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fxkit import paths
+from fxkit.errors import FxkitError
+from fxkit.gate import rules
+from fxkit.gate.measure import KINDS
+from fxkit.yamlfile import line_at, plain, read_yaml
+
+SEVERITIES = ("critical", "warning")
+_ID = re.compile(r"[a-z][a-z0-9_]*")
+_JINJA = ("{{", "{%")
+
+
+class GateError(FxkitError):
+    """A gate file (or a results file) is wrong: ``where`` is its file:line."""
+
+
+class CheckSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    title: str
+    why: str
+    measure: dict[str, Any]
+    value: str | None = None
+    rule: dict[str, Any]
+    severity: Literal["critical", "warning"] = "critical"
+    unit: str | None = None
+    when: str | bool | None = None
+    timeout: float = Field(default=600.0, gt=0)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not _ID.fullmatch(value):
+            raise ValueError(f"{value!r}: an id is lowercase letters, digits and _")
+        return value
+
+    @field_validator("measure")
+    @classmethod
+    def _measure(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) != 1:
+            raise ValueError(f"name one kind of measurement, not {len(value)}: {list(value)}")
+        name, params = next(iter(value.items()))
+        if name not in KINDS:
+            close = difflib.get_close_matches(str(name), KINDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown kind {name!r}{hint}; kinds: {', '.join(sorted(KINDS))}")
+        if not _templated(params):
+            try:
+                KINDS[name].parse(params)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"{name}: {where}: {first['msg']}") from None
+        return value
+
+    @field_validator("rule")
+    @classmethod
+    def _rule(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            rules.split(value)
+        except rules.RuleError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
+class GateSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gate: str
+    title: str
+    about: str = ""
+    hosts: str = "all"
+    roles: list[str] = []
+    vars: dict[str, Any] = {}
+    become: bool = False
+    #: The gate whose results ``change`` rules compare with (``--baseline``), e.g. g2 for g3.
+    baseline: str | None = None
+    checks: list[CheckSpec]
+
+    @field_validator("checks")
+    @classmethod
+    def _unique(cls, value: list[CheckSpec]) -> list[CheckSpec]:
+        seen: set[str] = set()
+        for check in value:
+            if check.id in seen:
+                raise ValueError(f"two checks have the id {check.id!r}")
+            seen.add(check.id)
+        if not value:
+            raise ValueError("a gate has at least one check")
+        return value
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A gate file, read and checked."""
+
+    spec: GateSpec
+    path: Path
+    #: sha256 of the file's bytes (recorded in results: which thresholds they were judged by).
+    sha256: str
+    #: Line of each check in the file, by id.
+    lines: dict[str, int]
+
+    @property
+    def name(self) -> str:
+        return self.spec.gate
+
+    def check(self, check_id: str) -> CheckSpec | None:
+        return next((c for c in self.spec.checks if c.id == check_id), None)
+
+    def where(self, check_id: str) -> str:
+        return f"{self.path}:{self.lines.get(check_id, 1)}"
+
+
+def load(name_or_path: str | Path) -> Gate:
+    """A gate by path, or a built-in one by name (``g1`` -> the packaged ``gates/g1.yml``)."""
+    path = paths.resolve(name_or_path, "gates")
+    if not path.is_file():
+        builtin = sorted(p.stem for p in paths.builtin("gates").glob("*.yml"))
+        raise GateError(
+            f"no gate file {str(name_or_path)!r}",
+            hint=f"give a gate file's path, or one of the built-in gates: {', '.join(builtin)}",
+        )
+    import fxkit.gate.measures  # noqa: F401  (registers the kinds the checks name)
+
+    data = read_yaml(path, GateError, what="gate file")
+    if not isinstance(data, dict):
+        raise GateError("a gate file is a mapping (gate:, title:, checks: ...)", where=str(path))
+    try:
+        spec = GateSpec.model_validate(plain(data))
+    except ValidationError as exc:
+        raise _error(exc, data, path) from None
+    checks = data.get("checks") or []
+    lines = {
+        str(c.get("id")): checks.item_lines[i]
+        for i, c in enumerate(checks)
+        if isinstance(c, dict) and hasattr(checks, "item_lines")
+    }
+    return Gate(spec, path, hashlib.sha256(path.read_bytes()).hexdigest(), lines)
+
+
+def _templated(value: Any) -> bool:
+    if isinstance(value, str):
+        return any(m in value for m in _JINJA)
+    if isinstance(value, dict):
+        return any(_templated(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_templated(v) for v in value)
+    return False
+
+
+def _error(exc: ValidationError, data: Any, path: Path) -> GateError:
+    first = exc.errors()[0]
+    line, loc = line_at(data, first["loc"])
+    field = ".".join(str(p) for p in loc) or "gate"
+    more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
+    reason = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        model = CheckSpec if "checks" in loc else GateSpec
+        keys = sorted(model.model_fields)
+        close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+        hint = (f"did you mean {close[0]!r}? " if close else "") + f"keys: {', '.join(keys)}"
+        return GateError(f"unknown key {loc[-1]!r}{more}", where=f"{path}:{line}", hint=hint)
+    if first["type"] == "missing":
+        return GateError(
+            f"{field}: missing key {first['loc'][-1]!r}{more}",
+            where=f"{path}:{line}",
+            hint="see the gate file format in docs/GATES.md",
+        )
+    return GateError(
+        f"{field}: {reason}{more}",
+        where=f"{path}:{line}",
+        hint="see the gate file format in docs/GATES.md",
+    )
