@@ -72,8 +72,10 @@ class HostResult:
     measurements: list[Measurement] = field(default_factory=list)
     #: Why the host could not be reached (all its checks are then ERROR), else None.
     unreachable: str | None = None
-    #: The (rendered, non-secret) values of the variables the rules use: for re-evaluation.
+    #: The (rendered, non-secret) values of the variables the rules use, for re-evaluation:
+    #: those set by the inventory or -e, and those from the roles' defaults.
     vars: dict[str, Any] = field(default_factory=dict)
+    role_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -146,6 +148,7 @@ class GateResult:
                     measurements=[Measurement(**m) for m in host["measurements"]],
                     unreachable=host.get("unreachable"),
                     vars=host.get("vars", {}),
+                    role_defaults=host.get("role_defaults", {}),
                 )
                 for name, host in data["hosts"].items()
             }
@@ -318,7 +321,9 @@ def reevaluate(
         interrupted=results.interrupted,
     )
     for name, host in results.hosts.items():
-        new = HostResult(name, [], host.measurements, host.unreachable, host.vars)
+        new = HostResult(
+            name, [], host.measurements, host.unreachable, host.vars, host.role_defaults
+        )
         for check in gate.spec.checks:
             old = host.check(check.id)
             where = gate.where(check.id)

@@ -142,7 +142,8 @@ def _order(value: Any, operand: Any) -> tuple[Any, Any]:
 
 
 def _equal(value: Any, operand: Any) -> bool:
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    numeric = (int, float)
+    if any(isinstance(x, numeric) and not isinstance(x, bool) for x in (value, operand)):
         try:
             return _number(value) == _number(operand)
         except RuleError:

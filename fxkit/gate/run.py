@@ -38,7 +38,7 @@ from fxkit.gate.results import (
     judge,
     skipped,
 )
-from fxkit.gate.spec import CheckSpec, Gate, GateError
+from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem
 from fxkit.inventory.model import Inventory, InventoryHost
 from fxkit.role import RoleLoader, roles_path
 from fxkit.variables import HostVars, Layer, environment, truthy
@@ -145,9 +145,7 @@ class GateRun:
         try:
             parsed = KINDS[name].parse(params)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            at = ".".join(str(p) for p in first["loc"])
-            raise FxkitError(f"{label}: measure {name}: {at}: {first['msg']}") from None
+            raise FxkitError(f"{label}: measure {params_problem(name, exc)}") from None
         rule = render(v, check.rule, f"{label}, rule")
         return check, skip, name, parsed, rule
 
@@ -174,7 +172,8 @@ class GateRun:
         return result
 
     def _host(self, plan: _Plan) -> HostResult:
-        host = HostResult(plan.inv.name, vars=snapshot(plan.vars, self.gate))
+        below, above = snapshot(plan.vars, self.gate)
+        host = HostResult(plan.inv.name, vars=above, role_defaults=below)
         conn = self.connector(plan.inv.name, plan.vars, self.options.connect)
         try:
             conn.open()
@@ -241,11 +240,12 @@ def host_vars(
     extra_vars: Mapping[str, Any],
     on_secret: Callable[[Any], None] | None = None,
 ) -> HostVars:
-    """A host's variables for a gate: the roles' defaults, the inventory's, the gate's, -e."""
+    """A host's variables for a gate, by precedence: the roles' defaults, the gate's ``vars:``
+    (its default thresholds), the inventory's (per group, per host), then ``-e``."""
     layers = [
         *defaults,
+        Layer(gate_layer(gate), gate.spec.vars),
         Layer("inventory", inv.vars),
-        Layer(f"gate {gate.name} vars", gate.spec.vars),
         Layer("extra vars", extra_vars),
         Layer("fxkit", {"inventory_hostname": inv.name, "gate_name": gate.name}),
     ]
@@ -276,26 +276,36 @@ def referenced(gate: Gate) -> set[str]:
     return names
 
 
-def snapshot(v: HostVars, gate: Gate) -> dict[str, Any]:
-    """The rendered, non-secret values of the variables the gate's rules use."""
-    kept = {}
+def gate_layer(gate: Gate) -> str:
+    return f"gate {gate.name} vars"
+
+
+def snapshot(v: HostVars, gate: Gate) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rendered, non-secret values of the variables the gate's rules use, except those from
+    the gate's own ``vars:`` (re-evaluation takes the gate file's current ones): those from the
+    roles' defaults (below the gate's vars), and the others (the inventory, -e: above them)."""
+    below: dict[str, Any] = {}
+    above: dict[str, Any] = {}
     for name in sorted(referenced(gate)):
-        if name in v and not v.is_secret(name):
-            with contextlib.suppress(FxkitError):
-                kept[name] = v[name]
-    return kept
+        if name not in v or v.is_secret(name) or v.source(name) == gate_layer(gate):
+            continue
+        with contextlib.suppress(FxkitError):
+            value = v[name]
+            (below if v.source(name).startswith("role ") else above)[name] = value
+    return below, above
 
 
 def rule_renderer(
     gate: Gate, extra_vars: Mapping[str, Any]
 ) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
-    """Renders a check's rule for a host of earlier results: the variables kept in them, then
-    the gate file's own vars, then ``-e`` (``fxkit gate evaluate``)."""
+    """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``), with the
+    run's variables and the gate file's current ``vars:`` in their places, then ``-e``."""
 
     def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
         layers = [
-            Layer("the results' variables", host.vars),
-            Layer(f"gate {gate.name} vars", gate.spec.vars),
+            Layer("the run's role defaults", host.role_defaults),
+            Layer(gate_layer(gate), gate.spec.vars),
+            Layer("the run's variables", host.vars),
             Layer("extra vars", extra_vars),
         ]
         rendered: dict[str, Any] = render(

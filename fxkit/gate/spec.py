@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+import fxkit.gate.measures  # noqa: F401  (registers the kinds checks name)
 from fxkit import paths
 from fxkit.errors import FxkitError
 from fxkit.gate import rules
@@ -84,9 +85,7 @@ class CheckSpec(BaseModel):
             try:
                 KINDS[name].parse(params)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                raise ValueError(f"{name}: {where}: {first['msg']}") from None
+                raise ValueError(params_problem(name, exc)) from None
         return value
 
     @field_validator("rule")
@@ -157,8 +156,6 @@ def load(name_or_path: str | Path) -> Gate:
             f"no gate file {str(name_or_path)!r}",
             hint=f"give a gate file's path, or one of the built-in gates: {', '.join(builtin)}",
         )
-    import fxkit.gate.measures  # noqa: F401  (registers the kinds the checks name)
-
     data = read_yaml(path, GateError, what="gate file")
     if not isinstance(data, dict):
         raise GateError("a gate file is a mapping (gate:, title:, checks: ...)", where=str(path))
@@ -175,6 +172,21 @@ def load(name_or_path: str | Path) -> Gate:
     return Gate(spec, path, hashlib.sha256(path.read_bytes()).hexdigest(), lines)
 
 
+def params_problem(kind: str, exc: ValidationError) -> str:
+    """A kind's parameters' first problem in words (an unknown key first: likely a typo)."""
+    first = _first(exc)
+    where = ".".join(str(p) for p in first["loc"])
+    if first["type"] == "extra_forbidden":
+        known = ", ".join(KINDS[kind].params.model_fields)
+        return f"{kind}: unknown parameter {where!r}; {kind} takes: {known}"
+    return f"{kind}: {where}: {first['msg']}"
+
+
+def _first(exc: ValidationError) -> Any:
+    """The error to show: an unknown key before the missing one it probably misspells."""
+    return sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+
+
 def _templated(value: Any) -> bool:
     if isinstance(value, str):
         return any(m in value for m in _JINJA)
@@ -186,7 +198,7 @@ def _templated(value: Any) -> bool:
 
 
 def _error(exc: ValidationError, data: Any, path: Path) -> GateError:
-    first = exc.errors()[0]
+    first = _first(exc)
     line, loc = line_at(data, first["loc"])
     field = ".".join(str(p) for p in loc) or "gate"
     more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""

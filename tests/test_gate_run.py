@@ -1,0 +1,164 @@
+"""``fxkit gate FILE`` and ``fxkit gate evaluate`` on real lab hosts, with a small gate of
+``command`` checks: hosts measured at once, one measurement per kind and parameters, per-host
+thresholds from the inventory, SKIP / WARN / FAIL / ERROR, an unreachable host, a secret that
+reaches no results file, mistakes found before any host is touched, and re-evaluation against
+edited thresholds without the hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from test_play_lab import FXKIT
+
+pytestmark = pytest.mark.lab
+
+GATE = """\
+gate: lab
+title: Lab gate
+hosts: lab
+vars:
+  min_cpus: 1
+checks:
+  - id: window
+    title: A measurement window
+    why: Both hosts are measured at the same time.
+    measure: {command: {run: "date +%s.%N; sleep 1; date +%s.%N", parse: lines}}
+    rule: {"!=": []}
+  - id: cpus
+    title: CPUs
+    why: Enough CPUs for the host's work (the inventory says how many).
+    measure: {command: {run: "grep -c ^processor /proc/cpuinfo", parse: number}}
+    rule: {">=": "{{ min_cpus }}"}
+    unit: CPUs
+  - id: cpus_again
+    title: CPUs, warned
+    why: The same measurement, read again by a second check.
+    measure: {command: {run: "grep -c ^processor /proc/cpuinfo", parse: number}}
+    rule: {">=": 100000}
+    severity: warning
+  - id: token_free
+    title: The token works
+    why: A command given a secret.
+    measure: {command: {run: "echo 'token {{ api_token }} ok' | wc -c", parse: number}}
+    rule: {">": 0}
+  - id: amd_smi
+    title: amd-smi answers
+    why: A missing tool is ERROR, never PASS.
+    measure: {command: {run: "amd-smi list --json", parse: json, tool: amd-smi}}
+    rule: {"==": 8}
+  - id: only_on_gpus
+    title: Skipped where there is no GPU
+    why: Conditions are per host.
+    when: "{{ has_gpus | default(false) }}"
+    measure: {command: {run: "false"}}
+    rule: {"==": 1}
+"""
+
+
+def inventory(fleet, path: Path, **extra_hosts: dict) -> Path:
+    data = yaml.safe_load(fleet.inventory.read_text())
+    lab = data["all"]["children"]["lab"]
+    lab["hosts"]["lab02"] = {**lab["hosts"]["lab02"], "min_cpus": 100000}
+    lab["hosts"].update(extra_hosts)
+    data["all"]["vars"] = {**data["all"].get("vars", {}), "api_token": "s3cr3t-t0ken-91"}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def gate(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(FXKIT), "gate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def checks(result: dict, host: str) -> dict[str, dict]:
+    return {c["id"]: c for c in result["hosts"][host]["checks"]}
+
+
+def test_a_gate_on_lab_hosts_then_reevaluated(lab_fleet, tmp_path: Path) -> None:
+    fleet = lab_fleet(2, name="gate")
+    gate_file = tmp_path / "lab.yml"
+    gate_file.write_text(GATE)
+    down = {"ansible_host": "127.0.0.1", "ansible_port": 9}  # nothing listens on port 9
+    inv = inventory(fleet, tmp_path / "inventory.yml", lab03=down)
+    out = tmp_path / "run"
+
+    proc = gate(str(gate_file), "-i", str(inv), "--out", str(out), "--connect-retries", "0")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    text = (out / "result.json").read_text()
+    result = json.loads(text)
+    assert result["schema"] == "fxkit-gate-result/1" and result["verdict"] == "FAIL"
+
+    lab01, lab02, lab03 = (checks(result, h) for h in ("lab01", "lab02", "lab03"))
+    assert lab01["cpus"]["status"] == "PASS" and lab01["cpus"]["rule"] == {">=": 1}
+    assert lab02["cpus"]["status"] == "FAIL"  # its inventory asks for more
+    assert lab02["cpus"]["rule"] == {">=": 100000}
+    assert lab01["cpus_again"]["status"] == "WARN"
+    # One measurement for both CPU checks.
+    assert lab01["cpus"]["measurement"] == lab01["cpus_again"]["measurement"]
+    assert len(result["hosts"]["lab01"]["measurements"]) == 4
+    assert lab01["amd_smi"]["status"] == "ERROR"
+    assert "amd-smi not found on lab01" in lab01["amd_smi"]["reason"]
+    assert lab01["only_on_gpus"]["status"] == "SKIP"
+    assert "is false" in lab01["only_on_gpus"]["reason"]
+    assert {c["status"] for c in lab03.values()} == {"ERROR", "SKIP"}
+    assert "unreachable" in lab03["cpus"]["reason"]
+    assert result["hosts"]["lab03"]["unreachable"]
+    assert result["hosts"]["lab01"]["verdict"] == "ERROR"  # amd-smi: ERROR, nothing FAILed
+
+    # Both hosts were measured at once: their one-second windows overlap.
+    windows = [[float(t) for t in checks(result, h)["window"]["value"]] for h in ("lab01", "lab02")]
+    assert max(w[0] for w in windows) < min(w[1] for w in windows)
+
+    # The secret went to the host (the command printed its length) and nowhere else.
+    assert lab01["token_free"]["value"] == len("token s3cr3t-t0ken-91 ok\n")
+    assert "s3cr3t-t0ken-91" not in text + proc.stdout + proc.stderr
+    assert "min_cpus" in result["hosts"]["lab02"]["vars"]
+
+    # Re-evaluated against an edited threshold: no host is needed (the fleet is not asked).
+    edited = tmp_path / "edited.yml"
+    edited.write_text(GATE.replace('{">=": 100000}', '{">=": 1}'))
+    again = tmp_path / "again"
+    proc = gate(
+        "evaluate",
+        str(out / "result.json"),
+        "--gate",
+        str(edited),
+        "--out",
+        str(again),
+        "-e",
+        "min_cpus=1",
+    )
+    result2 = json.loads((again / "result.json").read_text())
+    now01, now02 = checks(result2, "lab01"), checks(result2, "lab02")
+    assert now01["cpus_again"]["status"] == "PASS" and now02["cpus"]["status"] == "PASS"
+    assert now01["amd_smi"]["status"] == "ERROR"  # still: there is nothing to judge
+    assert result2["reevaluated_from"] == str(out / "result.json")
+    assert result2["gate_sha256"] != result["gate_sha256"]
+    assert proc.returncode == 1  # lab01's amd-smi ERROR and lab03 stay
+
+
+def test_mistakes_show_before_any_host_is_touched(lab_fleet, tmp_path: Path) -> None:
+    fleet = lab_fleet(2, name="gate")
+    gate_file = tmp_path / "bad.yml"
+    gate_file.write_text(
+        GATE.replace("{{ min_cpus }}", "{{ min_cpu }}").replace(
+            "grep -c", "touch /tmp/touched; grep -c"
+        )
+    )
+    proc = gate(str(gate_file), "-i", str(inventory(fleet, tmp_path / "inv.yml")))
+    assert proc.returncode == 2
+    assert "'min_cpu' is undefined" in proc.stderr or "min_cpu" in proc.stderr
+    assert f"{gate_file}:12" in proc.stderr and "host lab01" in proc.stderr
+    with fleet.connect("lab01") as conn:
+        assert not conn.run("test -e /tmp/touched").ok
