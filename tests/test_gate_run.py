@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,40 @@ def test_mistakes_show_before_any_host_is_touched(lab_fleet, tmp_path: Path) -> 
     assert f"{gate_file}:12" in proc.stderr and "host lab01" in proc.stderr
     with fleet.connect("lab01") as conn:
         assert not conn.run("test -e /tmp/touched").ok
+
+
+def test_ctrl_c_reports_what_was_measured(lab_fleet, tmp_path: Path) -> None:
+    fleet = lab_fleet(2, name="gate")
+    gate_file = tmp_path / "slow.yml"
+    gate_file.write_text(GATE.replace("sleep 1", "sleep 60").replace("timeout: 600", ""))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            str(FXKIT),
+            "gate",
+            str(gate_file),
+            "-i",
+            str(inventory(fleet, tmp_path / "i.yml")),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    for line in proc.stdout:  # the run has started once the plan is printed
+        if "checks on 2 host(s)" in line:
+            break
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)  # the second cuts off the 60 s measurement
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 130, rest
+    result = json.loads((out / "result.json").read_text())
+    assert result["interrupted"] is True
+    for host in ("lab01", "lab02"):
+        found = checks(result, host)
+        assert "cut off" in found["window"]["reason"]
+        assert "before it ran" in found["cpus"]["reason"]
+        assert found["cpus"]["status"] == "ERROR"

@@ -179,9 +179,14 @@ def _progress(host: str, check: CheckResult) -> None:
 
 
 def _interrupt(runner: GateRun) -> None:
-    if not runner.stop.is_set():
-        console.print("[bold red]interrupted:[/] hosts stop after their current measurement")
-    runner.stop.set()
+    if runner.stop.is_set():
+        console.print("[bold red]cutting off the running measurements[/]")
+    else:
+        console.print(
+            "[bold red]interrupted:[/] hosts stop after their current measurement "
+            "(Ctrl-C again to cut them off)"
+        )
+    runner.interrupt()
 
 
 def _has_change_rules(gate_file: spec.Gate) -> bool:

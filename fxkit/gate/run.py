@@ -5,8 +5,9 @@ host (an undefined variable or a wrong parameter is one error naming them all). 
 in its own thread, opens its connection and makes each measurement once (checks that share one,
 such as every GPU check on ``{fact: gpus}``, share its result), judging each check as its
 measurement comes in. A host that cannot be reached has every check ERROR, with the reason.
-Ctrl-C stops the hosts before their next measurement (soaks at their next sample); what was
-measured is reported, the rest is ERROR ("interrupted").
+Ctrl-C (:meth:`GateRun.interrupt`) stops the hosts before their next measurement (soaks at
+their next sample); a second Ctrl-C cuts off the measurements still running (their connections
+are closed). What was measured is reported, the rest is ERROR ("interrupted").
 """
 
 from __future__ import annotations
@@ -91,6 +92,18 @@ class GateRun:
         if options.connect.become_password:
             self.secrets.add(options.connect.become_password)
         self._lock = threading.Lock()
+        self._connections: list[Connection] = []
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the first stops hosts before their next measurement, the second cuts off the
+        running ones."""
+        if self.stop.is_set():
+            with self._lock:
+                connections = list(self._connections)
+            for conn in connections:
+                with contextlib.suppress(Exception):
+                    conn.close()
+        self.stop.set()
 
     def hosts(self) -> list[InventoryHost]:
         try:
@@ -175,8 +188,11 @@ class GateRun:
         below, above = snapshot(plan.vars, self.gate)
         host = HostResult(plan.inv.name, vars=above, role_defaults=below)
         conn = self.connector(plan.inv.name, plan.vars, self.options.connect)
+        with self._lock:
+            self._connections.append(conn)
         try:
-            conn.open()
+            if not self.stop.is_set():
+                conn.open()
         except ConnectionFailed as exc:
             host.unreachable = str(exc)
         probe = Probe(
@@ -218,15 +234,18 @@ class GateRun:
         if host.unreachable is not None:
             measurement.error = f"unreachable: {host.unreachable}"
         elif self.stop.is_set():
-            measurement.error = "interrupted before it ran"
+            measurement.error = "interrupted (Ctrl-C) before it ran"
         else:
             try:
                 measurement.data = KINDS[name].measure(probe, params)
             except MeasureError as exc:
                 measurement.error = str(exc)
             except ConnectionFailed as exc:
-                host.unreachable = str(exc)
-                measurement.error = f"unreachable: {exc}"
+                if self.stop.is_set():
+                    measurement.error = "interrupted (Ctrl-C): cut off while it ran"
+                else:
+                    host.unreachable = str(exc)
+                    measurement.error = f"unreachable: {exc}"
             except FxkitError as exc:
                 measurement.error = str(exc)
         measurement.duration_s = round(time.monotonic() - started, 3)
