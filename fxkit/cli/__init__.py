@@ -25,6 +25,7 @@ COMMANDS = {
     "make-checkpoint": "fxkit.cli.loader:make_checkpoint",
     "serve-probe": "fxkit.cli.probe:serve_probe",
     "demo": "fxkit.cli.demo:demo",
+    "estimate": "fxkit.cli.estimate:estimate",
 }
 
 
