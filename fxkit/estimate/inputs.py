@@ -119,8 +119,10 @@ class Inputs:
         """Parse ``raw`` as the kind of ``key``; ``origin`` names it in errors and the output."""
         spec = BY_KEY.get(key)
         if spec is None:
+            section = key.partition(".")[0]
+            known = [k for k in BY_KEY if k.startswith(f"{section}.")] or SECTIONS
             raise EstimateError(
-                f"unknown input {key!r}", where=origin, hint=f"known: {', '.join(BY_KEY)}"
+                f"unknown input {key!r}", where=origin, hint=f"known: {', '.join(known)}"
             )
         self.values[key] = parse_value(spec, raw, origin)
         self.origins[key] = origin

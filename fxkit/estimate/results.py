@@ -88,7 +88,7 @@ def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
     hosts = data.get("hosts")
     if not isinstance(hosts, dict):
         raise EstimateError("gate result has no hosts mapping", where=str(path))
-    found: dict[str, list[float]] = {}
+    found: dict[str, list[tuple[float, float, str]]] = {}  # check -> (base value, value, unit)
     for host, body in hosts.items():
         checks = body.get("checks") if isinstance(body, dict) else None
         for check in checks if isinstance(checks, list) else []:
@@ -99,16 +99,19 @@ def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
             if status in ("ERROR", "SKIP") or value is None:
                 used.skipped.append(f"{host} {check_id}: status {status}, value {value!r}")
                 continue
+            unit = str(check.get("unit") or "")
             try:
-                found.setdefault(check_id, []).append(_base(key, value, check.get("unit")))
+                found.setdefault(check_id, []).append((_base(key, value, unit), value, unit))
             except UnitError as exc:
                 used.skipped.append(f"{host} {check_id}: {exc}")
     for check_id, values in found.items():
         key = GATE_CHECKS[check_id]
-        median = statistics.median(values)
-        inputs.values[key] = median
+        inputs.values[key] = statistics.median(v[0] for v in values)
         inputs.origins[key] = f"{path} ({check_id}, median of {len(values)} hosts)"
-        used.figures.append((key, f"{median:.6g} (base unit)", check_id))
+        units_ = {v[2] for v in values}
+        shown = statistics.median(v[1] for v in values) if len(units_) == 1 else None
+        text = f"{shown:g} {units_.pop()}".strip() if shown is not None else "median"
+        used.figures.append((key, text, f"{check_id}, {len(values)} hosts"))
     return used
 
 

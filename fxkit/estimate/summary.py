@@ -209,6 +209,9 @@ def _offload_rows(
     measured = inputs.optional("measured.ttft")
     if measured is not None:
         rows.append(Row("measured_ttft", "measured TTFT (gate)", measured, "s"))
+    throughput = inputs.optional("measured.output_throughput")
+    if throughput is not None:
+        rows.append(Row("measured_throughput", "measured output tok/s (gate)", throughput))
     return rows
 
 
