@@ -77,9 +77,8 @@ def _bench(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
         if not isinstance(gbps, int | float) or isinstance(gbps, bool) or gbps <= 0:
             used.skipped.append(f"{method}: no gbps_median")
             continue
-        text = f"{gbps:.4g} GB/s"
-        inputs.set(key, text, f"{path} ({method} gbps_median)")
-        used.figures.append((key, text, f"{method} gbps_median"))
+        inputs.set(key, f"{gbps!r} GB/s", f"{path} ({method} gbps_median)")
+        used.figures.append((key, f"{gbps:.4g} GB/s", f"{method} gbps_median"))
     return used
 
 
