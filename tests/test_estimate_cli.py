@@ -182,3 +182,22 @@ def test_no_model_is_a_clear_error() -> None:
     values, _ = collect(None)
     with pytest.raises(EstimateError, match="no model config"):
         estimate(values)
+
+
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [
+        ("workload.context_tokens=0", "workload.context_tokens must be at least 1"),
+        ("store.read_bandwidth=0 GB/s", "store.read_bandwidth must be > 0"),
+        ("gpu.efficiency=0", "gpu.flops x gpu.efficiency must be > 0"),
+        ("model.kv_cache_dtype=fp5", "model.kv_cache_dtype 'fp5'"),
+        ("cost.tier=FX999", "cost.tier 'FX999' has no reference price"),
+        ("nosuch=1", "unknown input 'nosuch'"),
+        ("gpu.memory", "is not KEY=VALUE"),
+    ],
+)
+def test_set_items_are_checked(item: str, says: str) -> None:
+    with pytest.raises(EstimateError) as caught:
+        values, _ = collect(EXAMPLE, sets=(item,))
+        estimate(values)
+    assert says in str(caught.value)

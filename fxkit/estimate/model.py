@@ -127,7 +127,7 @@ class _Config:
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None
 
-    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+    def whole(self, key: str, default: int | None = None, minimum: int = 1) -> int:
         value = self.data.get(key)
         if value is None:
             if default is not None:
@@ -137,7 +137,7 @@ class _Config:
             raise self.error(key, f"{value!r} is not a whole number >= {minimum}")
         return value
 
-    def bool(self, key: str, default: bool) -> bool:
+    def flag(self, key: str, default: bool) -> bool:
         value = self.data.get(key, default)
         if value is None:
             return default
@@ -191,14 +191,14 @@ def shape_of(
         if config.has(key) and data[key] not in ([], 0, False):
             raise config.error(key, f"not supported: {why}", hint="the estimate would be wrong")
 
-    layers = config.int("num_hidden_layers")
-    hidden = config.int("hidden_size")
-    heads = config.int("num_attention_heads")
-    kv_heads = config.int("num_key_value_heads", default=heads)
+    layers = config.whole("num_hidden_layers")
+    hidden = config.whole("hidden_size")
+    heads = config.whole("num_attention_heads")
+    kv_heads = config.whole("num_key_value_heads", default=heads)
     if heads % kv_heads:
         raise config.error("num_key_value_heads", f"{kv_heads} does not divide {heads} heads")
     mla = _mla(config)
-    head_dim = config.int("head_dim", default=hidden // heads)
+    head_dim = config.whole("head_dim", default=hidden // heads)
     model_type = str(data.get("model_type") or "")
     if dtype is None:
         dtype = _dtype(config)
@@ -216,14 +216,14 @@ def shape_of(
         kv_heads=kv_heads,
         head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim if mla else head_dim,
         v_head_dim=mla.v_head_dim if mla else head_dim,
-        vocab_size=config.int("vocab_size"),
-        intermediate_size=config.int("intermediate_size"),
-        tie_word_embeddings=config.bool("tie_word_embeddings", default=False),
+        vocab_size=config.whole("vocab_size"),
+        intermediate_size=config.whole("intermediate_size"),
+        tie_word_embeddings=config.flag("tie_word_embeddings", default=False),
         dtype=dtype,
         dtype_bytes=DTYPE_BYTES[dtype],
         gated_mlp=_gated(config, model_type),
-        attention_bias=config.bool("attention_bias", default=False),
-        qkv_bias=config.bool("qkv_bias", default=model_type == "qwen2"),
+        attention_bias=config.flag("attention_bias", default=False),
+        qkv_bias=config.flag("qkv_bias", default=model_type == "qwen2"),
         window=_windows(config, layers, model_type),
         mla=mla,
         moe=_moe(config, layers, model_type),
@@ -262,11 +262,11 @@ def _mla(config: _Config) -> MLA | None:
     if not config.has("kv_lora_rank"):
         return None
     return MLA(
-        kv_lora_rank=config.int("kv_lora_rank"),
-        qk_rope_head_dim=config.int("qk_rope_head_dim"),
-        qk_nope_head_dim=config.int("qk_nope_head_dim"),
-        v_head_dim=config.int("v_head_dim"),
-        q_lora_rank=config.int("q_lora_rank") if config.has("q_lora_rank") else None,
+        kv_lora_rank=config.whole("kv_lora_rank"),
+        qk_rope_head_dim=config.whole("qk_rope_head_dim"),
+        qk_nope_head_dim=config.whole("qk_nope_head_dim"),
+        v_head_dim=config.whole("v_head_dim"),
+        q_lora_rank=config.whole("q_lora_rank") if config.has("q_lora_rank") else None,
     )
 
 
@@ -287,17 +287,17 @@ def _windows(config: _Config, layers: int, model_type: str) -> tuple[int | None,
                     hint="the estimate would be wrong",
                 )
         if "sliding_attention" in types:
-            size = config.int("sliding_window")
+            size = config.whole("sliding_window")
             return tuple(size if kind == "sliding_attention" else None for kind in types)
         return (None,) * layers
-    size = config.int("sliding_window")
+    size = config.whole("sliding_window")
     if config.has("sliding_window_pattern"):  # Gemma 3: every pattern-th layer is global
-        pattern = config.int("sliding_window_pattern")
+        pattern = config.whole("sliding_window_pattern")
         return tuple(None if (i + 1) % pattern == 0 else size for i in range(layers))
     if model_type == "gemma2":  # alternating, even layers slide (its modelling code)
         return tuple(size if i % 2 == 0 else None for i in range(layers))
     if config.data.get("use_sliding_window") is True and config.has("max_window_layers"):
-        first = config.int("max_window_layers", minimum=0)  # Qwen2: layers from there on slide
+        first = config.whole("max_window_layers", minimum=0)  # Qwen2: layers from there on slide
         return tuple(size if i >= first else None for i in range(layers))
     if model_type in ("mistral", "mixtral", "qwen2", "qwen2_moe", "starcoder2", "phi3"):
         return (size,) * layers
@@ -314,22 +314,22 @@ def _moe(config: _Config, layers: int, model_type: str) -> MoE | None:
         (k for k in ("n_routed_experts", "num_experts", "num_local_experts") if config.has(k)),
         None,
     )
-    if key is None or config.int(key) <= 1:
+    if key is None or config.whole(key) <= 1:
         return None
     top_k_key = "num_experts_per_tok" if config.has("num_experts_per_tok") else "experts_per_token"
     size = (
-        config.int("moe_intermediate_size")
+        config.whole("moe_intermediate_size")
         if config.has("moe_intermediate_size")
-        else config.int("intermediate_size")
+        else config.whole("intermediate_size")
     )
     shared = 0
     if config.has("n_shared_experts"):
-        shared = config.int("n_shared_experts", minimum=0) * size
+        shared = config.whole("n_shared_experts", minimum=0) * size
     elif config.has("shared_expert_intermediate_size"):
-        shared = config.int("shared_expert_intermediate_size", minimum=0)
+        shared = config.whole("shared_expert_intermediate_size", minimum=0)
     return MoE(
-        experts=config.int(key),
-        experts_per_token=config.int(top_k_key),
+        experts=config.whole(key),
+        experts_per_token=config.whole(top_k_key),
         expert_intermediate_size=size,
         shared_intermediate_size=shared,
         shared_expert_gate=model_type == "qwen2_moe" and shared > 0,
@@ -343,13 +343,13 @@ def _moe_layers(config: _Config, layers: int) -> tuple[bool, ...]:
     """Which layers are MoE: DeepSeek's first_k_dense_replace/moe_layer_freq, Qwen's
     mlp_only_layers/decoder_sparse_step, else all."""
     if config.has("first_k_dense_replace") or config.has("moe_layer_freq"):
-        first = config.int("first_k_dense_replace", default=0, minimum=0)
-        every = config.int("moe_layer_freq", default=1)
+        first = config.whole("first_k_dense_replace", default=0, minimum=0)
+        every = config.whole("moe_layer_freq", default=1)
         return tuple(i >= first and i % every == 0 for i in range(layers))
     dense = config.data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
         raise config.error("mlp_only_layers", f"{dense!r} is not a list of layer numbers")
-    step = config.int("decoder_sparse_step", default=1)
+    step = config.whole("decoder_sparse_step", default=1)
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
 
 

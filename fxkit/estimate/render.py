@@ -77,7 +77,11 @@ def table(estimate: Estimate, used: list[Used], console: Console) -> None:
     console.print(
         "reload vs recompute at the workload's context: "
         + ("reload wins" if v["reload_wins"] else "recompute wins")
-        + (f" (reload wins from {even:,} tokens)" if even else " (recompute wins at every length)"),
+        + (
+            f" (reload wins from {even:,} tokens)"
+            if even
+            else " (recompute wins at every length tried)"
+        ),
         highlight=False,
     )
     if not v["weights_fit"]:

@@ -90,12 +90,10 @@ def estimate(inputs: Inputs) -> Estimate:
     shape = shape_from(inputs)
     params = weights.count(shape)
     weight_bytes = weights.weight_bytes(shape, params)
-    tp = inputs.whole("gpu.tensor_parallel")
-    if tp < 1:
-        raise EstimateError("gpu.tensor_parallel must be >= 1", hint="e.g. 8")
+    tp = _at_least_one(inputs, "gpu.tensor_parallel")
     layout = kv.KVLayout(shape, tp, kv_bytes(inputs, shape))
-    context = inputs.whole("workload.context_tokens")
-    concurrency = inputs.whole("workload.concurrency")
+    context = _at_least_one(inputs, "workload.context_tokens")
+    concurrency = _at_least_one(inputs, "workload.concurrency")
     stored = inputs.optional("workload.stored_contexts")
     cap = kv.capacity(
         layout,
@@ -114,8 +112,8 @@ def estimate(inputs: Inputs) -> Estimate:
     tier = offload.Tier(
         bandwidth=_positive(inputs, "store.read_bandwidth"),
         latency=inputs.number("store.latency"),
-        chunk_tokens=max(1, inputs.whole("store.chunk_tokens")),
-        in_flight=max(1, inputs.whole("store.reads_in_flight")),
+        chunk_tokens=_at_least_one(inputs, "store.chunk_tokens"),
+        in_flight=_at_least_one(inputs, "store.reads_in_flight"),
     )
     result = Estimate()
     result.sections["model"] = _model_rows(shape, params, weight_bytes)
@@ -138,6 +136,13 @@ def _positive(inputs: Inputs, key: str) -> float:
     value = inputs.number(key)
     if value <= 0:
         raise EstimateError(f"{key} must be > 0", where=inputs.origins.get(key))
+    return value
+
+
+def _at_least_one(inputs: Inputs, key: str) -> int:
+    value = inputs.whole(key)
+    if value < 1:
+        raise EstimateError(f"{key} must be at least 1", where=inputs.origins.get(key))
     return value
 
 
@@ -189,7 +194,7 @@ def _offload_rows(
     )
     reload_s = tier.reload_seconds(compute.layout, context)
     recompute_s = compute.seconds(0, context)
-    even = offload.break_even(compute, tier, inputs.whole("workload.max_tokens"))
+    even = offload.break_even(compute, tier, _at_least_one(inputs, "workload.max_tokens"))
     rows = [
         Row("effective_flops", "effective FLOP/s (TP group)", compute.flops_per_s, "FLOP/s"),
         Row("prefill_flops", f"prefill FLOPs at {context:,} tokens", compute.flops(0, context),
@@ -216,7 +221,7 @@ def _offload_rows(
 
 
 def _load_rows(inputs: Inputs, weight_bytes: float) -> list[Row]:
-    n = max(1, inputs.whole("load.instances"))
+    n = _at_least_one(inputs, "load.instances")
     overhead = inputs.number("load.overhead")
     nfs, store = (_positive(inputs, k) for k in ("load.nfs_bandwidth", "load.store_bandwidth"))
     nfs_shared = _positive(inputs, "load.nfs_shared_bandwidth")
