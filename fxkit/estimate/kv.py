@@ -49,7 +49,6 @@ class KVLayout:
 class Capacity:
     """GPU memory left for the KV cache, and what it holds of a workload."""
 
-    gpu_memory: float  # per GPU
     weights_per_gpu: float
     kv_per_gpu: float  # may be negative: the weights do not fit
     kv_total: float  # over the tp GPUs
@@ -93,7 +92,6 @@ def capacity(
     request = layout.request(context_tokens)
     fit = int(kv_total // request) if request else 0
     return Capacity(
-        gpu_memory=gpu_memory,
         weights_per_gpu=weights_per_gpu,
         kv_per_gpu=kv_per_gpu,
         kv_total=kv_total,
