@@ -26,6 +26,7 @@ COMMANDS = {
     "serve-probe": "fxkit.cli.probe:serve_probe",
     "gate": "fxkit.cli.gate:gate",
     "demo": "fxkit.cli.demo:demo",
+    "estimate": "fxkit.cli.estimate:estimate",
 }
 
 

@@ -1,0 +1,124 @@
+"""``--from-results``: measured figures from ``fxkit bench load --json`` or gate results JSON.
+
+A benchmark's ``summaries`` give the NFS baseline's and fxkit's median GB/s (decimal) as
+``load.nfs_bandwidth`` and ``load.store_bandwidth``. A gate result (schema
+``fxkit-gate-result/1``) gives the checks in :data:`GATE_CHECKS`, the median across hosts of
+those with a number and a status other than ERROR or SKIP. Each file says which figures it gave
+and which checks it skipped, and why.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fxkit.estimate.errors import EstimateError
+from fxkit.estimate.inputs import BY_KEY, Inputs
+from fxkit.estimate.units import UnitError, parse
+
+GATE_SCHEMA = "fxkit-gate-result/1"
+
+#: Gate check id -> the input it sets (its unit comes from the check's ``unit``).
+GATE_CHECKS = {
+    "storage_read_bandwidth": "store.read_bandwidth",  # g1: fio seq 1 MiB QD32 O_DIRECT read
+    "storage_read_latency": "store.latency",  # g1: mean completion latency
+    "rdma_write_bandwidth": "load.store_shared_bandwidth",  # g1: the network path, Gb/s
+    "load_time_nfs": "measured.load_time_nfs",  # g2
+    "load_time_fxkit": "measured.load_time_fxkit",
+    "ttft_median": "measured.ttft",
+    "output_throughput": "measured.output_throughput",
+}
+
+#: Benchmark method -> the input its median bandwidth sets.
+BENCH_METHODS = {"baseline": "load.nfs_bandwidth", "fxkit": "load.store_bandwidth"}
+
+
+@dataclass
+class Used:
+    """What one results file gave: (input, value as written, check) and skipped checks."""
+
+    path: Path
+    kind: str  # "bench" or "gate g1"...
+    figures: list[tuple[str, str, str]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def apply(path: Path, inputs: Inputs) -> Used:
+    """Set ``inputs`` from the results file at ``path``; what it used and skipped."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise EstimateError(f"cannot read results: {exc.strerror}", where=str(path)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EstimateError(
+            f"results are not JSON: {exc}",
+            where=str(path),
+            hint="give the JSON of fxkit bench load --json or of a gate run",
+        ) from None
+    if isinstance(data, dict) and data.get("schema") == GATE_SCHEMA:
+        return _gate(path, data, inputs)
+    if isinstance(data, dict) and isinstance(data.get("summaries"), list):
+        return _bench(path, data, inputs)
+    raise EstimateError(
+        "not a results file fxkit knows",
+        where=str(path),
+        hint=f"give fxkit bench load --json output or a gate result ({GATE_SCHEMA})",
+    )
+
+
+def _bench(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
+    used = Used(path, "bench load")
+    for method, key in BENCH_METHODS.items():
+        rows = [s for s in data["summaries"] if isinstance(s, dict) and s.get("method") == method]
+        gbps = rows[0].get("gbps_median") if rows else None
+        if not isinstance(gbps, int | float) or isinstance(gbps, bool) or gbps <= 0:
+            used.skipped.append(f"{method}: no gbps_median")
+            continue
+        inputs.set(key, f"{gbps!r} GB/s", f"{path} ({method} gbps_median)")
+        used.figures.append((key, f"{gbps:.4g} GB/s", f"{method} gbps_median"))
+    return used
+
+
+def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
+    used = Used(path, f"gate {data.get('gate', '?')}")
+    hosts = data.get("hosts")
+    if not isinstance(hosts, dict):
+        raise EstimateError("gate result has no hosts mapping", where=str(path))
+    found: dict[str, list[tuple[float, float, str]]] = {}  # check -> (base value, value, unit)
+    for host, body in hosts.items():
+        checks = body.get("checks") if isinstance(body, dict) else None
+        for check in checks if isinstance(checks, list) else []:
+            if not isinstance(check, dict) or check.get("id") not in GATE_CHECKS:
+                continue
+            check_id, key = check["id"], GATE_CHECKS[check["id"]]
+            value, status = check.get("value"), check.get("status")
+            if status in ("ERROR", "SKIP") or value is None:
+                used.skipped.append(f"{host} {check_id}: status {status}, value {value!r}")
+                continue
+            unit = str(check.get("unit") or "")
+            try:
+                found.setdefault(check_id, []).append((_base(key, value, unit), value, unit))
+            except UnitError as exc:
+                used.skipped.append(f"{host} {check_id}: {exc}")
+    for check_id, values in found.items():
+        key = GATE_CHECKS[check_id]
+        inputs.values[key] = statistics.median(v[0] for v in values)
+        inputs.origins[key] = f"{path} ({check_id}, median of {len(values)} hosts)"
+        units_ = {v[2] for v in values}
+        shown = statistics.median(v[1] for v in values) if len(units_) == 1 else None
+        text = f"{shown:g} {units_.pop()}".strip() if shown is not None else "median"
+        used.figures.append((key, text, f"{check_id}, {len(values)} hosts"))
+    return used
+
+
+def _base(key: str, value: Any, unit: Any) -> float:
+    """A check's value in the base unit of ``key``'s kind (its unit as written in the check)."""
+    kind = BY_KEY[key].kind
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UnitError(f"{value!r} is not a number")
+    if kind == "number":
+        return float(value)
+    return parse(f"{value} {unit}" if unit else value, kind)
