@@ -57,6 +57,7 @@ def cli() -> None:
     Rollout:       fxkit rollout -i INVENTORY [--canary] [--serial N] [--report FILE]
     Inventories:   fxkit inventory -i INVENTORY [-i ...] --list | --graph | --list-hosts P
     Gates:         fxkit gate g1|g2|g3|g4 -i INVENTORY [--out DIR]; fxkit gate evaluate FILE
+    Estimate:      fxkit estimate [INPUTS.yml] [--model config.json] [--from-results F]
     Lab fleet:     fxkit lab up N | status | down
     Models:        fxkit stage SRC DEST; fxkit load MODEL; fxkit bench load MODEL;
                    fxkit make-checkpoint DIR; fxkit serve-probe MODEL --port P
