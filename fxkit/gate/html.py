@@ -25,6 +25,7 @@ from fxkit.gate.report import (
     errors,
     facts,
     full_value_text,
+    printable,
     sign_off_statement,
     summary_text,
     thresholds,
@@ -158,7 +159,7 @@ def _errors(section: ET.Element, result: GateResult) -> None:
     for host, check, reason in found:
         item = _el(listing, "li")
         _el(item, "strong", host).tail = " "
-        _el(item, "code", check).tail = f": could not run: {reason}"
+        _el(item, "code", check).tail = printable(f": could not run: {reason}")
 
 
 def _thresholds(section: ET.Element, result: GateResult) -> None:
@@ -323,7 +324,6 @@ def _svg(bars: list[Bar], unit: str | None) -> ET.Element:
 
     svg = ET.Element(
         "svg",
-        xmlns="http://www.w3.org/2000/svg",
         width=str(WIDTH),
         height=str(height),
         viewBox=f"0 0 {WIDTH} {height}",
@@ -404,9 +404,9 @@ def _number_text(value: float) -> str:
 def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs: Any) -> ET.Element:
     """A child element; ``class_`` is the ``class`` attribute, numbers become text."""
     element = ET.SubElement(
-        parent, tag, {k.rstrip("_"): str(v) for k, v in attrs.items() if v is not None}
+        parent, tag, {k.rstrip("_"): printable(str(v)) for k, v in attrs.items() if v is not None}
     )
-    element.text = text
+    element.text = None if text is None else printable(text)
     return element
 
 

@@ -10,14 +10,10 @@ share counts once, at the first). The file is valid against Jenkins' JUnit schem
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 
-from fxkit.gate.report import full_value_text
+from fxkit.gate.report import full_value_text, printable
 from fxkit.gate.results import CheckResult, GateResult, HostResult
-
-#: Characters XML 1.0 cannot hold (a host's output may have them: terminal escapes, NULs).
-_NOT_XML = re.compile(r"[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def render(result: GateResult) -> str:
@@ -125,16 +121,12 @@ def _details(check: CheckResult) -> str:
 
 
 def _clean(root: ET.Element) -> None:
-    """Every text and attribute made XML: a character XML cannot hold becomes ``\\xNN``."""
+    """Every text and attribute made XML (see :func:`~fxkit.gate.report.printable`)."""
     for element in root.iter():
         if element.text:
-            element.text = _xml(element.text)
+            element.text = printable(element.text)
         for key, value in element.attrib.items():
-            element.set(key, _xml(value))
-
-
-def _xml(text: str) -> str:
-    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+            element.set(key, printable(value))
 
 
 def _seconds(value: float) -> str:

@@ -16,6 +16,7 @@ from fxkit.gate.report import (
     errors,
     facts,
     full_value_text,
+    printable,
     sign_off_statement,
     thresholds,
     thresholds_source,
@@ -82,5 +83,5 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 def text(value: str) -> str:
     """``value`` as Markdown shows it literally: on one line, its markup characters escaped."""
-    one_line = " ".join(str(value).split())
+    one_line = " ".join(printable(str(value)).split())
     return _SPECIAL.sub(r"\\\1", one_line)

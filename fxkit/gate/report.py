@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,16 @@ def write_whole(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+#: Characters a report must not hold as they are (a host's output may have them: terminal
+#: escapes, NULs): XML 1.0 cannot, and they would garble Markdown and HTML.
+_UNPRINTABLE = re.compile(r"[^\t\n\r\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character written as ``\\xNN`` (tabs and newlines kept)."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _escaped(masks: list[str]) -> list[str]:
