@@ -49,7 +49,9 @@ td { overflow-wrap: anywhere; }
 table.facts th { width: 170px; }
 code { font: 12.5px ui-monospace, "DejaVu Sans Mono", Menlo, monospace; }
 .status { display: inline-block; min-width: 50px; text-align: center; font-weight: 700;
-          color: #fff; border-radius: 3px; padding: 0 6px; }
+          color: #fff; border-radius: 3px; padding: 0 6px; white-space: nowrap; }
+table.checks th:nth-child(1) { width: 19%; } table.checks th:nth-child(2) { width: 70px; }
+table.checks th:nth-child(3) { width: 22%; } table.checks th:nth-child(4) { width: 15%; }
 .s-PASS { background: var(--PASS); } .s-FAIL { background: var(--FAIL); }
 .s-WARN { background: var(--WARN); } .s-ERROR { background: var(--ERROR); }
 .s-SKIP { background: var(--SKIP); }
@@ -63,6 +65,7 @@ tr.r-WARN td { background: #fff5e5; } tr.r-SKIP td { color: #555; }
 figure { margin: 0; border: 1px solid #ddd; border-radius: 4px; padding: 8px 10px; }
 figcaption { margin-bottom: 4px; }
 .rule { color: #444; }
+svg { max-width: 100%; height: auto; }
 svg text { font: 11px system-ui, "DejaVu Sans", Arial, sans-serif; fill: #222; }
 .legend { font-size: 12px; color: #444; margin: 0 0 8px; }
 .swatch { display: inline-block; width: 12px; height: 10px; margin: 0 4px 0 10px;
@@ -82,7 +85,9 @@ footer { margin-top: 24px; color: #666; font-size: 12px; }
 COLOURS = {"PASS": "#2e7d32", "FAIL": "#c62828", "WARN": "#d97d00", "base": "#9e9e9e"}
 BAND, LINE = "#dcefdc", "#1b1b1b"
 #: Chart geometry, in pixels: width, label column, value column, row heights.
-WIDTH, LABELS, VALUES, ROW, ITEM, AXIS = 760, 190, 120, 22, 14, 22
+WIDTH, LABELS, VALUES, ROW, ITEM, AXIS = 1040, 230, 150, 22, 14, 22
+#: Characters of a bar's label shown (the whole label is its tooltip).
+LABEL_CHARS = 34
 Bounds = tuple[float, float]
 
 
@@ -130,7 +135,7 @@ def _host(section: ET.Element, name: str, host: HostResult) -> None:
     _status(h2, host.verdict)
     if host.unreachable:
         _el(section, "p", f"Unreachable: {host.unreachable}")
-    table = _el(section, "table")
+    table = _el(section, "table", class_="checks")
     head = _el(table, "tr")
     for title in ("check", "status", "value", "rule", "reason"):
         _el(head, "th", title)
@@ -370,11 +375,15 @@ def _bar_svg(
         _el(svg, "line", x1=x(bar.line), x2=x(bar.line), y1=y - 2, y2=y + h + 2, stroke=LINE)
         svg[-1].set("stroke-width", "2")
     middle = y + h / 2 + 4
-    label = _el(svg, "text", bar.label, x=LABELS - 6, y=middle, **{"text-anchor": "end"})
+    shown = bar.label if len(bar.label) <= LABEL_CHARS else bar.label[: LABEL_CHARS - 1] + "…"
+    label = _el(svg, "text", shown, x=LABELS - 6, y=middle, **{"text-anchor": "end"})
+    _el(label, "title", bar.label)
     value = _number_text(bar.value)
     if bar.base is not None:
         value = f"{value} (was {_number_text(bar.base)})"
-    _el(svg, "text", value, x=WIDTH - VALUES + 6, y=middle)
+    number = _el(svg, "text", value, x=WIDTH - VALUES + 6, y=middle)
+    if bar.status != "PASS":
+        number.set("style", f"fill:{COLOURS[bar.status]};font-weight:700")
     if bar.small:
         label.set("font-size", "10")
 

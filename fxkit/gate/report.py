@@ -202,5 +202,5 @@ def sign_off_statement(result: GateResult) -> str:
     return (
         f"I have reviewed this report of {result.gate} ({result.title}), run {result.started_at} "
         f"on {len(result.hosts)} host(s) against the gate file with sha256 "
-        f"{result.gate_sha256[:16]}..., verdict {result.verdict}."
+        f"{result.gate_sha256}, verdict {result.verdict}."
     )
