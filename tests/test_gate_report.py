@@ -143,8 +143,12 @@ class Run:
 
 @pytest.fixture(scope="module")
 def runs(lab_fleet, tmp_path_factory) -> dict[str, Run]:
-    fleet = lab_fleet(2)
-    folder = tmp_path_factory.mktemp("gate-report")
+    return make_runs(lab_fleet(2), tmp_path_factory.mktemp("gate-report"))
+
+
+def make_runs(fleet, folder: Path) -> dict[str, Run]:
+    """The gate run on lab01 and lab02, run again against the first, and re-evaluated (with
+    ``mem_available_min_gib`` lowered); each with its report files written in ``folder``."""
     gate_file = folder / "labreport.yml"
     gate_file.write_text(yaml.safe_dump(GATE, sort_keys=False))
     inv = yaml.safe_load(fleet.inventory.read_text())

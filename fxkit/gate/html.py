@@ -13,11 +13,16 @@ come from hosts, and a host printing ``<script>`` shows those characters.
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from fxkit.errors import FxkitError
 from fxkit.gate import rules
 from fxkit.gate.report import (
     SIGN_OFF_FIELDS,
@@ -405,6 +410,32 @@ def _number(value: Any) -> float | None:
 
 def _number_text(value: float) -> str:
     return value_text(int(value) if float(value).is_integer() else value)
+
+
+def screenshot(page: Path, png: Path, size: tuple[int, int] = (1280, 2000)) -> None:
+    """Open ``page`` in headless Chromium (Debian's ``chromium``) and save what shows as ``png``
+    (``size``: the window, in pixels): the page as a browser renders it."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        raise FxkitError(
+            "chromium not found", hint="install Debian's chromium (scripts/install-system-deps.sh)"
+        )
+    with tempfile.TemporaryDirectory(prefix="fxkit-chromium-") as profile:
+        argv = [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--screenshot={png}",
+            f"--window-size={size[0]},{size[1]}",
+            page.resolve().as_uri(),
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+    if done.returncode != 0 or not png.is_file():
+        tail = done.stderr.strip().splitlines()[-3:]
+        raise FxkitError(f"chromium could not screenshot {page}: {' | '.join(tail)}")
 
 
 # -- elements ----------------------------------------------------------------------------
