@@ -1,13 +1,13 @@
 """A gate run as one standalone HTML page: opens offline, prints, and is signed on paper.
 
 The Markdown report's content (:mod:`fxkit.gate.markdown`: the run's facts, a table per node,
-the errors, the thresholds' source, the sign-off block) and charts of the measured numbers
-against their thresholds: one per numeric check, a bar per host (a small bar per item for
-per-item values: each GPU, each port), the band of values that pass shaded and the threshold
-drawn as a line; ``change`` rules show the baseline's value beside the new one. No external
-asset (the CSS and the SVG charts are inline, there is no script). The page is built as an
-element tree (:mod:`xml.etree.ElementTree`), which escapes every text and attribute: values
-come from hosts, and a host printing ``<script>`` shows those characters.
+the errors, the thresholds' source, the sign-off block) and, after the facts, charts of the
+measured numbers against their thresholds: one per numeric check, a bar per host (a small bar
+per item for per-item values: each GPU, each port), the band of values that pass shaded and the
+threshold drawn as a line; ``change`` rules show the baseline's value beside the new one. No
+external asset (the CSS and the SVG charts are inline, there is no script). The page is built
+as an element tree (:mod:`xml.etree.ElementTree`), which escapes every text and attribute:
+values come from hosts, and a host printing ``<script>`` shows those characters.
 """
 
 from __future__ import annotations
@@ -112,9 +112,9 @@ def render(result: GateResult) -> str:
         if count:
             _status(summary, status, f"{count} {status}")
     _facts(_el(body, "section"), result)
+    _charts(_el(body, "section"), result)
     for name, host in result.hosts.items():
         _host(_el(body, "section"), name, host)
-    _charts(_el(body, "section"), result)
     _errors(_el(body, "section"), result)
     _thresholds(_el(body, "section"), result)
     _sign_off(_el(body, "section", class_="signoff-block"), result)
@@ -320,12 +320,22 @@ def _threshold(
     return None, None, None
 
 
-def _svg(bars: list[Bar], unit: str | None) -> ET.Element:
-    numbers = [n for bar in bars for n in bar.numbers()]
-    low, high = min(0.0, *numbers), max(0.0, *numbers)
+def _scale(numbers: list[float]) -> Bounds:
+    """The axis: from 0 (or the lowest negative number) past the highest; zoomed in on the
+    numbers when they are all positive and within 10 % of each other (a tolerance band of 1 %
+    of 196608 MiB would not show from 0), the ticks saying where the axis starts."""
+    smallest, largest = min(numbers), max(numbers)
+    if 0 < largest - smallest < 0.1 * largest and smallest > 0:
+        low, high = smallest - (largest - smallest) * 0.5, largest
+    else:
+        low, high = min(0.0, smallest), max(0.0, largest)
     if high == low:
         high = low + 1
-    high += (high - low) * 0.08
+    return low, high + (high - low) * 0.08
+
+
+def _svg(bars: list[Bar], unit: str | None) -> ET.Element:
+    low, high = _scale([n for bar in bars for n in bar.numbers()])
     plot = WIDTH - LABELS - VALUES
     height = sum(ITEM if b.small else ROW for b in bars) + AXIS + 8
 

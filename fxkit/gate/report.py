@@ -94,9 +94,14 @@ def value_text(value: Any, unit: str | None = None) -> str:
 
 
 def full_value_text(value: Any, unit: str | None = None) -> str:
-    """A measured value in full: every item of a per-item value, by name."""
+    """A measured value in full: every item of a per-item value, by name (``all 8: ...``
+    when they are the same)."""
     if isinstance(value, dict):
-        shown = ", ".join(f"{k}: {_scalar_text(v)}" for k, v in value.items())
+        texts = [_scalar_text(v) for v in value.values()]
+        if len(texts) > 1 and len(set(texts)) == 1:
+            shown = f"all {len(texts)}: {texts[0]}"
+        else:
+            shown = ", ".join(f"{k}: {text}" for k, text in zip(value, texts, strict=True))
         return f"{shown} ({unit})" if unit and value else shown
     return _scalar_text(value, unit)
 
