@@ -25,6 +25,7 @@ import xmlschema
 import yaml
 
 from fxkit.gate import spec
+from fxkit.gate.markdown import text as markdown_text
 from fxkit.gate.report import write_reports
 from fxkit.gate.results import GateResult, reevaluate
 from fxkit.gate.run import GateOptions, GateRun, rule_renderer
@@ -324,8 +325,12 @@ class Page(HTMLParser):
 
 
 def page(run: Run) -> Page:
+    return page_of(run.files["html"])
+
+
+def page_of(path: Path) -> Page:
     parsed = Page()
-    parsed.feed(run.text("html"))
+    parsed.feed(path.read_text(encoding="utf-8"))
     parsed.close()
     return parsed
 
@@ -387,3 +392,33 @@ def test_no_secret_in_any_report_file(runs, name):
     assert "token=********" in run.text("html")
     junit = run.text("junit")
     assert "value: token=********" in junit
+
+
+def test_reports_of_an_unreachable_host_say_why(lab_fleet, tmp_path):
+    fleet = lab_fleet(2)
+    gate_file = tmp_path / "labreport.yml"
+    gate_file.write_text(yaml.safe_dump(GATE, sort_keys=False))
+    inv = yaml.safe_load(fleet.inventory.read_text())
+    hosts = inv["all"]["children"]["lab"]["hosts"]
+    address = fleet.address("lab01").rsplit(".", 1)[0] + ".250"  # nothing listens there
+    hosts["gone01"] = {"ansible_host": address, "ansible_port": fleet.port}
+    inv["all"]["vars"]["registry_token"] = "tok-gone-0a1b2c3d4e"
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inv))
+    options = GateOptions(limit="lab01:gone01", inventory_sources=["inventory.yml"])
+    runner = GateRun(spec.load(gate_file), load_inventory([tmp_path / "inventory.yml"]), options)
+    result = runner.run()
+    files = write_reports(result, tmp_path / "out", runner.secrets)
+    gone = result.hosts["gone01"]
+    assert gone.unreachable
+    assert {c.status for c in gone.checks} == {"ERROR", "SKIP"}
+    xmlschema.XMLSchema(SCHEMA).validate(files["junit"])
+    suite = next(
+        s for s in junitparser.JUnitXml.fromfile(str(files["junit"])) if s.name.endswith("gone01")
+    )
+    assert suite.errors == len(GATE["checks"]) - 1 and suite.skipped == 1
+    props = {p.name: p.value for p in suite.properties()}
+    assert props["unreachable"] == gone.unreachable
+    markdown = files["markdown"].read_text()
+    assert f"Unreachable: {markdown_text(gone.unreachable)}" in markdown
+    assert "could not run: unreachable: " in markdown
+    assert "Unreachable: " in " ".join(page_of(files["html"]).text)

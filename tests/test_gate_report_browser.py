@@ -1,7 +1,7 @@
 """The gate report's HTML page in a real browser: headless Chromium (Debian's ``chromium``
 package, installed by scripts/install-system-deps.sh) opens the page of a real lab run and takes
 a screenshot; the PNG has the window's size and shows the page (many colours, the status colours
-among them), not a blank or an error page.
+among them), not a blank or an error page. Chromium also prints it to PDF, as people do to sign.
 
 The PNG is read with the standard library (zlib; the five PNG row filters of the PNG spec,
 section 9), as Pillow is not a dependency.
@@ -10,6 +10,7 @@ section 9), as Pillow is not a dependency.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import struct
 import zlib
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_gate_report import make_runs
 
-from fxkit.gate.html import COLOURS, screenshot
+from fxkit.gate.html import COLOURS, print_to_pdf, screenshot
 
 pytestmark = pytest.mark.lab
 
@@ -64,7 +65,7 @@ def png_pixels(path: Path) -> tuple[int, int, set[bytes]]:
     return width, height, colours
 
 
-def test_html_report_renders_in_headless_chromium(lab_fleet, tmp_path):
+def need_chromium() -> None:
     if shutil.which("chromium") is None:
         if os.geteuid() != 0:
             pytest.skip(
@@ -72,11 +73,28 @@ def test_html_report_renders_in_headless_chromium(lab_fleet, tmp_path):
                 "run scripts/install-system-deps.sh as root (Debian's chromium)"
             )
         pytest.fail("chromium is not installed: run scripts/install-system-deps.sh (CI does)")
-    runs = make_runs(lab_fleet(2), tmp_path)
+
+
+@pytest.fixture(scope="module")
+def report(lab_fleet, tmp_path_factory) -> Path:
+    need_chromium()
+    return make_runs(lab_fleet(2), tmp_path_factory.mktemp("browser"))["second"].files["html"]
+
+
+def test_html_report_renders_in_headless_chromium(report, tmp_path):
     png = tmp_path / "report.png"
-    screenshot(runs["second"].files["html"], png, SIZE)
+    screenshot(report, png, SIZE)
     width, height, colours = png_pixels(png)
     assert (width, height) == SIZE
     assert len(colours) > 100, f"only {len(colours)} colours: a blank or an error page"
     rgb = {name: bytes.fromhex(colour[1:]) for name, colour in COLOURS.items()}
     assert rgb["PASS"] in colours and rgb["FAIL"] in colours and rgb["WARN"] in colours
+
+
+def test_html_report_prints_to_pdf(report, tmp_path):
+    pdf = tmp_path / "report.pdf"
+    print_to_pdf(report, pdf)
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF-")
+    pages = re.findall(rb"/Type\s*/Page(?!s)", data)
+    assert 2 <= len(pages) <= 12, f"{len(pages)} pages"

@@ -425,6 +425,15 @@ def _number_text(value: float) -> str:
 def screenshot(page: Path, png: Path, size: tuple[int, int] = (1280, 2000)) -> None:
     """Open ``page`` in headless Chromium (Debian's ``chromium``) and save what shows as ``png``
     (``size``: the window, in pixels): the page as a browser renders it."""
+    _chromium(page, png, f"--screenshot={png}", f"--window-size={size[0]},{size[1]}")
+
+
+def print_to_pdf(page: Path, pdf: Path) -> None:
+    """Print ``page`` to ``pdf`` with headless Chromium, as people print the report to sign."""
+    _chromium(page, pdf, f"--print-to-pdf={pdf}", "--no-pdf-header-footer")
+
+
+def _chromium(page: Path, out: Path, *flags: str) -> None:
     chromium = shutil.which("chromium")
     if chromium is None:
         raise FxkitError(
@@ -438,14 +447,13 @@ def screenshot(page: Path, png: Path, size: tuple[int, int] = (1280, 2000)) -> N
             "--disable-gpu",
             "--hide-scrollbars",
             f"--user-data-dir={profile}",
-            f"--screenshot={png}",
-            f"--window-size={size[0]},{size[1]}",
+            *flags,
             page.resolve().as_uri(),
         ]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
-    if done.returncode != 0 or not png.is_file():
+    if done.returncode != 0 or not out.is_file():
         tail = done.stderr.strip().splitlines()[-3:]
-        raise FxkitError(f"chromium could not screenshot {page}: {' | '.join(tail)}")
+        raise FxkitError(f"chromium could not open {page}: {' | '.join(tail)}")
 
 
 # -- elements ----------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 
 One ``<testsuite>`` per host, one ``<testcase>`` per check: a FAIL is a ``<failure>``, an ERROR
 an ``<error>`` ("could not run: why"), a SKIP ``<skipped>``; a WARN passes, with the warning in
-its ``<system-out>``. The message is the check's reason; the text gives the value, the rule and
-why the check exists. A check's time is its measurement's (a measurement that several checks
-share counts once, at the first). The file is valid against Jenkins' JUnit schema
-(tests/data/junit/junit-10.xsd).
+its ``<system-out>``. The message is the check's reason; the text (of the failure or error, else
+the ``<system-out>``) gives the value, the rule and why the check exists. A check's time is its
+measurement's (a measurement that several checks share counts once, at the first). The file is
+valid against Jenkins' JUnit schema (tests/data/junit/junit-10.xsd).
 """
 
 from __future__ import annotations
@@ -95,10 +95,12 @@ def _case(result: GateResult, host: str, check: CheckResult, seconds: float) -> 
     details = _details(check)
     if check.status == "FAIL":
         ET.SubElement(case, "failure", message=check.reason, type="FAIL").text = details
-    elif check.status == "ERROR":
+        return case
+    if check.status == "ERROR":
         message = f"could not run: {check.reason}"
         ET.SubElement(case, "error", message=message, type="ERROR").text = details
-    elif check.status == "SKIP":
+        return case
+    if check.status == "SKIP":
         ET.SubElement(case, "skipped", message=check.reason)
     if check.status == "WARN":
         details = f"WARN (severity warning, does not fail the gate): {check.reason}\n{details}"
