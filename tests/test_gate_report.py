@@ -23,6 +23,7 @@ import junitparser
 import pytest
 import xmlschema
 import yaml
+from markdown_it import MarkdownIt
 
 from fxkit.gate import spec
 from fxkit.gate.markdown import text as markdown_text
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.lab
 
 SCHEMA = Path(__file__).parent / "data" / "junit" / "junit-10.xsd"
 TOKENS = {"lab01": "tok-lab01-9f8e7d6c5b", "lab02": "tok-lab02-1a2b3c4d5e"}
-HOSTILE = "<script>alert(1)</script>"
+HOSTILE = "<script>alert(1)</script> | *x* `y` [z](#)"
 HOSTILE_KEY = "<img src=x onerror=alert(2)>"
 LOADAVG = (
     "python3 -c \"import json, os; print(json.dumps({p: {'x': v} for p, v in "
@@ -296,6 +297,25 @@ def test_markdown_has_every_check_error_and_the_sign_off(runs, name):
     assert HOSTILE not in text and "\\<script\\>alert(1)\\</script\\>" in text
     if name == "reevaluated":
         assert "**Re-evaluated from:**" in text
+
+
+@pytest.mark.parametrize("name", ["first", "reevaluated"])
+def test_markdown_renders_as_written(runs, name):
+    """markdown-it (CommonMark with tables; rich's own Markdown parser) renders the report with
+    one table per host of one row per check, five cells each, host text shown as written."""
+    run = runs[name]
+    rendered = MarkdownIt("commonmark").enable("table").render(run.text("markdown"))
+    parsed = Page()
+    parsed.feed(rendered)
+    tags = [t for t, _ in parsed.tags]
+    assert tags.count("table") == len(run.result.hosts) + 2  # hosts, thresholds, sign-off
+    assert not {"script", "img", "a", "em"} & set(tags)
+    checks = len(GATE["checks"])
+    assert tags.count("tr") == len(run.result.hosts) * (checks + 1) + (2 + 1) + (1 + 3)
+    assert tags.count("td") == len(run.result.hosts) * checks * 5 + 2 * 3 + 3 * 4
+    text = " ".join(parsed.text)
+    assert HOSTILE in text and HOSTILE_KEY in text
+    assert "token=********" in text
 
 
 class Page(HTMLParser):
