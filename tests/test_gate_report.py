@@ -294,7 +294,10 @@ def test_markdown_has_every_check_error_and_the_sign_off(runs, name):
     assert "## Thresholds" in text and "`mem_available_min_gib`" in text
     signoff = text.split("## Sign-off")[1]
     assert "| Name | Role | Date | Signature |" in signoff
-    assert HOSTILE not in text and "\\<script\\>alert(1)\\</script\\>" in text
+    assert (
+        HOSTILE not in text
+        and "\\<script>alert(1)\\</script> \\| \\*x\\* \\`y\\` \\[z\\](#)" in text
+    )
     if name == "reevaluated":
         assert "**Re-evaluated from:**" in text
 

@@ -275,7 +275,8 @@ def _bars(host: str, check: CheckResult) -> list[Bar]:
         _bar(f"{host} · {item}", value, check, bases.get(item, check.baseline_value), small=True)
         for item, value in check.value.items()
     ]
-    return [bar for bar in bars if bar] if all(bars) else []
+    chartable = [bar for bar in bars if bar is not None]
+    return chartable if len(chartable) == len(bars) else []
 
 
 def _bar(label: str, value: Any, check: CheckResult, base: Any, small: bool) -> Bar | None:

@@ -23,7 +23,9 @@ from fxkit.gate.report import (
 )
 from fxkit.gate.results import CheckResult, GateResult
 
-_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~&])")
+#: What CommonMark (and GitHub's tables) would read as markup: ``_`` only where it can open or
+#: close emphasis (not inside a word: ``g1_rdma_peer`` stays as it is).
+_SPECIAL = re.compile(r"[\\`*\[\]<|~&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 
 
 def render(result: GateResult) -> str:
@@ -84,4 +86,4 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def text(value: str) -> str:
     """``value`` as Markdown shows it literally: on one line, its markup characters escaped."""
     one_line = " ".join(printable(str(value)).split())
-    return _SPECIAL.sub(r"\\\1", one_line)
+    return _SPECIAL.sub(lambda m: "\\" + m.group(), one_line)
