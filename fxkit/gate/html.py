@@ -8,6 +8,7 @@ threshold drawn as a line; ``change`` rules show the baseline's value beside the
 external asset (the CSS and the SVG charts are inline, there is no script). The page is built
 as an element tree (:mod:`xml.etree.ElementTree`), which escapes every text and attribute:
 values come from hosts, and a host printing ``<script>`` shows those characters.
+:func:`screenshot` and :func:`print_to_pdf` open the page in headless Chromium (tests, docs).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ STYLES = {
 
 def write_reports(result: GateResult, out: Path, secrets: Iterable[str] = ()) -> dict[str, Path]:
     """Write every report of ``result`` into ``out`` (made if missing); their paths by kind."""
+    # Here, not at the top: the writers use this module's helpers (facts, value texts).
     from fxkit.gate import html as html_report
     from fxkit.gate import junit, markdown
 
