@@ -7,8 +7,10 @@ JSON, a change rule without a baseline), SKIP (a ``when`` that is false), per-it
 (``parse: json`` + ``value: "*.x"``: /proc/loadavg by period), a host printing ``<script>`` and
 terminal escapes, and a secret host variable echoed by a command. It runs a second time with the
 first as its baseline (its change rule passes), and the second run is re-evaluated with an edited
-threshold. The JUnit XML is read by junitparser and validated against Jenkins' JUnit schema
-(tests/data/junit/junit-10.xsd, from jenkinsci/xunit-plugin); the HTML by html.parser.
+threshold. The JUnit XML is read by junitparser and validated against the JUnit schema of
+Jenkins' xUnit plugin (tests/data/junit/junit-10.xsd, from jenkinsci/xunit-plugin); the Markdown
+is rendered by markdown-it (rich's parser); the HTML is read by html.parser. Lab tests, run end
+to end with the fleet of tests/conftest.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ an ``<error>`` ("could not run: why"), a SKIP ``<skipped>``; a WARN passes, with
 its ``<system-out>``. The message is the check's reason; the text (of the failure or error, else
 the ``<system-out>``) gives the value, the rule and why the check exists. A check's time is its
 measurement's (a measurement that several checks share counts once, at the first). The file is
-valid against Jenkins' JUnit schema (tests/data/junit/junit-10.xsd).
+valid against the JUnit schema of Jenkins' xUnit plugin (tests/data/junit/junit-10.xsd).
 """
 
 from __future__ import annotations
