@@ -227,7 +227,7 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--gate", help="a gate file to run instead of the G1-like example")
     parser.add_argument("--image", type=Path, default=IMAGE)
-    parser.add_argument("--size", default="1280x2000", help="the browser window (WxH)")
+    parser.add_argument("--size", default="1280x2400", help="the browser window (WxH)")
     parser.add_argument("--keep", type=Path, help="keep the gate file and reports here")
     args = parser.parse_args()
     width, height = (int(n) for n in args.size.split("x"))
