@@ -11,6 +11,7 @@
 # python3-minimal: a system python3 for the lab hosts (the HTTP server of the wait_for tests).
 # xfsprogs: mkfs.xfs, for the NVMe-oF initiator's filesystem tests on lab hosts.
 # rsync: a baseline of the staging benchmark (bench/stage.py).
+# chromium: the gate reports' HTML page is opened and screenshotted headless (tests, docs/img/).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -30,6 +31,7 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -x /usr/bin/python3 ] || need+=(python3-minimal)
 command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
 command -v rsync >/dev/null || need+=(rsync)
+command -v chromium >/dev/null || need+=(chromium)
 # newuidmap reads /etc/subuid and /etc/subgid, which a minimal image may lack: empty files do
 # (the lab maps its uids in its own mount namespace and never writes them).
 if [ "$(id -u)" = 0 ]; then
