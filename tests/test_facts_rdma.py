@@ -19,6 +19,7 @@ reference text outputs written in that shape, said so where they are built.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -376,6 +377,11 @@ def test_driver_family(driver: str, device: str, family: str) -> None:
 
 
 def test_the_commands_run_on_this_machine() -> None:
+    if not os.path.exists("/sys/class/net/lo"):
+        pytest.skip(
+            "this machine's /sys shows no network interface, not even lo (a sysfs of another "
+            "network namespace is mounted over /sys: see /proc/self/mountinfo)"
+        )
     facts = FactCache(LocalConnection("localhost"))
     links = facts.get(RdmaLink)
     assert not links.ports and links.missing  # rdma absent, or no NETLINK_RDMA here
