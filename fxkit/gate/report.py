@@ -194,8 +194,8 @@ def thresholds_source(result: GateResult) -> str:
     judged = " (re-evaluated: no host was touched)" if result.reevaluated_from else ""
     return (
         f"The rules of {result.gate_file} (sha256 {result.gate_sha256}){judged}, rendered for "
-        "each host with its variables: the defaults of the gate's roles, the inventory, the "
-        "gate file's vars and -e, in that order, the later winning."
+        "each host with its variables: the defaults of the gate's roles, the gate file's vars, "
+        "the inventory and -e, in that order, the later winning."
     )
 
 

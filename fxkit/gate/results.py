@@ -72,10 +72,10 @@ class HostResult:
     measurements: list[Measurement] = field(default_factory=list)
     #: Why the host could not be reached (all its checks are then ERROR), else None.
     unreachable: str | None = None
-    #: The (rendered, non-secret) values of the variables the rules use, for re-evaluation:
-    #: those set by the inventory or -e, and those from the roles' defaults.
+    #: The (rendered, non-secret) values of the variables the rules use, and where each came
+    #: from ("inventory", "gate g1 vars"...): the thresholds, and for re-evaluation.
     vars: dict[str, Any] = field(default_factory=dict)
-    role_defaults: dict[str, Any] = field(default_factory=dict)
+    var_sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -148,7 +148,7 @@ class GateResult:
                     measurements=[Measurement(**m) for m in host["measurements"]],
                     unreachable=host.get("unreachable"),
                     vars=host.get("vars", {}),
-                    role_defaults=host.get("role_defaults", {}),
+                    var_sources=host.get("var_sources", {}),
                 )
                 for name, host in data["hosts"].items()
             }
@@ -321,9 +321,7 @@ def reevaluate(
         interrupted=results.interrupted,
     )
     for name, host in results.hosts.items():
-        new = HostResult(
-            name, [], host.measurements, host.unreachable, host.vars, host.role_defaults
-        )
+        new = HostResult(name, [], host.measurements, host.unreachable, host.vars, host.var_sources)
         for check in gate.spec.checks:
             old = host.check(check.id)
             where = gate.where(check.id)

@@ -185,8 +185,8 @@ class GateRun:
         return result
 
     def _host(self, plan: _Plan) -> HostResult:
-        below, above = snapshot(plan.vars, self.gate)
-        host = HostResult(plan.inv.name, vars=above, role_defaults=below)
+        values, sources = snapshot(plan.vars, self.gate)
+        host = HostResult(plan.inv.name, vars=values, var_sources=sources)
         conn = self.connector(plan.inv.name, plan.vars, self.options.connect)
         with self._lock:
             self._connections.append(conn)
@@ -299,32 +299,39 @@ def gate_layer(gate: Gate) -> str:
     return f"gate {gate.name} vars"
 
 
-def snapshot(v: HostVars, gate: Gate) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The rendered, non-secret values of the variables the gate's rules use, except those from
-    the gate's own ``vars:`` (re-evaluation takes the gate file's current ones): those from the
-    roles' defaults (below the gate's vars), and the others (the inventory, -e: above them)."""
-    below: dict[str, Any] = {}
-    above: dict[str, Any] = {}
+def snapshot(v: HostVars, gate: Gate) -> tuple[dict[str, Any], dict[str, str]]:
+    """The rendered, non-secret values of the variables the gate's rules use, and where each
+    came from (a role's defaults, the gate's vars, the inventory, -e)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for name in sorted(referenced(gate)):
-        if name not in v or v.is_secret(name) or v.source(name) == gate_layer(gate):
-            continue
-        with contextlib.suppress(FxkitError):
-            value = v[name]
-            (below if v.source(name).startswith("role ") else above)[name] = value
-    return below, above
+        if name in v and not v.is_secret(name):
+            with contextlib.suppress(FxkitError):
+                values[name] = v[name]
+                sources[name] = v.source(name)
+    return values, sources
 
 
 def rule_renderer(
     gate: Gate, extra_vars: Mapping[str, Any]
 ) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
-    """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``), with the
-    run's variables and the gate file's current ``vars:`` in their places, then ``-e``."""
+    """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``): the
+    run's values from the roles' defaults, the gate file's current ``vars:`` (not the run's),
+    the run's values from the inventory and -e, then this ``-e``."""
 
     def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
+        def kept(below_gate: bool) -> dict[str, Any]:
+            return {
+                name: value
+                for name, value in host.vars.items()
+                if host.var_sources.get(name, "") != gate_layer(gate)
+                and host.var_sources.get(name, "").startswith("role ") == below_gate
+            }
+
         layers = [
-            Layer("the run's role defaults", host.role_defaults),
+            Layer("the run's role defaults", kept(True)),
             Layer(gate_layer(gate), gate.spec.vars),
-            Layer("the run's variables", host.vars),
+            Layer("the run's variables", kept(False)),
             Layer("extra vars", extra_vars),
         ]
         rendered: dict[str, Any] = render(
