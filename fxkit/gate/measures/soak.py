@@ -46,7 +46,7 @@ Source = Literal["nvme", "rdma", "gpu"]
 MISSING = "missing"
 #: At most this many samples are kept (then every other one is dropped: the whole span stays).
 MAX_SAMPLES = 400
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 #: Error counters of /sys/class/infiniband/*/ports/*/counters (the kernel's PMA counters,
@@ -85,7 +85,8 @@ def seconds(text: str | float) -> float:
     else:
         spec = str(text).strip().lower()
         parts = _DURATION.findall(spec)
-        if not spec or "".join(n + u for n, u in parts) != spec.replace(" ", ""):
+        bare = len(parts) > 1 and any(not unit for _, unit in parts)  # "1h30": 30 what?
+        if not spec or bare or "".join(n + u for n, u in parts) != spec:
             raise ValueError(f"{text!r} is not a duration (e.g. 90s, 10m, 72h, 1h30m)")
         value = sum(float(n) * _UNITS[u] for n, u in parts)
     if value <= 0:
