@@ -12,6 +12,7 @@ for the metrics it is called with (``ttft``, ``tpot``...), the default of
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import tarfile
 from pathlib import Path
@@ -67,7 +68,8 @@ def _flag_default(tree: ast.Module, flag: str) -> Any:
     raise AssertionError(f"{SERVE} has no {flag}")
 
 
-def written_keys(version: str) -> set[str]:
+@functools.cache
+def written_keys(version: str) -> frozenset[str]:
     """Every key a generation benchmark's result file of vLLM ``version`` has at its defaults
     (plus the optional ones of the dict literal)."""
     tree = serve_source(version)
@@ -99,7 +101,7 @@ def written_keys(version: str) -> set[str]:
     for metric in metrics:
         keys |= {t.format(metric) for t in templates if t.count("{}") == 1}
         keys |= {f"p{p}_{metric}_ms" for p in percentiles}
-    return keys
+    return frozenset(keys)
 
 
 def saves_result(version: str) -> bool:
@@ -125,7 +127,7 @@ def vllm_result(version: str = PINNED, **values: float) -> dict[str, Any]:
     """A result file's content with exactly the keys vLLM ``version`` writes (numbers: 1.0, or
     ``values`` by vLLM's key), as a test input for what fxkit reads."""
     result: dict[str, Any] = dict.fromkeys(sorted(written_keys(version)), 1.0)
-    result.update(completed=100, failed=0, **values)
+    result.update({"completed": 100, "failed": 0, **values})
     return result
 
 
@@ -152,7 +154,7 @@ def test_a_result_with_vllms_keys_parses_and_one_without_them_is_refused(tmp_pat
 
 
 def test_the_reading_would_catch_a_renamed_key() -> None:
-    keys = written_keys(PINNED)
+    keys = set(written_keys(PINNED))
     assert "median_ttft_ms" in keys and "ttft_median_ms" not in keys
     keys.discard("p99_ttft_ms")
     assert set(VLLM_KEYS.values()) - keys == {"p99_ttft_ms"}
