@@ -24,6 +24,8 @@ from test_gate_serving_fidelity import vllm_result
 from test_play_lab import FXKIT
 
 from fxkit import paths
+from fxkit.gate.measures.soak import RDMA_ERRORS
+from fxkit.lab import profile
 
 pytestmark = pytest.mark.lab
 
@@ -172,3 +174,34 @@ def test_g2_baseline_then_g3_inside_and_outside_the_band(lab_fleet: Any, tmp_pat
         assert narrow["lab01"]["ttft_reduction"]["status"] == "PASS"
     finally:
         fleet.up(2)
+
+
+def test_g4_on_the_mi308x_profile_counts_a_gpu_fault(lab_fleet: Any, tmp_path: Path) -> None:
+    """The profile's RDMA ports have their error counters (all 0: PASS) and its amd-smi answers
+    ``metric --ecc --json``; the workload injects an uncorrectable ECC error on GPU 3 at its third
+    iteration (the stand-in's state), which the soak counts: gpu_errors FAILs, naming it."""
+    fleet = lab_fleet(1, name="g4-mi308x", profile="mi308x")
+    with fleet.connect("lab01") as conn:
+        conn.run(f"rm -f /var/tmp/g4.n {profile.STATE_DIR}/ecc.json; mkdir -p {profile.STATE_DIR}")
+    fault = json.dumps({"3": {"total_uncorrectable_count": 1}})
+    work = "n=$(($(cat /var/tmp/g4.n 2>/dev/null || echo 0) + 1)); echo $n > /var/tmp/g4.n; "
+    work += f"if [ $n -eq 3 ]; then echo '{fault}' > {profile.STATE_DIR}/ecc.json; fi; {FIO}"
+    code, out = gate(
+        "g4", "-i", str(fleet.inventory), "--out", str(tmp_path / "g4"),
+        "-e", "g4_duration=12s", "-e", "g4_interval=4s", "-e", "g4_latency_tolerance=1.0",
+        "-e", json.dumps({"g4_workload": work}),
+    )  # fmt: skip
+    assert code == 1, out
+    checks = results(tmp_path / "g4")["lab01"]
+    assert checks["rdma_errors"]["status"] == "PASS" and checks["rdma_errors"]["value"] == 0
+    assert checks["gpu_errors"]["status"] == "FAIL" and checks["gpu_errors"]["value"] == 1
+    assert checks["soak_workload_errors"]["status"] == "PASS"
+    assert checks["latency_degradation"]["status"] == "PASS"
+    assert "no NVMe controllers on lab01" in checks["nvme_errors"]["reason"]
+    data = json.loads((tmp_path / "g4/result.json").read_text())
+    soak = data["hosts"]["lab01"]["measurements"][0]["data"]
+    assert soak["gpu"]["deltas"] == {"gpu3/total_uncorrectable_count": 1}
+    assert soak["gpu"]["counters"] == 8 * 3
+    ports = len(profile.load("mi308x")["rdma"]["ports"])
+    watched = set(RDMA_ERRORS) & {*profile.PORT_COUNTERS, *profile.HW_COUNTERS}
+    assert soak["rdma"]["counters"] == ports * len(watched) and soak["rdma"]["deltas"] == {}
