@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,28 @@ def test_g4_on_the_mi308x_profile_counts_a_gpu_fault(lab_fleet: Any, tmp_path: P
     ports = len(profile.load("mi308x")["rdma"]["ports"])
     watched = set(RDMA_ERRORS) & {*profile.PORT_COUNTERS, *profile.HW_COUNTERS}
     assert soak["rdma"]["counters"] == ports * len(watched) and soak["rdma"]["deltas"] == {}
+
+
+def test_ctrl_c_ends_a_long_soak_with_what_it_measured(lab_fleet: Any, tmp_path: Path) -> None:
+    fleet = lab_fleet(2)
+    command = [
+        str(FXKIT), "gate", "g4", "-i", str(fleet.inventory), "--limit", "lab01",
+        "--out", str(tmp_path / "g4"), "-e", "g4_duration=72h", "-e", "g4_interval=2s",
+        "-e", json.dumps({"g4_workload": FIO}),
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(8)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    data = json.loads((tmp_path / "g4/result.json").read_text())
+    assert data["interrupted"] is True
+    soak = data["hosts"]["lab01"]["measurements"][0]["data"]
+    assert soak["interrupted"] is True and soak["iterations"] >= 2 and soak["duration_s"] < 60
+    assert soak["planned_s"] == 72 * 3600
+    checks = {c["id"]: c for c in data["hosts"]["lab01"]["checks"]}
+    assert checks["soak_workload_errors"]["status"] == "PASS"
