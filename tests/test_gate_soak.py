@@ -142,13 +142,33 @@ def test_amd_smi_ecc_in_both_envelopes() -> None:
 
 
 def test_counter_deltas_count_rises_and_resets() -> None:
-    readings = iter([{"a": 5, "b": 7, "c": 0}, {"a": 5, "b": 9, "c": 0}, {"a": 5, "b": 2, "c": 0}])
+    readings = iter(
+        [{"a": 5, "b": 7, "c": 0}, {"a": 5, "b": 9, "c": 0}, {"a": 5, "b": 2, "c": 1}, {"b": 4}]
+    )
     watch = _Watch("rdma", lambda: next(readings))
     watch.sample()
     watch.sample()
     assert watch.errors() == 2 and watch.deltas() == {"b": 2}
     watch.sample()  # b went down: the counter was reset, its 2 are new
-    assert watch.deltas() == {"b": 2}
+    assert watch.deltas() == {"b": 4, "c": 1}
+    watch.sample()
+    assert watch.deltas() == {"b": 6, "c": 1} and watch.data()["counters"] == 1
+
+
+def test_a_source_that_fails_later_keeps_its_counts() -> None:
+    readings = iter([{"a": 1}, Missing("amd-smi: timed out"), {"a": 3}])
+
+    def read() -> dict[str, int]:
+        value = next(readings)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    watch = _Watch("gpu", read)
+    for _ in range(3):
+        watch.sample()
+    assert watch.data()["errors"] == 2 and watch.data()["failed_reads"] == 1
+    assert watch.data()["last_failure"] == "amd-smi: timed out"
 
 
 def test_a_source_absent_at_the_start_is_missing_with_the_reason() -> None:
@@ -221,6 +241,11 @@ def test_counters_absent_here_are_missing_with_the_reason() -> None:
     assert "(/sys/class/infiniband is empty)" in data["rdma"]["missing"]
     assert "(/sys/class/nvme is empty)" in data["nvme"]["missing"]
     assert "amd-smi not found" in data["gpu"]["missing"]
+
+
+def test_a_workload_that_never_works_is_an_error_not_a_soak() -> None:
+    with pytest.raises(MeasureError, match=r"failed its first 3 iterations \(exit 2: nope"):
+        measure(probe(), run="echo nope >&2; exit 2", duration="1h", sources=())
 
 
 def test_a_missing_tool_is_an_error_before_the_soak() -> None:

@@ -39,13 +39,15 @@ from typing import Any, Literal
 from pydantic import field_validator
 
 from fxkit.errors import FxkitError
-from fxkit.gate.measure import Params, Probe, kind
+from fxkit.gate.measure import MeasureError, Params, Probe, kind
 
 Source = Literal["nvme", "rdma", "gpu"]
 #: The key of a source (or a value) that could not be measured: why (see results.judge).
 MISSING = "missing"
 #: At most this many samples are kept (then every other one is dropped: the whole span stays).
 MAX_SAMPLES = 400
+#: A workload that fails this many first iterations is a wrong command, not a soak's finding.
+FIRST_FAILURES = 3
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -149,12 +151,13 @@ Counters = dict[str, int]
 
 @dataclass
 class _Watch:
-    """One source's counters: the first reading, the last, and the failed readings."""
+    """One source's counters: how much each rose from reading to reading (a counter that went
+    down was reset: all of its new value counts), and the readings that failed."""
 
     name: str
     read: Callable[[], Counters]
-    first: Counters | None = None
-    last: Counters = field(default_factory=dict)
+    last: Counters | None = None
+    rises: Counters = field(default_factory=dict)
     missing: str | None = None
     failed_reads: int = 0
     last_failure: str | None = None
@@ -165,25 +168,20 @@ class _Watch:
         try:
             now = self.read()
         except Missing as exc:
-            if self.first is None:
+            if self.last is None:
                 self.missing = str(exc)
             else:
                 self.failed_reads, self.last_failure = self.failed_reads + 1, str(exc)
             return
-        if self.first is None:
-            self.first = now
+        for key, value in now.items():
+            before = (self.last or {}).get(key, value)
+            rise = value - before if value >= before else value
+            if rise:
+                self.rises[key] = self.rises.get(key, 0) + rise
         self.last = now
 
     def deltas(self) -> Counters:
-        """Each counter's increase (one that went down was reset: all of its value is new)."""
-        first = self.first or {}
-        out = {}
-        for key, value in self.last.items():
-            before = first.get(key, 0)
-            rise = value - before if value >= before else value
-            if rise:
-                out[key] = rise
-        return out
+        return dict(self.rises)
 
     def errors(self) -> int:
         return sum(self.deltas().values())
@@ -195,7 +193,7 @@ class _Watch:
         return {
             "errors": sum(deltas.values()),
             "deltas": deltas,
-            "counters": len(self.last),
+            "counters": len(self.last or {}),
             "failed_reads": self.failed_reads,
             "last_failure": self.last_failure,
         }
@@ -247,6 +245,11 @@ def soak(probe: Probe, p: SoakParams) -> dict[str, Any]:
         if not result.ok:
             failures += 1
             last_failure = f"exit {result.rc}: {(result.stderr or result.stdout).strip()[-300:]}"
+            if failures == iterations == FIRST_FAILURES:
+                raise MeasureError(
+                    f"the workload failed its first {FIRST_FAILURES} iterations ({last_failure}): "
+                    "fix the command (g4_workload) before a soak of it"
+                )
         else:
             value = _latency(result.stdout, pattern) if pattern else wall_ms
             if value is None:
