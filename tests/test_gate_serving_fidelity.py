@@ -3,7 +3,8 @@
 Read from vLLM's own source, ``vllm/benchmarks/serve.py`` of the sdist on PyPI (cached by
 tests/vllm_source.py, sha256-checked), at the release the field runs (0.20.1, the source of
 0.20.1+rocm721) and at the latest release, with ``ast``: the result dict literal
-(``"completed"``, ``"failed"``, ``"output_throughput"``...), the keys ``process_one_metric`` adds
+(``"completed"``, ``"failed"``, ``"output_throughput"``...), ``result_json["date"]`` and the
+other keys set on the saved dict, the keys ``process_one_metric`` adds
 (``result[f"mean_{metric_attribute_name}_ms"]``... and ``p{p_word}_..._ms`` for each percentile)
 for the metrics it is called with (``ttft``, ``tpot``...), the default of
 ``--metric-percentiles`` (``99``) and the flags that save the file.
@@ -23,7 +24,7 @@ import vllm_source
 from packaging.version import Version
 from test_loader_vllm_contract import _index, _latest
 
-from fxkit.gate.measures.serving import VLLM_KEYS, VLLM_REQUIRED, parse_vllm_result
+from fxkit.gate.measures.serving import VLLM_ABOUT, VLLM_KEYS, VLLM_REQUIRED, parse_vllm_result
 
 SERVE = "vllm/benchmarks/serve.py"
 PINNED = "0.20.1"
@@ -95,9 +96,17 @@ def written_keys(version: str) -> frozenset[str]:
         and node.args
         and isinstance(node.args[0], ast.Constant)
     }
+    about = {
+        node.slice.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Subscript)
+        and getattr(node.value, "id", "") == "result_json"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.ctx, ast.Store)
+    }
     percentiles = str(_flag_default(tree, "--metric-percentiles")).split(",")
     assert "p{}_{}_ms" in templates, f"{SERVE} no longer writes p<N>_<metric>_ms"
-    keys = set(literal)
+    keys = literal | about
     for metric in metrics:
         keys |= {t.format(metric) for t in templates if t.count("{}") == 1}
         keys |= {f"p{p}_{metric}_ms" for p in percentiles}
@@ -138,6 +147,7 @@ def test_the_keys_vllm_bench_reads_are_the_keys_vllm_writes(which: str) -> None:
     # the reading finds what vLLM's docs show of a result file (a sanity check on it)
     assert {"duration", "completed", "request_throughput", "median_itl_ms"} <= keys
     assert sorted(set(VLLM_KEYS.values()) - keys) == [], f"not written by vLLM {version}"
+    assert sorted(set(VLLM_ABOUT) - keys) == [], f"not written by vLLM {version}"
     assert saves_result(version), f"vLLM {version}'s serve.py does not save result_json"
 
 
