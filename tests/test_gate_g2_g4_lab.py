@@ -64,7 +64,7 @@ def with_host_vars(fleet: Any, path: Path, **host_vars: dict[str, Any]) -> Path:
 
 
 def test_g4_soak_on_plain_lab_hosts(lab_fleet: Any, tmp_path: Path) -> None:
-    fleet = lab_fleet(2)
+    fleet = lab_fleet(2, name="gates")
     flaky = "n=$(($(cat /var/tmp/g4.n 2>/dev/null || echo 0) + 1)); echo $n > /var/tmp/g4.n; "
     flaky += f"[ $((n % 4)) -ne 0 ] && {FIO}"  # every fourth iteration fails
     inv = with_host_vars(
@@ -110,7 +110,7 @@ def put_json(fleet: Any, host: str, path: str, data: dict[str, Any]) -> None:
 
 
 def test_g2_baseline_then_g3_inside_and_outside_the_band(lab_fleet: Any, tmp_path: Path) -> None:
-    fleet = lab_fleet(2)
+    fleet = lab_fleet(2, name="gates")
     inv = str(fleet.inventory)
     g2_file = vllm_result(median_ttft_ms=1000.0, p99_ttft_ms=2400.0, output_throughput=1000.0)
     for host in ("lab01", "lab02"):
@@ -210,7 +210,7 @@ def test_g4_on_the_mi308x_profile_counts_a_gpu_fault(lab_fleet: Any, tmp_path: P
 
 
 def test_ctrl_c_ends_a_long_soak_with_what_it_measured(lab_fleet: Any, tmp_path: Path) -> None:
-    fleet = lab_fleet(2)
+    fleet = lab_fleet(2, name="gates")
     command = [
         str(FXKIT), "gate", "g4", "-i", str(fleet.inventory), "--limit", "lab01",
         "--out", str(tmp_path / "g4"), "-e", "g4_duration=72h", "-e", "g4_interval=2s",
