@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -22,6 +23,7 @@ from test_gate_serving_fidelity import vllm_result
 
 from fxkit.connection.local import LocalConnection
 from fxkit.facts.base import FactCache
+from fxkit.gate import spec
 from fxkit.gate.measure import MeasureError, Probe
 from fxkit.gate.measures.serving import (
     LoadBenchParams,
@@ -138,3 +140,33 @@ def test_a_run_with_no_completed_request_is_an_error() -> None:
     text = json.dumps(vllm_result(completed=0, failed=100))
     with pytest.raises(MeasureError, match=r"no request completed \(100 failed\)"):
         parse_vllm_result(text, "g2.json")
+
+
+CHECK_IDS = {
+    "g2": ["load_time_nfs", "load_time_fxkit", "load_speedup", "ttft_median", "ttft_p99",
+           "output_throughput"],
+    "g3": ["ttft_reduction", "throughput_gain"],
+    "g4": ["soak_workload_errors", "nvme_errors", "rdma_errors", "gpu_errors",
+           "latency_degradation"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CHECK_IDS))
+def test_the_gates_have_the_check_ids_the_estimator_reads(name: str) -> None:
+    gate = spec.load(name)
+    assert [c.id for c in gate.spec.checks] == CHECK_IDS[name]
+    assert gate.spec.baseline == ("g2" if name == "g3" else None)
+
+
+@pytest.mark.parametrize(
+    ("name", "variable"), [("g2", "g2_model"), ("g3", "g3_vllm_result"), ("g4", "g4_workload")]
+)
+def test_a_gate_without_its_required_variable_stops_before_any_host(
+    name: str, variable: str
+) -> None:
+    proc = subprocess.run(
+        [str(FXKIT), "gate", name, "-i", "nohost.invalid,"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"undefined variable {variable!r}" in proc.stdout + proc.stderr
