@@ -204,6 +204,19 @@ def _select(data: Any, parts: list[str], done: str) -> Any:
     raise KeyError(here)
 
 
+def missing(data: Any, path: str | None) -> str | None:
+    """Why a part of a measurement is not there: a measurement that could measure some parts
+    and not others (a soak: no RDMA devices) puts ``{"missing": WHY}`` in place of the part."""
+    for part in (path or "").split("."):
+        if not isinstance(data, Mapping):
+            return None
+        if part not in data:
+            reason = data.get("missing")
+            return reason if isinstance(reason, str) else None
+        data = data[part]
+    return None
+
+
 def judge(
     check: CheckSpec,
     rule: dict[str, Any],
@@ -233,7 +246,8 @@ def judge(
     try:
         result.value = select(measurement.data, check.value)
     except KeyError as exc:
-        result.reason = f"the {measurement.kind} measurement has no {exc.args[0]!r}"
+        why = missing(measurement.data, check.value)
+        result.reason = why or f"the {measurement.kind} measurement has no {exc.args[0]!r}"
         return result
     try:
         outcome = rules.evaluate(rule, result.value, baseline)

@@ -37,6 +37,22 @@ FABRIC = "/etc/fxkit-lab/fabric.json"
 #: Mount options of the tmpfs on each RDMA netdev's /sys/class/net/IF/ecn (18 files of a page).
 ECN_TMPFS = "mode=0755,size=256k,nosuid,nodev,noexec"
 
+#: The counters of each RDMA port: ports/N/counters (drivers/infiniband/core/sysfs.c) and
+#: ports/N/hw_counters (a few of mlx5's), as the soak (G4) reads them.
+PORT_COUNTERS = (
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "port_xmit_data",
+    "port_rcv_data",
+)
+HW_COUNTERS = ("out_of_sequence", "packet_seq_err", "local_ack_timeout_err", "np_cnp_sent")
+
 
 def names() -> list[str]:
     """The profiles there are (folders of fxkit/lab/profiles with a profile.json)."""
@@ -74,6 +90,9 @@ def build_layer(layer: Path, name: str) -> None:
         _files(
             port_dir, {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "Ethernet"}
         )
+        # Error and data counters, all 0 (the kernel's PMA port counters, mlx5's hw_counters).
+        _files(port_dir / "counters", dict.fromkeys(PORT_COUNTERS, "0"))
+        _files(port_dir / "hw_counters", dict.fromkeys(HW_COUNTERS, "0"))
         for index, kind in enumerate(data["rdma"]["gid_types"]):
             _files(port_dir / "gid_attrs" / "types", {str(index): kind})
             _files(port_dir / "gid_attrs" / "ndevs", {str(index): port["netdev"]})

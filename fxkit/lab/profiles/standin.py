@@ -137,8 +137,10 @@ def _gpus(p: Profile) -> list[dict[str, Any]]:
 
 
 def amd_smi(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> int:
+    if args[:1] == ["metric"]:
+        return _amd_metric(p, args[1:])
     if not args or args[0] not in ("static", "list"):
-        _fail("amd-smi", f"the lab's amd-smi answers `static` and `list`, not {args[:1]}", 2)
+        _fail("amd-smi", f"the lab's amd-smi answers `static`, `list`, `metric`, not {args[:1]}", 2)
     g, as_json = p["gpus"], "--json" in args
     sections = [
         s for s in ("asic", "bus", "vram", "driver") if f"--{s}" in args or f"-{s[0]}" in args
@@ -176,6 +178,23 @@ def amd_smi(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> i
         print(json.dumps({"gpu_data": data}, indent=4))
     else:
         print(_amd_text(data), end="")
+    return 0
+
+
+def _amd_metric(p: Profile, args: list[str]) -> int:
+    """``amd-smi metric --ecc --json``: each GPU's ECC totals, 0 unless ecc.json in the state
+    folder says otherwise (``{"3": {"total_uncorrectable_count": 1}}``: a test's fault)."""
+    if not ({"--ecc", "-e"} & set(args)) or "--json" not in args:
+        _fail("amd-smi", "the lab's amd-smi metric answers --ecc --json", 2)
+    faults = _load("ecc.json", {})
+    names = ("correctable", "uncorrectable", "deferred")
+    data = []
+    for gpu in _gpus(p):
+        ecc = {f"total_{n}_count": 0 for n in names}
+        ecc.update(cache_correctable_count=0, cache_uncorrectable_count=0)
+        ecc.update(faults.get(str(gpu["index"]), {}))
+        data.append({"gpu": gpu["index"], "ecc": ecc})
+    print(json.dumps({"gpu_data": data}, indent=4))
     return 0
 
 
