@@ -85,3 +85,10 @@ def test_broken_yaml_names_the_line(tmp_path):
     with pytest.raises(GateError) as info:
         spec.load(path)
     assert str(path) in str(info.value)
+
+
+def test_the_kinds_reference_in_the_docs_is_current():
+    from fxkit import reference
+
+    doc = reference.GATES_DOC.read_text()
+    assert reference.updated_gates(doc) == doc, "run `python -m fxkit.reference`, commit the doc"
