@@ -187,6 +187,8 @@ def parse_ib_write_bw(text: str) -> dict[str, Any]:
             if rows:
                 break
             continue
+        if not words[0].isdigit():  # a warning between rows ("Conflicting CPU frequency ...")
+            continue
         try:
             rows.append(
                 {
