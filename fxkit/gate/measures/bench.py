@@ -88,7 +88,7 @@ def parse_fio(text: str) -> dict[str, Any]:
     ``"99.000000"``."""
     start = text.find("{")
     try:
-        data = json.loads(text[start:]) if start >= 0 else None
+        data: dict[str, Any] = json.loads(text[start:] if start >= 0 else text)
         job = data["jobs"][0]
         read = job["read"]
         clat = read["clat_ns"]
@@ -180,7 +180,7 @@ def parse_ib_write_bw(text: str) -> dict[str, Any]:
     unit = header["unit"]
     if unit != "Gb/sec":
         raise MeasureError(f"ib_write_bw reported {unit}, not Gb/sec (run it with --report_gbits)")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for line in text[header.end() :].splitlines()[1:]:
         words = line.split()
         if not words or line.lstrip().startswith("-"):
