@@ -10,7 +10,8 @@ name it is called by (see docs/lab.md, "Simulated hardware: test doubles").
 :func:`build_layer` writes, once per fleet, what ``host-init.sh`` mounts into each host of the
 profile: ``usr/`` (a lower layer of the host's /usr overlay: the stand-ins in /usr/local/bin,
 their data in /usr/local/lib/fxkit-lab), ``sys/`` (read-only layers over the host's sysfs:
-``class/infiniband``, ``module/nvme_core``, ``kernel/config``, ``devices/virtual/net/IF/ecn``),
+``class/infiniband``, ``bus/pci/devices/BDF`` (the GPUs' PCIe links), ``module/nvme_core``,
+``kernel/config``, ``devices/virtual/net/IF/ecn``),
 ``config/`` (what the host's writable configfs stand-in starts with), ``ecn.fstab`` and ``ecn``
 (a small writable tmpfs on each RDMA netdev's ``ecn`` folder, and the attribute files, one
 ``PATH VALUE`` a line, each of them starts with: the mlx5 ECN attributes) and ``netdevs`` (an
