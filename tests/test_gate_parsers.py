@@ -74,10 +74,10 @@ def test_the_fio_kind_makes_its_file_and_removes_it(tmp_path: Path) -> None:
     got = measure("fio", {"target": str(target), "size": "16M", "runtime": 1})
     assert isinstance(got, dict) and got["created"] is True and got["read_gbps"] > 0
     assert not target.exists()
-    target.write_bytes(b"\0" * (8 << 20))  # an existing file is read, and kept
-    got = measure("fio", {"target": str(target), "size": "8M", "runtime": 1})
-    assert isinstance(got, dict) and got["created"] is False
-    assert target.stat().st_size == 8 << 20
+    target.write_bytes(b"\1" * (8 << 20))  # an existing file is read as it is, and kept
+    got = measure("fio", {"target": str(target), "size": "64M", "runtime": 1})
+    assert isinstance(got, dict) and got["created"] is False and got["read_gbps"] > 0
+    assert target.read_bytes() == b"\1" * (8 << 20)
 
 
 @needs_fio

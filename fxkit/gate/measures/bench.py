@@ -6,7 +6,8 @@
 
 - ``fio``: sequential read, 1 MiB blocks, queue depth 32, O_DIRECT, libaio (the G1 storage
   test), on a file or a block device (the NVMe-oF namespace). A file that is not there is made
-  by fio (``size``) and removed afterwards; nothing else is ever written or removed. Gives
+  by fio (``size``) and removed afterwards; an existing file or device is only read, never grown
+  or removed. Gives
   ``read_gbps`` (GB/s, decimal), ``iops``, ``clat_mean_ms``, ``clat_p99_ms``.
 - ``ib_write_bw`` (perftest): a loopback between two RDMA devices of the same node: the server
   on ``server_device`` in the background, the client on ``device`` against 127.0.0.1 (perftest
@@ -34,7 +35,7 @@ from fxkit.gate.measure import MeasureError, Params, Probe, kind
 class FioParams(Params):
     #: A file (made when missing, removed afterwards) or a block device to read.
     target: str
-    #: How much of it to read (fio's size: 4G, 512M); the file's size when fio makes it.
+    #: The size of the file fio makes (4G, 512M); an existing file or device is read as it is.
     size: str = "4G"
     #: Seconds to keep reading (time-based: the size is read again until then).
     runtime: int = Field(default=30, gt=0)
@@ -62,15 +63,16 @@ def fio(probe: Probe, p: FioParams) -> dict[str, Any]:
         f"--iodepth={p.iodepth}",
         f"--direct={int(p.direct)}",
         f"--ioengine={p.ioengine}",
-        f"--size={p.size}",
         f"--runtime={p.runtime}",
         "--time_based",
         "--numjobs=1",
         "--output-format=json",
     ]
     target = quote(p.target)
+    size = quote(f"--size={p.size}")  # only for a file fio makes: an existing one is not grown
     script = (
-        f"made=0; [ -e {target} ] || made=1; {' '.join(quote(a) for a in argv)}; rc=$?; "
+        f"made=0; size=; [ -e {target} ] || {{ made=1; size={size}; }}; "
+        f"{' '.join(quote(a) for a in argv)} $size; rc=$?; "
         f'[ "$made" = 0 ] || rm -f -- {target}; echo "made=$made"; exit $rc'
     )
     result = probe.run(script, timeout=p.runtime + 600)
