@@ -20,9 +20,13 @@ import pytest
 import yaml
 from test_play_lab import FXKIT
 
+from fxkit.facts.base import FactCache
 from fxkit.gate import spec
+from fxkit.gate.measure import Probe
+from fxkit.gate.measures import facts
 from fxkit.gate.results import SCHEMA, load_results
 from fxkit.lab import profile as profiles
+from fxkit.variables import HostVars
 
 pytestmark = pytest.mark.lab
 
@@ -219,3 +223,20 @@ def test_g1_results_are_judged_again_without_the_hosts(mi308x_runs, tmp_path: Pa
     changed = {c for c in before if before[c] != after[c]}
     assert changed == {"gpu_count", "storage_read_bandwidth"}
     assert check(again, "gpu_count")["reason"] == "8 is not == 7"
+
+
+def test_rdma_link_layer_from_sysfs_without_ibv_devinfo(mi308x_runs, lab_fleet) -> None:
+    """Where ibv_devinfo is not installed the link layer is the kernel's (sysfs) and the MTU
+    of the RDMA port is unknown; the states are rdma link's as before."""
+    fleet = lab_fleet(1, name="g1-mi308x", profile="mi308x")
+    with fleet.connect("lab01") as conn:
+        assert conn.run("mv /usr/local/bin/ibv_devinfo /usr/local/bin/ibv_devinfo.away").ok
+        try:
+            probe = Probe("lab01", conn, FactCache(conn), HostVars("lab01", []))
+            got = facts.rdma(probe)
+        finally:
+            conn.run("mv /usr/local/bin/ibv_devinfo.away /usr/local/bin/ibv_devinfo")
+    assert got["ibv_devinfo"].startswith("ibv_devinfo not found")
+    assert {p["link_layer"] for p in got["ports"].values()} == {"Ethernet"}
+    assert {p["active_mtu"] for p in got["ports"].values()} == {None}
+    assert got["active"] == 8 and got["simulated"] is True

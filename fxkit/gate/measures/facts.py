@@ -160,6 +160,7 @@ def rdma(probe: Probe) -> dict[str, Any]:
     if not links.ports:
         raise MeasureError(f"no RDMA devices on {probe.host}: {links.missing}")
     hcas = probe.fact(IbvDevinfo)
+    layers = {} if hcas.devices else _sysfs_link_layers(probe)
     ports = {}
     for port in links.ports:
         device = hcas.get(port.device)
@@ -168,7 +169,7 @@ def rdma(probe: Probe) -> dict[str, Any]:
         ports[port.name] = {
             "state": port.state,
             "physical_state": port.physical_state,
-            "link_layer": ibv.link_layer if ibv else None,
+            "link_layer": ibv.link_layer if ibv else layers.get(port.name),
             "active_mtu": ibv.active_mtu if ibv else None,
             "netdev": port.netdev,
             "netdev_mtu": mtu.mtu if mtu and not mtu.missing else None,
@@ -180,6 +181,22 @@ def rdma(probe: Probe) -> dict[str, Any]:
         "ibv_devinfo": hcas.missing or "read",
         "ports": ports,
     }
+
+
+def _sysfs_link_layers(probe: Probe) -> dict[str, str]:
+    """``DEV/PORT`` -> the kernel's ``/sys/class/infiniband/DEV/ports/PORT/link_layer``: where
+    ibv_devinfo is not installed."""
+    out = probe.run(
+        'for f in /sys/class/infiniband/*/ports/*/link_layer; do [ -r "$f" ] && '
+        'printf \'%s %s\\n\' "$f" "$(cat "$f")"; done; true'
+    ).stdout
+    layers = {}
+    for line in out.splitlines():
+        path, _, layer = line.partition(" ")
+        parts = path.split("/")
+        if len(parts) == 8:  # /sys/class/infiniband/DEV/ports/PORT/link_layer
+            layers[f"{parts[4]}/{parts[6]}"] = layer.strip()
+    return layers
 
 
 # -- NVMe-oF ---------------------------------------------------------------------------------------
