@@ -6,11 +6,16 @@
   repository and file).
 - rccl-tests: real ``all_reduce_perf`` output of two 8 x MI308X nodes
   (/work/shared/reference/rccl_tests_all_reduce_mi308x_2node_rocm720.txt).
+
+The ``ib_write_bw`` and ``rccl`` kinds' commands are checked with test doubles of the tools
+(shell scripts first on PATH that log their arguments and print the real outputs above): this
+machine has no RDMA device or GPU, so their numbers are the recorded ones, not measured here.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -118,6 +123,47 @@ def test_ib_write_bw_without_report_gbits_or_a_table() -> None:
     assert parse_ib_write_bw(warned) == parse_ib_write_bw(text)
     with pytest.raises(MeasureError, match="cannot read the row"):
         parse_ib_write_bw(text.replace("92.56", "n/a"))
+
+
+def stand_in(folder: Path, name: str, script: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A test double of a tool, first on PATH: logs its arguments to ``folder/calls``."""
+    (folder / "bin").mkdir(exist_ok=True)
+    tool = folder / "bin" / name
+    tool.write_text(f'#!/bin/sh\necho "$*" >> {folder / "calls"}\n{script}\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    return folder / "calls"
+
+
+def test_the_ib_write_bw_kind_runs_a_server_and_a_client(tmp_path, monkeypatch) -> None:
+    """The kind's commands, with a test double of ib_write_bw (no RDMA here) that replays the
+    real client output above: the server on one device in the background, the client on the
+    other against 127.0.0.1, and the row of the message size is the result."""
+    real = DATA / "ib_write_bw_roce_report_gbits.txt"
+    calls = stand_in(
+        tmp_path, "ib_write_bw", f'case "$*" in *127.0.0.1) cat {real};; *) sleep 1;; esac',
+        monkeypatch,
+    )  # fmt: skip
+    params = {"device": "mlx5_0", "server_device": "mlx5_1", "size": 65536, "duration": 1}
+    got = measure("ib_write_bw", params)
+    assert isinstance(got, dict) and got["bw_average_gbps"] == 92.57
+    flags = "-i 1 -x 3 -F --report_gbits -q 8 -s 65536 -D 1 -p 18515"
+    assert sorted(calls.read_text().splitlines()) == [
+        f"-d mlx5_0 {flags} 127.0.0.1",
+        f"-d mlx5_1 {flags}",
+    ]
+    with pytest.raises(MeasureError, match="no row for 8388608 bytes"):
+        measure("ib_write_bw", {**params, "size": 8388608})
+
+
+def test_the_rccl_kind_reads_the_bus_bandwidth_of_its_size(tmp_path, monkeypatch) -> None:
+    """With a test double of all_reduce_perf that prints the real MI308X output."""
+    calls = stand_in(tmp_path, "all_reduce_perf", f"cat {RCCL}", monkeypatch)
+    got = measure("rccl", {"size": 2147483648, "max_bytes": "2G"})
+    assert isinstance(got, dict) and got["busbw_gbps"] == 314.17 and got["avg_busbw_gbps"] == 95.233
+    assert calls.read_text().strip() == "-b 1K -e 2G -f 2 -g 8 -n 20 -w 5"
+    with pytest.raises(MeasureError, match="no row for 8589934592 bytes"):
+        measure("rccl", {})
 
 
 def test_ib_write_bw_and_rccl_need_their_tools() -> None:
