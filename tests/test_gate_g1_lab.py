@@ -202,7 +202,7 @@ def test_a_variant_fails_exactly_its_checks(mi308x_runs, variant: str, failing: 
         assert check(result, "rdma_state")["reason"].startswith("mlx5_3/1: DOWN")
 
 
-def test_the_variants_are_profiles(tmp_path) -> None:
+def test_the_variants_are_profiles() -> None:
     assert {"mi308x", "mi308x-gpu-missing", "mi308x-rdma-down"} <= set(profiles.names())
     done = subprocess.run([FXKIT, "lab", "up", "--help"], capture_output=True, text=True)
     assert "mi308x-gpu-missing" in done.stdout and "mi308x-rdma-down" in done.stdout
