@@ -1,14 +1,17 @@
 """Simulated hardware profiles of lab hosts (``fxkit lab up N --profile mi308x``).
 
 A profile is a folder of ``fxkit/lab/profiles/`` with a ``profile.json`` (the GPUs, RDMA ports
-and NVMe defaults the host pretends to have) and the text the stand-in tools print. The tools
+and NVMe defaults the host pretends to have) and the text the stand-in tools print. A variant
+is a folder whose profile.json ``extends`` another profile and changes a few values (one GPU
+fewer, an RDMA link down: ``rdma.down`` names the devices whose veth peer stays down). The tools
 themselves are test doubles: one program, ``profiles/standin.py``, that picks the tool by the
 name it is called by (see docs/lab.md, "Simulated hardware: test doubles").
 
 :func:`build_layer` writes, once per fleet, what ``host-init.sh`` mounts into each host of the
 profile: ``usr/`` (a lower layer of the host's /usr overlay: the stand-ins in /usr/local/bin,
 their data in /usr/local/lib/fxkit-lab), ``sys/`` (read-only layers over the host's sysfs:
-``class/infiniband``, ``module/nvme_core``, ``kernel/config``, ``devices/virtual/net/IF/ecn``),
+``class/infiniband``, ``bus/pci/devices/BDF`` (the GPUs' PCIe links), ``module/nvme_core``,
+``kernel/config``, ``devices/virtual/net/IF/ecn``),
 ``config/`` (what the host's writable configfs stand-in starts with), ``ecn.fstab`` and ``ecn``
 (a small writable tmpfs on each RDMA netdev's ``ecn`` folder, and the attribute files, one
 ``PATH VALUE`` a line, each of them starts with: the mlx5 ECN attributes) and ``netdevs`` (an
@@ -60,8 +63,29 @@ def names() -> list[str]:
 
 
 def load(name: str) -> dict[str, Any]:
+    """A profile's data; a variant (``"extends": "mi308x"``) is its base's with the variant's
+    values over it: mappings merged key by key, anything else (lists too) replaced."""
     data: dict[str, Any] = json.loads((PROFILES_DIR / name / "profile.json").read_text())
-    return data
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    return {**_merged(load(base), data), "name": name, "extends": base}
+
+
+def chain(name: str) -> list[str]:
+    """The profile and the ones it extends, the base first (their folders' files are layered)."""
+    base = json.loads((PROFILES_DIR / name / "profile.json").read_text()).get("extends")
+    return [*chain(base), name] if base else [name]
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _merged(base[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def marker(profile: str | None) -> str:
@@ -77,7 +101,9 @@ def build_layer(layer: Path, name: str) -> None:
     lib = tmp / "usr" / "local" / "lib" / "fxkit-lab"
     bin_dir = tmp / "usr" / "local" / "bin"
     bin_dir.mkdir(parents=True)
-    shutil.copytree(PROFILES_DIR / name, lib / name)
+    for folder in chain(name):  # a variant's files over its base's, then the merged data
+        shutil.copytree(PROFILES_DIR / folder, lib / name, dirs_exist_ok=True)
+    (lib / name / "profile.json").write_text(json.dumps(data, indent=1) + "\n")
     shutil.copy(STANDIN, lib / STANDIN.name)
     os.chmod(lib / STANDIN.name, 0o755)
     for tool in TOOLS:
@@ -85,11 +111,12 @@ def build_layer(layer: Path, name: str) -> None:
 
     sys_dir = tmp / "sys"
     ports = data["rdma"]["ports"]
+    #: RDMA devices whose link is down (a variant's cable pulled): their veth peer stays down.
+    down = set(data["rdma"].get("down", []))
     for port in ports:
         port_dir = sys_dir / "class" / "infiniband" / port["dev"] / "ports" / "1"
-        _files(
-            port_dir, {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "Ethernet"}
-        )
+        state = ("1: DOWN", "3: Disabled") if port["dev"] in down else ("4: ACTIVE", "5: LinkUp")
+        _files(port_dir, {"state": state[0], "phys_state": state[1], "link_layer": "Ethernet"})
         # Error and data counters, all 0 (the kernel's PMA port counters, mlx5's hw_counters).
         _files(port_dir / "counters", dict.fromkeys(PORT_COUNTERS, "0"))
         _files(port_dir / "hw_counters", dict.fromkeys(HW_COUNTERS, "0"))
@@ -106,6 +133,17 @@ def build_layer(layer: Path, name: str) -> None:
         )
         # The mount point of the netdev's ECN stand-in (/sys/class/net/IF links here).
         (sys_dir / "devices" / "virtual" / "net" / port["netdev"] / "ecn").mkdir(parents=True)
+    pcie = data["gpus"]["pcie"]  # each GPU's PCIe link, as sysfs shows it
+    for bdf in data["gpus"]["bdfs"]:
+        _files(
+            sys_dir / "bus" / "pci" / "devices" / bdf,
+            {
+                "current_link_speed": pcie["speed"],
+                "current_link_width": str(pcie["width"]),
+                "max_link_speed": pcie["speed"],
+                "max_link_width": str(pcie["width"]),
+            },
+        )
     _files(sys_dir / "module" / "nvme_core" / "parameters", {"multipath": "Y"})
     (sys_dir / "kernel" / "config").mkdir(parents=True)  # the configfs stand-in's mount point
 
@@ -131,7 +169,9 @@ def build_layer(layer: Path, name: str) -> None:
     batch = []
     for port in ports:
         batch.append(f"link add {port['netdev']} type veth peer name {port['peer']}")
-        batch += [f"link set {port['netdev']} up", f"link set {port['peer']} up"]
+        batch.append(f"link set {port['netdev']} up")
+        if port["dev"] not in down:
+            batch.append(f"link set {port['peer']} up")
     _lines(tmp / "netdevs", batch)
     shutil.rmtree(layer, ignore_errors=True)
     tmp.rename(layer)

@@ -139,9 +139,23 @@ def _gpus(p: Profile) -> list[dict[str, Any]]:
 def amd_smi(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> int:
     if args[:1] == ["metric"]:
         return _amd_metric(p, args[1:])
-    if not args or args[0] not in ("static", "list"):
-        _fail("amd-smi", f"the lab's amd-smi answers `static`, `list`, `metric`, not {args[:1]}", 2)
+    if not args or args[0] not in ("static", "list", "version"):
+        answers = "`static`, `list`, `metric`, `version`"
+        _fail("amd-smi", f"the lab's amd-smi answers {answers}, not {args[:1]}", 2)
     g, as_json = p["gpus"], "--json" in args
+    if args[0] == "version":  # amd-smi's own keys (amdsmi_commands.py version), one entry
+        version = {
+            "tool": "AMDSMI Tool",
+            "version": "lab stand-in",
+            "amdsmi_library_version": "lab stand-in",
+            "rocm_version": g["rocm_version"],
+        }
+        print(
+            json.dumps([version], indent=4)
+            if as_json
+            else " | ".join(f"{k}: {v}" for k, v in version.items())
+        )
+        return 0
     sections = [
         s for s in ("asic", "bus", "vram", "driver") if f"--{s}" in args or f"-{s[0]}" in args
     ]

@@ -1,0 +1,242 @@
+"""``fxkit gate g1`` end to end on lab hosts (the CLI, over real sshd):
+
+- **plain** lab hosts: fio really reads a file on each host's disk (made and removed by the
+  check); the GPU and RDMA checks are ERROR ("amd-smi not found", "no RDMA devices"), never
+  PASS; result.json is written and valid; the exit code is 1.
+- the **mi308x** profile (stand-in amd-smi, rdma, ibv_devinfo, nvme; PCIe links in its sysfs),
+  after the NVMe-oF namespace is connected (``nvme connect``, as roles/nvmeof_initiator runs it)
+  and the RoCE netdevs have the MTU roles/roce_nic sets: every hardware check PASSes;
+- its variants (fxkit/lab/profiles/mi308x-gpu-missing, mi308x-rdma-down) fail exactly their
+  checks, and every other check's status is the same as on the mi308x host.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from test_play_lab import FXKIT
+
+from fxkit.facts.base import FactCache
+from fxkit.gate import spec
+from fxkit.gate.measure import Probe
+from fxkit.gate.measures import facts
+from fxkit.gate.results import SCHEMA, load_results
+from fxkit.lab import profile as profiles
+from fxkit.variables import HostVars
+
+pytestmark = pytest.mark.lab
+
+#: Small and short: the run checks that fio runs and is read, not the disk's speed.
+FIO = {
+    "g1_fio_size": "32M",
+    "g1_fio_runtime": 1,
+    "g1_storage_read_min_gbps": 0.001,
+    "g1_storage_read_latency_max_ms": 10_000,
+}
+HARDWARE = (
+    "rocm_version",
+    "gpu_count",
+    "gpu_model",
+    "gpu_vram",
+    "gpu_pcie_speed",
+    "gpu_pcie_width",
+    "rdma_active_count",
+    "rdma_state",
+    "rdma_link_layer",
+    "rdma_mtu",
+    "nvmeof_namespaces",
+    "nvmeof_namespace_size",
+)
+NQN = "nqn.2024-01.com.example:models"
+CONNECTION = {
+    "nqn": NQN,
+    "transport": "rdma",
+    "address": "192.168.100.10",
+    "service_id": 4420,
+    "namespaces": 1,
+    "size": "10G",
+}
+
+
+def run_g1(fleet, out: Path, extra: dict) -> tuple[subprocess.CompletedProcess[str], dict]:
+    extra_file = out.with_suffix(".vars.yml")
+    extra_file.write_text(yaml.safe_dump(extra))
+    done = subprocess.run(
+        [
+            FXKIT,
+            "gate",
+            "g1",
+            "-i",
+            str(fleet.inventory),
+            "--out",
+            str(out),
+            "-e",
+            f"@{extra_file}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (out / "result.json").is_file(), done.stdout + done.stderr
+    return done, json.loads((out / "result.json").read_text())
+
+
+def statuses(result: dict, host: str = "lab01") -> dict[str, str]:
+    return {c["id"]: c["status"] for c in result["hosts"][host]["checks"]}
+
+
+def check(result: dict, check_id: str, host: str = "lab01") -> dict:
+    return next(c for c in result["hosts"][host]["checks"] if c["id"] == check_id)
+
+
+def test_g1_on_plain_lab_hosts(lab_fleet, tmp_path: Path) -> None:
+    fleet = lab_fleet(2)
+    done, result = run_g1(fleet, tmp_path / "plain", FIO)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert result["schema"] == SCHEMA and result["gate"] == "g1"
+    assert load_results(tmp_path / "plain" / "result.json").verdict == result["verdict"] == "FAIL"
+    ids = [c.id for c in spec.load("g1").spec.checks]
+    for host in ("lab01", "lab02"):
+        got = statuses(result, host)
+        assert list(got) == ids
+        for gpu in ("gpu_count", "gpu_model", "gpu_vram", "gpu_pcie_speed", "gpu_pcie_width"):
+            assert got[gpu] == "ERROR" and "amd-smi not found" in check(result, gpu, host)["reason"]
+        for port in ("rdma_active_count", "rdma_state", "rdma_link_layer", "rdma_mtu"):
+            assert got[port] == "ERROR" and "no RDMA devices" in check(result, port, host)["reason"]
+        assert got["nvmeof_namespaces"] == "ERROR"
+        assert (
+            got["rocm_version"] == "ERROR"
+            and "ROCm not found" in check(result, "rocm_version", host)["reason"]
+        )
+        assert "PASS" not in {got[i] for i in HARDWARE}
+        # fio read a file on the host's disk for real, once for both storage checks, and the
+        # file is gone again.
+        index = check(result, "storage_read_bandwidth", host)["measurement"]
+        assert check(result, "storage_read_latency", host)["measurement"] == index
+        fio = result["hosts"][host]["measurements"][index]
+        assert fio["error"] is None, fio
+        assert fio["data"]["created"] is True and fio["data"]["target"] == "/var/tmp/fxkit-g1.fio"
+        assert fio["data"]["io_bytes"] >= 32 << 20 and fio["data"]["read_gbps"] > 0
+        assert got["storage_read_bandwidth"] == "PASS"
+        assert got["storage_read_latency"] == "PASS"
+        assert got["rdma_write_bandwidth"] == got["rccl_all_reduce_busbw"] == "SKIP"
+        with fleet.connect(host) as conn:
+            assert not conn.run("test -e /var/tmp/fxkit-g1.fio").ok
+
+
+def prepare(fleet) -> dict:
+    """Connect the NVMe-oF namespace and set the RoCE MTU, as the roles do; the host's
+    variables for the gate (its own kernel command line words as the expected ones)."""
+    with fleet.connect("lab01") as conn:
+        args = " ".join(["-t", "rdma", "-a", "192.168.100.10", "-s", "4420", "-n", NQN])
+        assert conn.run(f"nvme list-subsys -o json | grep -q {NQN} || nvme connect {args}").ok
+        for port in profiles.load(fleet.profile)["rdma"]["ports"]:
+            assert conn.run(f"ip link set dev {port['netdev']} mtu 9000").ok
+        cmdline = conn.run("cat /proc/cmdline").stdout.split()
+        numa = conn.run("cat /proc/sys/kernel/numa_balancing").stdout.strip()
+    return {
+        **FIO,
+        "nvmeof_initiator_connections": [CONNECTION],
+        "rocm_host_kernel_args": cmdline[:2],
+        "numa_balancing": numa,
+    }
+
+
+@pytest.fixture(scope="module")
+def mi308x_runs(lab_fleet, tmp_path_factory) -> dict[str, dict]:
+    """g1 on one host of the mi308x profile and of each variant."""
+    runs = {}
+    for name in ("mi308x", "mi308x-gpu-missing", "mi308x-rdma-down"):
+        fleet = lab_fleet(1, name=f"g1-{name}", profile=name)
+        extra = prepare(fleet)
+        numa = extra.pop("numa_balancing")
+        out = tmp_path_factory.mktemp("g1") / name
+        done, result = run_g1(fleet, out, extra)
+        runs[name] = {"done": done, "result": result, "numa": numa, "out": out}
+    return runs
+
+
+def test_g1_hardware_checks_pass_on_the_mi308x_profile(mi308x_runs) -> None:
+    run = mi308x_runs["mi308x"]
+    result, got = run["result"], statuses(run["result"])
+    for check_id in HARDWARE:
+        assert got[check_id] == "PASS", check(result, check_id)
+    assert check(result, "gpu_count")["value"] == 8
+    assert set(check(result, "gpu_model")["value"].values()) == {"AMD Instinct MI308X"}
+    assert check(result, "gpu_pcie_speed")["value"]["0"] == 32.0
+    assert check(result, "rdma_active_count")["value"] == 8
+    assert check(result, "nvmeof_namespace_size")["value"] == {"/dev/nvme0n1": 10 << 30}
+    assert check(result, "rocm_version")["value"] == "7.2.0"
+    # Kernel settings are the real kernel's: the check says what it is.
+    assert got["sysctl"] == ("PASS" if run["numa"] == "0" else "FAIL")
+    assert got["kernel_cmdline"] == "PASS"
+    assert got["storage_read_bandwidth"] == "PASS"
+    # This machine is not Ubuntu 22.04/24.04: the lab host (its /usr, /etc) says so honestly.
+    assert got["os_release"] in ("PASS", "FAIL")
+
+
+@pytest.mark.parametrize(
+    ("variant", "failing"),
+    [
+        ("mi308x-gpu-missing", {"gpu_count"}),
+        ("mi308x-rdma-down", {"rdma_active_count", "rdma_state"}),
+    ],
+)
+def test_a_variant_fails_exactly_its_checks(mi308x_runs, variant: str, failing: set[str]) -> None:
+    base = statuses(mi308x_runs["mi308x"]["result"])
+    got = statuses(mi308x_runs[variant]["result"])
+    changed = {check_id for check_id in base if got[check_id] != base[check_id]}
+    assert changed == failing, {c: (base[c], got[c]) for c in changed | failing}
+    assert {got[c] for c in failing} == {"FAIL"}
+    assert mi308x_runs[variant]["done"].returncode == 1
+    result = mi308x_runs[variant]["result"]
+    if variant == "mi308x-gpu-missing":
+        assert check(result, "gpu_count")["value"] == 7
+        assert "0000:65:00.0" not in json.dumps(check(result, "gpu_pcie_speed")["value"])
+    else:
+        assert check(result, "rdma_active_count")["value"] == 7
+        assert check(result, "rdma_state")["reason"].startswith("mlx5_3/1: DOWN")
+
+
+def test_the_variants_are_profiles() -> None:
+    assert {"mi308x", "mi308x-gpu-missing", "mi308x-rdma-down"} <= set(profiles.names())
+    done = subprocess.run([FXKIT, "lab", "up", "--help"], capture_output=True, text=True)
+    assert "mi308x-gpu-missing" in done.stdout and "mi308x-rdma-down" in done.stdout
+
+
+def test_g1_results_are_judged_again_without_the_hosts(mi308x_runs, tmp_path: Path) -> None:
+    """The thresholds derived from the roles' variables re-render from the values kept in the
+    results: one GPU fewer expected fails gpu_count, and nothing else changes."""
+    run = mi308x_runs["mi308x"]
+    done = subprocess.run(
+        [FXKIT, "gate", "evaluate", str(run["out"] / "result.json"), "--out", str(tmp_path),
+         "-e", "rocm_host_gpu_count=7", "-e", "g1_storage_read_min_gbps=1000"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    again = json.loads((tmp_path / "result.json").read_text())
+    before, after = statuses(run["result"]), statuses(again)
+    changed = {c for c in before if before[c] != after[c]}
+    assert changed == {"gpu_count", "storage_read_bandwidth"}
+    assert check(again, "gpu_count")["reason"] == "8 is not == 7"
+
+
+def test_rdma_link_layer_from_sysfs_without_ibv_devinfo(mi308x_runs, lab_fleet) -> None:
+    """Where ibv_devinfo is not installed the link layer is the kernel's (sysfs) and the MTU
+    of the RDMA port is unknown; the states are rdma link's as before."""
+    fleet = lab_fleet(1, name="g1-mi308x", profile="mi308x")
+    with fleet.connect("lab01") as conn:
+        assert conn.run("mv /usr/local/bin/ibv_devinfo /usr/local/bin/ibv_devinfo.away").ok
+        try:
+            probe = Probe("lab01", conn, FactCache(conn), HostVars("lab01", []))
+            got = facts.rdma(probe)
+        finally:
+            conn.run("mv /usr/local/bin/ibv_devinfo.away /usr/local/bin/ibv_devinfo")
+    assert got["ibv_devinfo"].startswith("ibv_devinfo not found")
+    assert {p["link_layer"] for p in got["ports"].values()} == {"Ethernet"}
+    assert {p["active_mtu"] for p in got["ports"].values()} == {None}
+    assert got["active"] == 8 and got["simulated"] is True
