@@ -60,6 +60,8 @@ def kinds_markdown() -> str:
 def _default(value: object) -> str:
     """A parameter's default in a few characters (a long list by its length)."""
     if isinstance(value, list | tuple):
+        if not value:
+            return "none"
         return ", ".join(map(str, value)) if len(value) <= 3 else f"{len(value)} names"
     return "none" if value is None else repr(value)
 

@@ -138,3 +138,10 @@ def test_verdicts():
     assert verdict(["PASS", "WARN", "SKIP"]) == "PASS"
     assert verdict(["PASS", "ERROR"]) == "ERROR"
     assert verdict(["ERROR", "FAIL"]) == "FAIL"
+
+
+def test_a_number_against_a_version_compares_as_a_version():
+    # A template renders "5.15" as the number 5.15: against a kernel release it is a version.
+    assert rules.evaluate({">=": 5.15}, "6.8.0-60-generic").passed
+    assert not rules.evaluate({">=": 7}, "6.8.0").passed
+    assert rules.evaluate({">=": 7}, "7.2.2").passed

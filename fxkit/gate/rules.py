@@ -134,6 +134,8 @@ def _version(value: Any) -> tuple[int, ...] | None:
 def _order(value: Any, operand: Any) -> tuple[Any, Any]:
     """Both as numbers, or both as version tuples."""
     a, b = _version(value), _version(operand)
+    if a is not None and b is None and isinstance(operand, int | float):
+        b = _version(f"{operand}.0" if isinstance(operand, int) else str(operand))
     if a is not None and b is not None:
         return a, b
     if isinstance(value, str) and isinstance(operand, str) and (a or b):

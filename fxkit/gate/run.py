@@ -121,11 +121,7 @@ class GateRun:
 
     def plan(self) -> list[_Plan]:
         """Every host's checks rendered; all mistakes at once, before any host is touched."""
-        loader = RoleLoader(roles_path(None, self.options.roles_path))
-        defaults = [
-            Layer(f"role {name} defaults", loader.load(name, str(self.gate.path)).defaults)
-            for name in self.gate.spec.roles
-        ]
+        defaults = role_defaults(self.gate, self.options.roles_path)
         plans, problems = [], []
         for inv in self.hosts():
             v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.secrets.update)
@@ -252,6 +248,15 @@ class GateRun:
         return measurement
 
 
+def role_defaults(gate: Gate, extra_paths: list[str]) -> list[Layer]:
+    """The defaults of the gate's ``roles:``, lowest first."""
+    loader = RoleLoader(roles_path(None, extra_paths))
+    return [
+        Layer(f"role {name} defaults", loader.load(name, str(gate.path)).defaults)
+        for name in gate.spec.roles
+    ]
+
+
 def host_vars(
     inv: InventoryHost,
     gate: Gate,
@@ -285,13 +290,15 @@ def render(v: HostVars, value: Any, label: str) -> Any:
 
 
 def referenced(gate: Gate) -> set[str]:
-    """The variables the gate's rules and conditions name (kept in the results)."""
+    """The variables the gate's rules and conditions name, and those its ``vars:`` name (kept
+    in the results, so that re-evaluation can render the gate's vars again)."""
     names: set[str] = set()
     env = environment()
-    for check in gate.spec.checks:
-        for text in _strings([check.rule, check.when]):
-            with contextlib.suppress(Exception):
-                names |= meta.find_undeclared_variables(env.parse(text))
+    texts = [*_strings([c.rule for c in gate.spec.checks]), *_strings(gate.spec.vars)]
+    texts += [c.when for c in gate.spec.checks if isinstance(c.when, str)]
+    for text in texts:
+        with contextlib.suppress(Exception):
+            names |= meta.find_undeclared_variables(env.parse(text))
     return names
 
 
@@ -313,11 +320,12 @@ def snapshot(v: HostVars, gate: Gate) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def rule_renderer(
-    gate: Gate, extra_vars: Mapping[str, Any]
+    gate: Gate, extra_vars: Mapping[str, Any], roles_paths: list[str] | None = None
 ) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
     """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``): the
-    run's values from the roles' defaults, the gate file's current ``vars:`` (not the run's),
-    the run's values from the inventory and -e, then this ``-e``."""
+    roles' defaults, the run's values from them, the gate file's current ``vars:`` (not the
+    run's), the run's values from the inventory and -e, then this ``-e``."""
+    defaults = role_defaults(gate, roles_paths or [])
 
     def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
         def kept(below_gate: bool) -> dict[str, Any]:
@@ -329,6 +337,7 @@ def rule_renderer(
             }
 
         layers = [
+            *defaults,
             Layer("the run's role defaults", kept(True)),
             Layer(gate_layer(gate), gate.spec.vars),
             Layer("the run's variables", kept(False)),
