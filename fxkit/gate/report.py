@@ -86,8 +86,8 @@ def _escaped(masks: list[str]) -> list[str]:
 
 def value_text(value: Any, unit: str | None = None) -> str:
     """A measured value in a few characters (per-item values summarised)."""
-    if isinstance(value, dict):
-        items = list(value.values())
+    if isinstance(value, dict | list):
+        items = list(value.values()) if isinstance(value, dict) else value
         shown = ", ".join(value_text(v) for v in items[:4])
         more = f", +{len(items) - 4}" if len(items) > 4 else ""
         return f"[{shown}{more}]" + (f" {unit}" if unit else "")

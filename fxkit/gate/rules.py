@@ -85,6 +85,8 @@ def _one(op: str, operand: Any, value: Any, baseline: Any) -> Verdict:
         raise RuleError("there is no value to check")
     if op == "change":
         return _change(operand, value, baseline)
+    if op == "contains":
+        return _has(value, operand)
     passed = _TESTS[op](value, operand)
     word = "" if passed else "not "
     return Verdict(passed, f"{_text(value)} is {word}{describe({op: operand})}")
@@ -168,6 +170,15 @@ def _contains(value: Any, operand: Any) -> bool:
     if isinstance(value, list | tuple):
         return all(any(_equal(v, w) for v in value) for w in wanted)
     raise RuleError(f"'contains' needs a list or text to look in, not {value!r}")
+
+
+def _has(value: Any, operand: Any) -> Verdict:
+    """``contains``, saying which of the wanted items are missing."""
+    wanted = operand if isinstance(operand, list | tuple) else [operand]
+    lacking = [w for w in wanted if not _contains(value, [w])]
+    if lacking:
+        return Verdict(False, f"lacks {_text(lacking)}")
+    return Verdict(True, f"has {_text(list(wanted))}")
 
 
 def _between(value: Any, operand: Any) -> bool:

@@ -148,7 +148,7 @@ class GateRun:
         if check.when is not None:
             when = render(v, check.when, f"{label}, when")
             if not truthy(when):
-                skip = f"when: {check.when} is false on this host"
+                skip = f"when: {_short(check.when)} is false on this host"
         name, raw = next(iter(check.measure.items()))
         params = render(v, raw, f"{label}, measure")
         try:
@@ -360,6 +360,12 @@ def _strings(value: Any) -> Iterator[str]:
     elif isinstance(value, list):
         for item in value:
             yield from _strings(item)
+
+
+def _short(condition: Any, width: int = 70) -> str:
+    """A condition in one line of at most ``width`` characters."""
+    text = " ".join(str(condition).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _now() -> str:
