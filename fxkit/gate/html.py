@@ -421,7 +421,9 @@ def _number(value: Any) -> float | None:
 
 
 def _number_text(value: float) -> str:
-    return value_text(int(value) if float(value).is_integer() else value)
+    """An axis tick: whole numbers as the reports write them, others with the digits a tick
+    step of 0.05 needs (191.75, not 192)."""
+    return value_text(int(value)) if float(value).is_integer() else f"{value:.6g}"
 
 
 def screenshot(page: Path, png: Path, size: tuple[int, int] = (1280, 2000)) -> None:
