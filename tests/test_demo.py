@@ -45,6 +45,9 @@ def test_demo_provisions_reruns_with_no_change_and_loads(tmp_path: Path) -> None
         assert "2 host(s) started" in out
         assert "check mode: nothing was changed" in out and "+role: inference" in out
         assert "second run: 0 changed on 2 hosts" in out
+        assert "G1 arrival acceptance" in out and "amd-smi not found on lab01" in out
+        assert "is not in [ubuntu 22.04, ubuntu 24.04]" in out  # host text, not rich markup
+        assert (tmp_path / ".cache/demo-g1/report.html").is_file()
         assert re.search(r"│ fxkit\s+│\s+[\d.]+\s+│", out), out  # the bench table's row
         assert re.search(r"same \d+ tensors, byte for byte; speed-up: [\d.]+x", out)
         assert "stop it with `fxkit lab down`" in out

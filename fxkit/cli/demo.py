@@ -3,7 +3,10 @@
 1. a lab fleet of real SSH hosts (``fxkit lab up``; idempotent);
 2. the example playbook in check mode with diffs, then converged, then run again: the second run
    must change nothing, and the line saying so comes from that run's results;
-3. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
+3. G1 arrival acceptance (gates/g1.yml) on the lab hosts, reports in ``.cache/demo-g1``: fio
+   really reads each host's disk; lab hosts have no GPU or RDMA device, so those checks are ERROR
+   (by design: never PASS without a measurement);
+4. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
    plain loader does, e.g. from NFS) and by ``fxkit.loader.load``; every byte of every tensor is
    read in both, from a cold page cache, and compared.
 """
@@ -21,6 +24,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from fxkit.cli.lab import dir_option, port_option, prefix_option
 from fxkit.cli.loader import Size
@@ -29,11 +33,14 @@ from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
 from fxkit.lab.fleet import host_name
 from fxkit.report import Reporter
 from fxkit.results import Outcome, PlaybookResult
-from fxkit.runner import RunOptions, run_playbook
+from fxkit.runner import RunOptions, load_inventory, run_playbook
 
 console = Console(highlight=False, soft_wrap=True)
 CACHE = ".cache/demo-ckpt"
 STAMP = "fxkit-demo.json"
+GATE_REPORTS = Path(".cache/demo-g1")
+#: G1's storage check on the lab hosts: a short fio run (the thresholds stay G1's own).
+GATE_VARS = {"g1_fio_size": "256M", "g1_fio_runtime": 3}
 
 
 @click.command()
@@ -101,10 +108,13 @@ def demo(
         style="bold green" if idempotent else "bold red",
     )
 
-    step(5, "loader: a synthetic checkpoint, every byte loaded, against the plain baseline")
+    step(5, "G1 arrival acceptance (gates/g1.yml) on the lab hosts")
+    gate_demo(fleet, limit)
+
+    step(6, "loader: a synthetic checkpoint, every byte loaded, against the plain baseline")
     load_demo(loader, cache, size, threads)
 
-    step(6, "done")
+    step(7, "done")
     if down:
         stopped = fleet.down()
         console.print(f"fleet stopped ({len(stopped)} hosts), {fleet.dir} removed")
@@ -135,6 +145,32 @@ def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> P
 
 
 # -- the loader -----------------------------------------------------------------------------
+
+
+def gate_demo(fleet: Fleet, limit: str) -> None:
+    """G1 on the fleet's hosts: each host's verdict and counts, the reasons of its ERRORs, the
+    report files. Lab hosts have no GPU or RDMA: G1 cannot pass there, and says why."""
+    from fxkit.gate import spec
+    from fxkit.gate.report import write_reports
+    from fxkit.gate.run import GateOptions, GateRun
+
+    options = GateOptions(
+        limit=limit,
+        connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
+        extra_vars=GATE_VARS,
+        inventory_sources=[str(fleet.inventory)],
+    )
+    runner = GateRun(spec.load("g1"), load_inventory([fleet.inventory]), options)
+    result = runner.run()
+    for name, host in result.hosts.items():
+        counts = ", ".join(f"{n} {s}" for s, n in result.summary_of(name).items() if n)
+        console.print(f"{name}: {host.verdict} ({counts})")
+    first = next(iter(result.hosts.values()))
+    for check in first.checks:
+        if check.status in ("ERROR", "FAIL"):
+            console.print(Text(f"  {check.status} {check.id}: {check.reason}", style="dim"))
+    written = write_reports(result, GATE_REPORTS, runner.secrets)
+    console.print(f"reports: {', '.join(str(p) for p in written.values())}")
 
 
 def loader_api() -> SimpleNamespace:

@@ -164,7 +164,7 @@ def _finish(result: GateResult, out: Path | None, secrets: Any) -> None:
     style = STYLES[result.verdict]
     console.print(f"[{style}]{result.gate.upper()} {result.verdict}[/]: {summary}")
     for kind, path in written.items():
-        console.print(f"  {kind}: {path}")
+        console.print(f"  {kind}: {escape(str(path))}")
     sys.exit(result.exit_code)
 
 

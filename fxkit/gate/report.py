@@ -125,13 +125,14 @@ def table(result: GateResult) -> Table:
     for name, host in result.hosts.items():
         for check in host.checks:
             reason = "" if check.status == "PASS" else check.reason
+            # Text, not markup: host output like "[ubuntu 22.04, ...]" is shown as it is.
             grid.add_row(
-                name,
-                check.id,
+                Text(name),
+                Text(check.id),
                 Text(check.status, style=STYLES[check.status]),
-                value_text(check.value, check.unit),
-                check.expected,
-                reason,
+                Text(value_text(check.value, check.unit)),
+                Text(check.expected),
+                Text(reason),
             )
     return grid
 

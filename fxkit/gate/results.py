@@ -111,6 +111,10 @@ class GateResult:
         counts = Counter(c.status for h in self.hosts.values() for c in h.checks)
         return {status: counts.get(status, 0) for status in STATUSES}
 
+    def summary_of(self, host: str) -> dict[str, int]:
+        counts = Counter(c.status for c in self.hosts[host].checks)
+        return {status: counts.get(status, 0) for status in STATUSES}
+
     @property
     def exit_code(self) -> int:
         if self.interrupted:
