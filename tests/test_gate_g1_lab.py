@@ -16,12 +16,16 @@ import json
 import subprocess
 from pathlib import Path
 
+import junitparser
 import pytest
+import xmlschema
 import yaml
+from test_gate_report import page_of
 from test_play_lab import FXKIT
 
 from fxkit.facts.base import FactCache
 from fxkit.gate import spec
+from fxkit.gate.html import screenshot
 from fxkit.gate.measure import Probe
 from fxkit.gate.measures import facts
 from fxkit.gate.results import SCHEMA, load_results
@@ -29,6 +33,8 @@ from fxkit.lab import profile as profiles
 from fxkit.variables import HostVars
 
 pytestmark = pytest.mark.lab
+
+JUNIT_SCHEMA = Path(__file__).parent / "data" / "junit" / "junit-10.xsd"
 
 #: Small and short: the run checks that fio runs and is read, not the disk's speed.
 FIO = {
@@ -126,6 +132,23 @@ def test_g1_on_plain_lab_hosts(lab_fleet, tmp_path: Path) -> None:
         assert got["rdma_write_bandwidth"] == got["rccl_all_reduce_busbw"] == "SKIP"
         with fleet.connect(host) as conn:
             assert not conn.run("test -e /var/tmp/fxkit-g1.fio").ok
+    reports_are_valid(tmp_path / "plain", result)
+
+
+def reports_are_valid(out: Path, result: dict) -> None:
+    """G1's report files: JUnit valid for Jenkins with the run's counts, the HTML parses and
+    renders in headless Chromium (tests/test_gate_report*.py test them in depth)."""
+    xmlschema.XMLSchema(JUNIT_SCHEMA).validate(out / "junit.xml")
+    suites = list(junitparser.JUnitXml.fromfile(str(out / "junit.xml")))
+    assert len(suites) == len(result["hosts"])
+    assert sum(s.errors for s in suites) == result["summary"]["ERROR"]
+    assert sum(s.failures for s in suites) == result["summary"]["FAIL"]
+    assert sum(s.skipped for s in suites) == result["summary"]["SKIP"]
+    page = page_of(out / "report.html")
+    assert page.open == [] and "storage_read_bandwidth" in " ".join(page.text)
+    assert "G1 arrival acceptance" in (out / "report.md").read_text()
+    screenshot(out / "report.html", out / "report.png", (1280, 1600))
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def prepare(fleet) -> dict:
