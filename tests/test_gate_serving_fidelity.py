@@ -21,23 +21,12 @@ from typing import Any
 
 import pytest
 import vllm_source
-from packaging.version import Version
-from test_loader_vllm_contract import _index, _latest
+from test_loader_vllm_contract import latest_version
 
 from fxkit.gate.measures.serving import VLLM_ABOUT, VLLM_KEYS, VLLM_REQUIRED, parse_vllm_result
 
 SERVE = "vllm/benchmarks/serve.py"
 PINNED = "0.20.1"
-
-
-def latest_version() -> str:
-    try:
-        return _latest(_index())
-    except OSError as exc:
-        cached = sorted(vllm_source.CACHE.glob("vllm-*.tar.gz"))
-        if not cached:
-            pytest.skip(f"PyPI is unreachable ({exc}) and no vLLM sdist is cached")
-        return max((p.name[5:-7] for p in cached), key=Version)
 
 
 def serve_source(version: str) -> ast.Module:

@@ -42,7 +42,7 @@ import vllm_source
 import yaml
 from packaging.version import Version
 from pypi_sdists import fetch, run_file, simple_index
-from test_loader_vllm_contract import _index, _latest
+from test_loader_vllm_contract import latest_version
 
 from fxkit.role import RoleLoader, roles_path
 from fxkit.variables import HostVars, Layer
@@ -243,23 +243,13 @@ def serve_flags(version: str) -> tuple[set[str], list[str]]:
     return flags, [SERVE, cli_args, ARG_UTILS]
 
 
-def _latest_version() -> str:
-    try:
-        return _latest(_index())
-    except OSError as exc:
-        cached = sorted(vllm_source.CACHE.glob("vllm-*.tar.gz"))
-        if not cached:
-            pytest.skip(f"PyPI is unreachable ({exc}) and no vLLM sdist is cached")
-        return max((p.name[5:-7] for p in cached), key=Version)
-
-
 def our_flags(v: HostVars) -> set[str]:
     return {a.split("=")[0] for spec in CODE.instance_specs(v) for a in spec.argv if a[:2] == "--"}
 
 
 @pytest.mark.parametrize("which", ["pinned", "latest"])
 def test_every_flag_the_unit_passes_is_one_vllm_serve_parses(which: str, tmp_path: Path) -> None:
-    version = VLLM_VERSION if which == "pinned" else _latest_version()
+    version = VLLM_VERSION if which == "pinned" else latest_version()
     flags, files = serve_flags(version)
     # The derivation finds what vLLM's docs list for serve (a sanity check on the reading).
     assert {"--model", "--port", "--host", "--served-model-name", "--max-model-len"} <= flags
@@ -321,7 +311,7 @@ def kv_transfer_source(version: str) -> tuple[set[str], set[str], set[str]]:
 def test_the_kv_transfer_config_is_one_vllm_accepts(which: str, tmp_path: Path) -> None:
     """--kv-transfer-config's JSON: KVTransferConfig's fields (vllm/config/kv_transfer.py), a
     kv_role of its Literals, a connector its factory registers (kv_connector/factory.py)."""
-    version = VLLM_VERSION if which == "pinned" else _latest_version()
+    version = VLLM_VERSION if which == "pinned" else latest_version()
     fields, roles, connectors = kv_transfer_source(version)
     assert set(CODE.KV_ROLES) == roles, "the role's kv_role choices are vLLM's"
     [spec] = CODE.instance_specs(host_vars(tmp_path))
