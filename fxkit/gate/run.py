@@ -130,10 +130,11 @@ class GateRun:
                 try:
                     checks.append(self._render(check, v))
                 except FxkitError as exc:
-                    problems.append(f"{self.gate.where(check.id)}: host {inv.name}: {exc}")
+                    # The message only: the hint below says what to do for all of them.
+                    problems.append(f"{self.gate.where(check.id)}: host {inv.name}: {exc.message}")
             plans.append(_Plan(inv, v, checks))
         if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            more = f"\n  (and {len(problems) - 20} more)" if len(problems) > 20 else ""
             raise GateError(
                 "\n  ".join(problems[:20]) + more,
                 hint="define the variables (inventory, the gate's vars:, -e) or fix the check",
