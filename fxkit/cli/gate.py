@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from fxkit import paths
 from fxkit.cli.play import CONNECT_OPTIONS, TARGET_OPTIONS, connect_options_from, with_options
+from fxkit.errors import FxkitError
 from fxkit.gate import spec
 from fxkit.gate.report import STYLES, table, value_text, write_reports
 from fxkit.gate.results import CheckResult, GateResult, load_results, reevaluate
@@ -77,7 +78,7 @@ def gate() -> None:
 
 
 def _run_command(name: str) -> click.Command:
-    @click.command(name=name, context_settings={"max_content_width": 100})
+    @click.command(name=name, context_settings={"max_content_width": 100}, help=_about(name))
     @with_options(TARGET_OPTIONS)
     @OUT_OPTION
     @click.option(
@@ -87,7 +88,6 @@ def _run_command(name: str) -> click.Command:
     )
     @with_options(CONNECT_OPTIONS)
     def run(out: Path | None, baseline: Path | None, **params: Any) -> None:
-        """Run the gate's checks on the inventory's hosts, in parallel; write the reports."""
         gate_file = spec.load(name)
         if gate_file.spec.baseline and baseline is None and _has_change_rules(gate_file):
             console.print(
@@ -154,6 +154,16 @@ def evaluate(
     )
     result.reevaluated_from = str(results)
     _finish(result, out or results.parent / f"reevaluated-{_stamp()}", ())
+
+
+def _about(name: str) -> str:
+    """The command's help: the gate file's title and about (its mistakes show when it runs)."""
+    generic = "Run the gate's checks on the inventory's hosts, in parallel; write the reports."
+    try:
+        gate_file = spec.load(name)
+    except FxkitError:
+        return generic
+    return f"{gate_file.spec.title}: {gate_file.spec.about}\n\n{generic}".strip()
 
 
 def _finish(result: GateResult, out: Path | None, secrets: Any) -> None:
