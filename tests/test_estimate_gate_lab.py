@@ -19,9 +19,9 @@ EXAMPLE = Path(__file__).parents[1] / "examples" / "estimate" / "qwen3-coder-480
 
 
 def test_a_g1_result_feeds_the_estimator(lab_fleet, tmp_path: Path) -> None:
-    fleet = lab_fleet(2)
+    fleet = lab_fleet(2, name="estimate")
     _, result = run_g1(fleet, tmp_path / "g1", FIO)
-    measured = [check(result, "storage_read_bandwidth", h)["value"] for h in ("lab01", "lab02")]
+    measured = [check(result, "storage_read_bandwidth", h)["value"] for h in result["hosts"]]
     assert all(v > 0 for v in measured)
 
     done = subprocess.run(

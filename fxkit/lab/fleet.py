@@ -649,6 +649,7 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     while True:
         _reap(pid)
         if _start_time(pid) is None:
+            _reap(pid)  # it may have exited since the first reap: no zombie left behind
             return True
         if time.monotonic() > deadline:
             return False
