@@ -121,15 +121,14 @@ def load_bench(probe: Probe, p: LoadBenchParams) -> dict[str, Any]:
 
 def _bench(probe: Probe, p: LoadBenchParams, model: str, methods: str) -> str:
     """``fxkit bench load``'s JSON report (written to a temporary file on the host, removed)."""
-    mode = "--cold" if p.cold else "--hot"
-    command = (
-        f"{p.fxkit} bench load {shlex.quote(model)} --methods {methods} --runs {p.runs} {mode}"
-    )
+    argv = [*shlex.split(p.fxkit), "bench", "load", model, "--methods", methods]
+    argv += ["--runs", str(p.runs), "--cold" if p.cold else "--hot"]
+    command = " ".join(shlex.quote(a) for a in argv)
     script = (
         f'f=$(mktemp) && {command} --json "$f" >/dev/null; rc=$?; '
         '[ $rc -eq 0 ] && cat "$f"; rm -f "$f"; exit $rc'
     )
-    return probe.output(f"sh -c {shlex.quote(script)}")
+    return probe.output(script)
 
 
 def parse_load_report(

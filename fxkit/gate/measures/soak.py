@@ -181,18 +181,18 @@ class _Watch:
         self.last = now
 
     def deltas(self) -> Counters:
+        """Each counter that rose, by how much."""
         return dict(self.rises)
 
     def errors(self) -> int:
-        return sum(self.deltas().values())
+        return sum(self.rises.values())
 
     def data(self) -> dict[str, Any]:
         if self.missing is not None:
             return {MISSING: self.missing}
-        deltas = self.deltas()
         return {
-            "errors": sum(deltas.values()),
-            "deltas": deltas,
+            "errors": self.errors(),
+            "deltas": self.deltas(),
             "counters": len(self.last or {}),
             "failed_reads": self.failed_reads,
             "last_failure": self.last_failure,
@@ -207,8 +207,12 @@ def soak(probe: Probe, p: SoakParams) -> dict[str, Any]:
     duration, interval = seconds(p.duration), seconds(p.interval)
     limit = seconds(p.iteration_timeout) if p.iteration_timeout else probe.timeout
     pattern = re.compile(p.latency_pattern) if p.latency_pattern else None
-    readers = {"nvme": _nvme_reader, "rdma": _rdma_reader, "gpu": _gpu_reader}
-    watches = [_Watch(s, readers[s](probe, _counter_names(p, s))) for s in p.sources]
+    readers = {
+        "nvme": (_nvme_reader, p.nvme_counters),
+        "rdma": (_rdma_reader, p.rdma_counters),
+        "gpu": (_gpu_reader, p.gpu_counters),
+    }
+    watches = [_Watch(s, reader(probe, names)) for s in p.sources for reader, names in [readers[s]]]
     latency = _Latency(p.window)
     samples: list[dict[str, Any]] = []
     iterations = failures = unparsed = 0
@@ -275,11 +279,6 @@ def soak(probe: Probe, p: SoakParams) -> dict[str, Any]:
         **{w.name: w.data() for w in watches},
         "samples": samples,
     }
-
-
-def _counter_names(p: SoakParams, source: str) -> tuple[str, ...]:
-    names: tuple[str, ...] = getattr(p, f"{source}_counters")
-    return names
 
 
 class _Latency:
