@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from fxkit.cli.play import options_from, run_options
+from fxkit.localfile import write_whole
 from fxkit.playbook import Play
 from fxkit.rollout import rollout as run_rollout
 from fxkit.rollout import table
@@ -76,9 +76,7 @@ def rollout(
     if result.stopped:
         console.print(f"[bold red]STOPPED:[/] {result.stopped}")
     if report:
-        tmp = report.with_name(f".{report.name}.tmp")
-        tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, report)
+        write_whole(report, json.dumps(result.to_json(), indent=2) + "\n")
     sys.exit(result.exit_code)
 
 

@@ -11,7 +11,6 @@ source, the sign-off lines) are made here, once.
 from __future__ import annotations
 
 import html
-import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fxkit.gate.results import GateResult
+from fxkit.localfile import write_whole
 from fxkit.redaction import maskable, redact
 
 STYLES = {
@@ -59,13 +59,6 @@ def masked(result: GateResult, masks: list[str]) -> GateResult:
     if not masks:
         return result
     return GateResult.from_json(result.to_json(masks), "the results")
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole: a temporary file beside it, renamed over it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 #: Characters a report must not hold as they are (a host's output may have them: terminal

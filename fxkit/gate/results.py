@@ -14,7 +14,6 @@ The JSON format (``schema: fxkit-gate-result/1``) is documented in docs/GATES.md
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 from fxkit.errors import FxkitError
 from fxkit.gate import rules
 from fxkit.gate.spec import CheckSpec, Gate, GateError
+from fxkit.localfile import write_whole
 from fxkit.redaction import redact
 
 SCHEMA = "fxkit-gate-result/1"
@@ -131,10 +131,7 @@ class GateResult:
 
     def save(self, path: Path, secrets: Iterable[str] = ()) -> None:
         """Write the JSON whole (a temporary file, renamed), secrets masked."""
-        text = json.dumps(self.to_json(secrets), indent=2, default=str) + "\n"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(self.to_json(secrets), indent=2, default=str) + "\n")
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> GateResult:
