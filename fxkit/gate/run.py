@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from jinja2 import meta
 from pydantic import ValidationError
@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from fxkit.connection import Connection, ConnectOptions, connect
 from fxkit.errors import ConnectionFailed, FxkitError
 from fxkit.facts.base import FactCache
-from fxkit.gate.measure import KINDS, MeasureError, Probe
+from fxkit.gate.measure import KINDS, MeasureError, Params, Probe
 from fxkit.gate.results import (
     CheckResult,
     GateResult,
@@ -61,13 +61,24 @@ class GateOptions:
     inventory_sources: list[str] = field(default_factory=list)
 
 
+class _Planned(NamedTuple):
+    """One check, rendered for one host."""
+
+    check: CheckSpec
+    #: Why it is skipped (its ``when:`` is false), else None.
+    skip: str | None
+    kind: str
+    params: Params
+    rule: dict[str, Any]
+
+
 @dataclass
 class _Plan:
-    """One host's checks, rendered: (check, when's verdict, measurement key, params, rule)."""
+    """One host's checks, rendered."""
 
     inv: InventoryHost
     vars: HostVars
-    checks: list[tuple[CheckSpec, str | None, str, Any, dict[str, Any]]]
+    checks: list[_Planned]
 
 
 class GateRun:
@@ -93,6 +104,8 @@ class GateRun:
             self.secrets.add(options.connect.become_password)
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
+        #: The variables the rules name: their values are kept in the results.
+        self._referenced = sorted(referenced(gate))
 
     def interrupt(self) -> None:
         """Ctrl-C: the first stops hosts before their next measurement, the second cuts off the
@@ -141,9 +154,7 @@ class GateRun:
             )
         return plans
 
-    def _render(
-        self, check: CheckSpec, v: HostVars
-    ) -> tuple[CheckSpec, str | None, str, Any, dict[str, Any]]:
+    def _render(self, check: CheckSpec, v: HostVars) -> _Planned:
         label = f"check {check.id}"
         skip = None
         if check.when is not None:
@@ -156,8 +167,7 @@ class GateRun:
             parsed = KINDS[name].parse(params)
         except ValidationError as exc:
             raise FxkitError(f"{label}: measure {params_problem(name, exc)}") from None
-        rule = render(v, check.rule, f"{label}, rule")
-        return check, skip, name, parsed, rule
+        return _Planned(check, skip, name, parsed, render(v, check.rule, f"{label}, rule"))
 
     def run(self) -> GateResult:
         plans = self.plan()
@@ -174,7 +184,7 @@ class GateRun:
         with ThreadPoolExecutor(max_workers=self.options.forks) as pool:
             futures = [pool.submit(self._host, plan) for plan in plans]
             while wait(futures, timeout=0.2).not_done:
-                pass
+                pass  # short waits: the main thread takes Ctrl-C between them
         for plan, future in zip(plans, futures, strict=True):
             result.hosts[plan.inv.name] = future.result()
         result.finished_at = _now()
@@ -182,7 +192,7 @@ class GateRun:
         return result
 
     def _host(self, plan: _Plan) -> HostResult:
-        values, sources = snapshot(plan.vars, self.gate)
+        values, sources = snapshot(plan.vars, self._referenced)
         host = HostResult(plan.inv.name, vars=values, var_sources=sources)
         conn = self.connector(plan.inv.name, plan.vars, self.options.connect)
         with self._lock:
@@ -307,12 +317,12 @@ def gate_layer(gate: Gate) -> str:
     return f"gate {gate.name} vars"
 
 
-def snapshot(v: HostVars, gate: Gate) -> tuple[dict[str, Any], dict[str, str]]:
-    """The rendered, non-secret values of the variables the gate's rules use, and where each
-    came from (a role's defaults, the gate's vars, the inventory, -e)."""
+def snapshot(v: HostVars, names: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The rendered, non-secret values of ``names`` (the variables the gate's rules use), and
+    where each came from (a role's defaults, the gate's vars, the inventory, -e)."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for name in sorted(referenced(gate)):
+    for name in names:
         if name in v and not v.is_secret(name):
             with contextlib.suppress(FxkitError):
                 values[name] = v[name]
