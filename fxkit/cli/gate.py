@@ -113,7 +113,7 @@ def _run_command(name: str) -> click.Command:
         )
         previous = signal.signal(signal.SIGINT, lambda *_: _interrupt(runner))
         try:
-            result = runner.run()
+            result = runner.run(plans)
         finally:
             signal.signal(signal.SIGINT, previous)
         _finish(result, out, runner.secrets)

@@ -169,8 +169,9 @@ class GateRun:
             raise FxkitError(f"{label}: measure {params_problem(name, exc)}") from None
         return _Planned(check, skip, name, parsed, render(v, check.rule, f"{label}, rule"))
 
-    def run(self) -> GateResult:
-        plans = self.plan()
+    def run(self, plans: list[_Plan] | None = None) -> GateResult:
+        """Run the gate; ``plans``: what :meth:`plan` returned, when it was called first."""
+        plans = plans if plans is not None else self.plan()
         result = GateResult(
             gate=self.gate.name,
             title=self.gate.spec.title,
