@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fxkit.estimate.errors import EstimateError
+from fxkit.yamlfile import read_text
 
 #: Bytes per element of the dtypes a config (or an input) may name.
 DTYPE_BYTES = {
@@ -152,15 +153,12 @@ def read_config(
     """The :class:`ModelShape` of the config.json at ``path``. ``dtype`` overrides the config's
     ``torch_dtype``; ``weight_dtype`` its dtype and quantization of the decoder layers' linear
     weights."""
+    text = read_text(
+        path, EstimateError, "model config", "give the path of a Hugging Face config.json"
+    )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise EstimateError(
-            f"cannot read model config: {exc.strerror}",
-            where=str(path),
-            hint="give the path of a Hugging Face config.json",
-        ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise EstimateError(
             f"model config is not JSON: {exc}", where=str(path), hint="give a config.json"
         ) from None
