@@ -187,7 +187,7 @@ def read_file(path: Path, inputs: Inputs) -> None:
             key_line = body.line_of(key) if isinstance(body, Marked) else line
             dotted = f"{section}.{key}"
             inputs.set(dotted, raw, f"{path}:{key_line}")
-            if BY_KEY[dotted].kind == "path":
+            if BY_KEY[dotted].kind == "path" and raw is not None:
                 inputs.values[dotted] = str((path.parent / raw).resolve())
 
 
