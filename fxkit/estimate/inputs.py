@@ -140,8 +140,7 @@ def parse_value(spec: Field, raw: Any, where: str) -> Any:
         return raw
     try:
         if spec.kind == "price":
-            per_byte, currency = units.parse_price(raw)
-            return (per_byte, currency)
+            return units.parse_price(raw)
         if spec.kind == "number":
             if isinstance(raw, bool):
                 raise ValueError(f"{raw!r} is not a number")
