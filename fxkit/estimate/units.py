@@ -55,11 +55,11 @@ def _split(text: str, kind: str) -> tuple[float, str]:
 
 
 def _bytes(number: float, unit: str) -> float:
-    match = _BYTES.fullmatch(unit) if unit else None
-    if unit and not match:
-        raise UnitError(f"{unit!r} is not a size unit")
-    if not match:
+    if not unit:
         return number
+    match = _BYTES.fullmatch(unit)
+    if not match:
+        raise UnitError(f"{unit!r} is not a size unit")
     bits = match["base"] != "B"
     return number * _scale(match["prefix"]) / (8 if bits else 1)
 
