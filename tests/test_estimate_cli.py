@@ -184,6 +184,14 @@ def test_no_model_is_a_clear_error() -> None:
         estimate(values)
 
 
+def test_an_empty_model_config_is_no_model_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "inputs.yml"
+    path.write_text("model:\n  config:\n")
+    values, _ = collect(path)
+    with pytest.raises(EstimateError, match="no model config"):
+        estimate(values)
+
+
 @pytest.mark.parametrize(
     ("item", "says"),
     [

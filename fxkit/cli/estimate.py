@@ -10,17 +10,19 @@ from rich.console import Console
 
 
 @click.command()
-@click.argument("inputs", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.argument(
+    "inputs", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
 @click.option(
     "--model",
-    type=click.Path(exists=True, dir_okay=False),
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A Hugging Face config.json (replaces the inputs file's model.config).",
 )
 @click.option(
     "--from-results",
     "results",
     multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Measured figures: fxkit bench load --json output or a gate result JSON (repeatable).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
@@ -32,7 +34,7 @@ from rich.console import Console
     help="Set one input, e.g. --set store.read_bandwidth='5 GB/s' (repeatable; wins over all).",
 )
 def estimate(
-    inputs: str | None, model: str | None, results: tuple[str, ...], as_json: bool,
+    inputs: Path | None, model: Path | None, results: tuple[Path, ...], as_json: bool,
     sets: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Estimate KV cache, offload break-even, load time and cost for a model on GPUs.
@@ -42,12 +44,7 @@ def estimate(
     from fxkit.estimate import collect, render
     from fxkit.estimate.summary import estimate as run
 
-    values, used = collect(
-        Path(inputs) if inputs else None,
-        Path(model) if model else None,
-        tuple(Path(r) for r in results),
-        sets,
-    )
+    values, used = collect(inputs, model, results, sets)
     result = run(values)
     if as_json:
         click.echo(json.dumps(render.as_json(result, values, used), indent=2))

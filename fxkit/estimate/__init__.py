@@ -27,8 +27,7 @@ def collect(
     if path is not None:
         _inputs.read_file(path, values)
     if model is not None:
-        values.values["model.config"] = str(model)
-        values.origins["model.config"] = "--model"
+        values.set("model.config", str(model), "--model")
     used = [_results.apply(result, values) for result in results]
     _inputs.apply_sets(sets, values)
     return values, used

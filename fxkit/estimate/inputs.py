@@ -140,8 +140,7 @@ def parse_value(spec: Field, raw: Any, where: str) -> Any:
         return raw
     try:
         if spec.kind == "price":
-            per_byte, currency = units.parse_price(raw)
-            return (per_byte, currency)
+            return units.parse_price(raw)
         if spec.kind == "number":
             if isinstance(raw, bool):
                 raise ValueError(f"{raw!r} is not a number")
@@ -187,7 +186,7 @@ def read_file(path: Path, inputs: Inputs) -> None:
             key_line = body.line_of(key) if isinstance(body, Marked) else line
             dotted = f"{section}.{key}"
             inputs.set(dotted, raw, f"{path}:{key_line}")
-            if BY_KEY[dotted].kind == "path":
+            if BY_KEY[dotted].kind == "path" and raw is not None:
                 inputs.values[dotted] = str((path.parent / raw).resolve())
 
 

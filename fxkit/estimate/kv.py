@@ -55,9 +55,13 @@ class Capacity:
     request: float  # one request's cache
     contexts_fit: int  # whole requests the KV memory holds at once
     concurrency: int
-    demand: float  # concurrency x request
     stored_contexts: int  # contexts kept for reuse (the working set)
     external_needed: float  # bytes of the working set beyond GPU memory
+
+    @property
+    def demand(self) -> float:
+        """Bytes of the concurrent requests' caches."""
+        return self.concurrency * self.request
 
     @property
     def overflow(self) -> float:
@@ -98,7 +102,6 @@ def capacity(
         request=request,
         contexts_fit=fit,
         concurrency=concurrency,
-        demand=concurrency * request,
         stored_contexts=stored_contexts,
         external_needed=max(0.0, stored_contexts * request - kv_total),
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fxkit.estimate.errors import EstimateError
+from fxkit.yamlfile import read_text
 
 #: Bytes per element of the dtypes a config (or an input) may name.
 DTYPE_BYTES = {
@@ -152,15 +153,12 @@ def read_config(
     """The :class:`ModelShape` of the config.json at ``path``. ``dtype`` overrides the config's
     ``torch_dtype``; ``weight_dtype`` its dtype and quantization of the decoder layers' linear
     weights."""
+    text = read_text(
+        path, EstimateError, "model config", "give the path of a Hugging Face config.json"
+    )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise EstimateError(
-            f"cannot read model config: {exc.strerror}",
-            where=str(path),
-            hint="give the path of a Hugging Face config.json",
-        ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise EstimateError(
             f"model config is not JSON: {exc}", where=str(path), hint="give a config.json"
         ) from None
@@ -200,13 +198,7 @@ def shape_of(
     mla = _mla(config)
     head_dim = config.whole("head_dim", default=hidden // heads)
     model_type = str(data.get("model_type") or "")
-    if dtype is None:
-        dtype = _dtype(config)
-    elif dtype not in DTYPE_BYTES:
-        raise EstimateError(
-            f"model.dtype {dtype!r} is not a dtype the calculator knows",
-            hint=f"one of {', '.join(DTYPE_BYTES)}",
-        )
+    dtype = _dtype(config) if dtype is None else _known_dtype("model.dtype", dtype)
     return ModelShape(
         name=name,
         model_type=model_type,
@@ -243,6 +235,16 @@ def _dtype(config: _Config) -> str:
     if value not in DTYPE_BYTES:
         raise config.error(key, f"{value!r} is not a dtype the calculator knows")
     return str(value)
+
+
+def _known_dtype(key: str, dtype: str) -> str:
+    """``dtype``, an input named ``key``, when the calculator knows its size."""
+    if dtype not in DTYPE_BYTES:
+        raise EstimateError(
+            f"{key} {dtype!r} is not a dtype the calculator knows",
+            hint=f"one of {', '.join(DTYPE_BYTES)}",
+        )
+    return dtype
 
 
 def _gated(config: _Config, model_type: str) -> bool:
@@ -360,8 +362,7 @@ def _quantization(config: _Config) -> Quantization | None:
     if not isinstance(quant, dict):
         raise config.error("quantization_config", "is not a mapping")
     method = quant.get("quant_method")
-    skipped = " ".join(str(m) for m in quant.get("modules_to_not_convert") or [])
-    attention = "self_attn" not in skipped
+    attention = _covers_attention(quant)
     if method == "fp8":
         block = quant.get("weight_block_size")
         scale = 4 / math.prod(block) if isinstance(block, list) and block else 0.0
@@ -388,14 +389,16 @@ def _quantization(config: _Config) -> Quantization | None:
 def _override(config: _Config, dtype: str, weight_dtype: str) -> Quantization | None:
     """The decoder layers' linear weights stored as ``weight_dtype`` (an input), whatever the
     config declares; modules its ``quantization_config`` leaves out (attention) stay in dtype."""
-    if weight_dtype not in DTYPE_BYTES:
-        raise EstimateError(
-            f"model.weight_dtype {weight_dtype!r} is not a dtype the calculator knows",
-            hint=f"one of {', '.join(DTYPE_BYTES)}",
-        )
-    if DTYPE_BYTES[weight_dtype] == DTYPE_BYTES[dtype]:
+    size = DTYPE_BYTES[_known_dtype("model.weight_dtype", weight_dtype)]
+    if size == DTYPE_BYTES[dtype]:
         return None
     quant = config.data.get("quantization_config")
-    skipped = quant.get("modules_to_not_convert") if isinstance(quant, dict) else None
-    attention = "self_attn" not in " ".join(str(m) for m in skipped or [])
-    return Quantization(weight_dtype, DTYPE_BYTES[weight_dtype], attention, 0.0)
+    attention = _covers_attention(quant) if isinstance(quant, dict) else True
+    return Quantization(weight_dtype, size, attention, 0.0)
+
+
+def _covers_attention(quant: dict[str, Any]) -> bool:
+    """Whether a ``quantization_config`` covers the attention projections too: unless its
+    ``modules_to_not_convert`` names ``self_attn``."""
+    skipped = quant.get("modules_to_not_convert") or []
+    return "self_attn" not in " ".join(str(m) for m in skipped)

@@ -18,6 +18,7 @@ from typing import Any
 from fxkit.estimate.errors import EstimateError
 from fxkit.estimate.inputs import BY_KEY, Inputs
 from fxkit.estimate.units import UnitError, parse
+from fxkit.yamlfile import read_text
 
 GATE_SCHEMA = "fxkit-gate-result/1"
 
@@ -48,11 +49,10 @@ class Used:
 
 def apply(path: Path, inputs: Inputs) -> Used:
     """Set ``inputs`` from the results file at ``path``; what it used and skipped."""
+    text = read_text(path, EstimateError, "results")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise EstimateError(f"cannot read results: {exc.strerror}", where=str(path)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise EstimateError(
             f"results are not JSON: {exc}",
             where=str(path),

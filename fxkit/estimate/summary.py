@@ -121,12 +121,10 @@ def estimate(inputs: Inputs) -> Estimate:
     result.sections["offload"] = _offload_rows(inputs, compute, tier, cap, context)
     result.sections["load"] = _load_rows(inputs, weight_bytes)
     result.sections["cost"] = _cost_rows(inputs, cap, weight_bytes)
-    reload_s = tier.reload_seconds(layout, context)
-    recompute_s = compute.seconds(0, context)
     result.verdicts = {
         "weights_fit": cap.kv_per_gpu > 0,
         "needs_external_kv": cap.needs_external,
-        "reload_wins": reload_s < recompute_s,
+        "reload_wins": result.value("offload", "reload") < result.value("offload", "recompute"),
         "break_even_tokens": result.value("offload", "break_even_tokens"),
     }
     return result

@@ -55,11 +55,11 @@ def _split(text: str, kind: str) -> tuple[float, str]:
 
 
 def _bytes(number: float, unit: str) -> float:
-    match = _BYTES.fullmatch(unit) if unit else None
-    if unit and not match:
-        raise UnitError(f"{unit!r} is not a size unit")
-    if not match:
+    if not unit:
         return number
+    match = _BYTES.fullmatch(unit)
+    if not match:
+        raise UnitError(f"{unit!r} is not a size unit")
     bits = match["base"] != "B"
     return number * _scale(match["prefix"]) / (8 if bits else 1)
 
@@ -127,11 +127,9 @@ _PARSERS: dict[str, Callable[[float, str], float]] = {
 def parse(value: object, kind: str) -> float:
     """``value`` (a YAML number or a string with a unit) in the base unit of ``kind``.
 
-    Numbers without a unit are taken in the base unit (bytes, B/s, seconds, FLOP/s); a price
-    without a unit is per decimal TB. Raises :class:`UnitError` saying what was expected.
+    Numbers without a unit are taken in the base unit (bytes, B/s, seconds, FLOP/s). Raises
+    :class:`UnitError` saying what was expected. Prices: :func:`parse_price`.
     """
-    if kind == "price":
-        return parse_price(value)[0]
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise UnitError(f"{value!r} is not a quantity (e.g. {EXAMPLES[kind]})")
     if isinstance(value, int | float):
@@ -151,7 +149,8 @@ def parse(value: object, kind: str) -> float:
 
 
 def parse_price(value: object) -> tuple[float, str | None]:
-    """A price per capacity (``2014 CNY/TB``) as (money per byte, currency or None)."""
+    """A price per capacity (``2014 CNY/TB``) as (money per byte, currency or None); a number
+    without a unit is per decimal TB."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise UnitError(f"{value!r} is not a price (e.g. {EXAMPLES['price']})")
     if isinstance(value, int | float):
