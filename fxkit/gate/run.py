@@ -16,7 +16,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,7 +39,7 @@ from fxkit.gate.results import (
     judge,
     skipped,
 )
-from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem
+from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
 from fxkit.inventory.model import Inventory, InventoryHost
 from fxkit.role import RoleLoader, roles_path
 from fxkit.variables import HostVars, Layer, environment, truthy
@@ -306,7 +306,7 @@ def referenced(gate: Gate) -> set[str]:
     in the results, so that re-evaluation can render the gate's vars again)."""
     names: set[str] = set()
     env = environment()
-    texts = [*_strings([c.rule for c in gate.spec.checks]), *_strings(gate.spec.vars)]
+    texts = [*strings([c.rule for c in gate.spec.checks]), *strings(gate.spec.vars)]
     texts += [c.when for c in gate.spec.checks if isinstance(c.when, str)]
     for text in texts:
         with contextlib.suppress(Exception):
@@ -361,17 +361,6 @@ def rule_renderer(
         return rendered
 
     return rule
-
-
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
 
 
 def _short(condition: Any, width: int = 70) -> str:

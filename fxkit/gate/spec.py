@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -187,14 +188,20 @@ def _first(exc: ValidationError) -> Any:
     return sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
 
 
-def _templated(value: Any) -> bool:
+def strings(value: Any) -> Iterator[str]:
+    """Every string in a YAML value (mapping values and list items, at any depth)."""
     if isinstance(value, str):
-        return any(m in value for m in _JINJA)
-    if isinstance(value, dict):
-        return any(_templated(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_templated(v) for v in value)
-    return False
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+
+
+def _templated(value: Any) -> bool:
+    return any(m in text for text in strings(value) for m in _JINJA)
 
 
 def _error(exc: ValidationError, data: Any, path: Path) -> GateError:
