@@ -19,7 +19,8 @@ import pytest
 from fxkit.stage import parse_source
 
 FXKIT = Path(sys.executable).with_name("fxkit")
-BIG = 192 << 20  # a file big enough to catch the copy in the middle of it
+PAUSED = Path(__file__).with_name("stage_paused.py")
+BIG = 64 << 20  # a file the copy is stopped in the middle of (at 40 MiB)
 PARTIAL = ".model-00001.safetensors.fxkit-partial"
 
 
@@ -57,22 +58,23 @@ def summary(*args: str | Path) -> dict:
     return json.loads(stage(*args, "--json", "-q").stdout)
 
 
-def start(*args: str | Path) -> subprocess.Popen[str]:
-    """``fxkit stage`` started in the background, one file at a time, 1 MiB chunks."""
-    argv = [str(FXKIT), "stage", *map(str, args), "-j", "1", "--chunk-size", "1MiB", "-q"]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def caught(proc: subprocess.Popen[str], partial: Path, at_least: int = 40 << 20) -> None:
-    """Stop ``proc`` (SIGSTOP) once ``partial`` holds ``at_least`` bytes."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if partial.exists() and partial.stat().st_size >= at_least:
-            os.kill(proc.pid, signal.SIGSTOP)
-            return
-        assert proc.poll() is None, f"it ended before it could be caught: {proc.communicate()}"
-        time.sleep(0.001)
-    raise AssertionError("no partial appeared")
+def start(*args: str | Path, pause_at: int = 40 << 20) -> subprocess.Popen[str]:
+    """``fxkit stage`` started in the background, one file at a time, 1 MiB chunks, stopped
+    (SIGSTOP, by itself: tests/stage_paused.py) once its partial holds ``pause_at`` bytes; it
+    returns when the process is stopped there."""
+    argv = [sys.executable, str(PAUSED), str(pause_at), "stage", *map(str, args)]
+    proc = subprocess.Popen(
+        [*argv, "-j", "1", "--chunk-size", "1MiB", "-q"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stat, deadline = Path(f"/proc/{proc.pid}/stat"), time.monotonic() + 120
+    while stat.read_text().rpartition(")")[2].split()[0] != "T":
+        assert proc.poll() is None, f"it ended before it paused: {proc.communicate()}"
+        assert time.monotonic() < deadline, "it never paused"
+        time.sleep(0.005)
+    return proc
 
 
 def finish(proc: subprocess.Popen[str], sig: int = signal.SIGCONT) -> tuple[int, str]:
@@ -142,7 +144,6 @@ def test_plan_changes_nothing(model: Path, tmp_path: Path) -> None:
 def test_killed_mid_copy_resumes_and_never_leaves_a_final_name(tmp_path: Path) -> None:
     model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
     proc = start(model, dest)
-    caught(proc, dest / PARTIAL)
     proc.kill()
     proc.wait()
     assert not (dest / "model-00001.safetensors").exists()
@@ -159,7 +160,6 @@ def test_killed_mid_copy_resumes_and_never_leaves_a_final_name(tmp_path: Path) -
 def test_a_corrupted_partial_is_rewritten_from_where_it_differs(tmp_path: Path) -> None:
     model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
     proc = start(model, dest)
-    caught(proc, dest / PARTIAL)
     proc.kill()
     proc.wait()
     flip(dest / PARTIAL, 20 << 20)  # inside what was written: a torn or rotten write
@@ -171,7 +171,6 @@ def test_a_corrupted_partial_is_rewritten_from_where_it_differs(tmp_path: Path) 
 def test_ctrl_c_keeps_the_partial_under_its_temporary_name(tmp_path: Path) -> None:
     model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
     proc = start(model, dest)
-    caught(proc, dest / PARTIAL)
     code, err = finish(proc, signal.SIGINT)
     assert code == 130, err
     assert "Traceback" not in err
@@ -213,7 +212,6 @@ def test_a_file_already_there_without_a_record_is_compared_not_recopied(
 def test_verify_catches_a_write_the_store_did_not_keep(tmp_path: Path, checksum: str) -> None:
     model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
     proc = start(model, dest, "--verify", "--checksum", checksum)
-    caught(proc, dest / PARTIAL)
     flip(dest / PARTIAL, 10)  # what a faulty store would return for a written block
     code, err = finish(proc)
     assert code == 2, err
@@ -226,7 +224,6 @@ def test_verify_catches_a_write_the_store_did_not_keep(tmp_path: Path, checksum:
 def test_a_source_that_changes_while_copied_is_refused(tmp_path: Path) -> None:
     model, dest = make_model(tmp_path / "src", BIG), tmp_path / "dest"
     proc = start(model, dest)
-    caught(proc, dest / PARTIAL)
     with open(model / "model-00001.safetensors", "ab") as f:
         f.write(b"more")
     code, err = finish(proc)
@@ -260,8 +257,7 @@ def test_a_full_destination_fails_before_writing(tmp_path: Path, small_fs: Path)
 
 def test_running_out_of_space_mid_copy_removes_the_partial(tmp_path: Path, small_fs: Path) -> None:
     model, dest = make_model(tmp_path / "src", 16 << 20), small_fs / "m"
-    proc = start(model, dest)
-    caught(proc, dest / PARTIAL, at_least=1 << 20)
+    proc = start(model, dest, pause_at=1 << 20)
     # Something else fills the store while the copy waits.
     subprocess.run(
         ["dd", "if=/dev/zero", f"of={small_fs / 'filler'}", "bs=1M"], capture_output=True
