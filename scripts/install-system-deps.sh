@@ -12,6 +12,8 @@
 # xfsprogs: mkfs.xfs, for the NVMe-oF initiator's filesystem tests on lab hosts.
 # rsync: a baseline of the staging benchmark (bench/stage.py).
 # chromium: the gate reports' HTML page is opened and screenshotted headless (tests, docs/img/).
+# netcat-openbsd: nc, the raw TCP client of the serve-probe tests (hostile requests).
+# stress-ng: the load the whole suite is run under to prove it does not flake (docs/TESTING.md).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -32,6 +34,8 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
 command -v rsync >/dev/null || need+=(rsync)
 command -v chromium >/dev/null || need+=(chromium)
+command -v nc >/dev/null || need+=(netcat-openbsd)
+command -v stress-ng >/dev/null || need+=(stress-ng)
 # newuidmap reads /etc/subuid and /etc/subgid, which a minimal image may lack: empty files do
 # (the lab maps its uids in its own mount namespace and never writes them).
 if [ "$(id -u)" = 0 ]; then
