@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from fxkit.cli.lab import lab
-from fxkit.lab import Fleet, LabError, base
+from fxkit.lab import Fleet, LabError, base, hostfs
 
 pytestmark = pytest.mark.lab
 
@@ -103,6 +103,22 @@ def test_a_stopped_host_frees_its_address_and_comes_back(lab_fleet):
     with fleet.connect("lab02") as conn:
         assert conn.run("hostname").stdout.strip() == "lab02"
     assert "Accepted publickey" in fleet.sshd_log("lab02")
+
+
+def test_a_hosts_file_is_read_by_its_end_and_never_through_a_link(tmp_path):
+    (tmp_path / "var" / "log").mkdir(parents=True)
+    (tmp_path / "var" / "log" / "sshd.log").write_bytes(b"old lines\n" * 100 + b"newest\n")
+    (tmp_path / "link").symlink_to("var")
+    root = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert hostfs.read_tail(root, "var/log/sshd.log", 7) == b"newest\n"
+        assert hostfs.read_tail(root, "var/log/sshd.log").count(b"old lines") == 100
+        with pytest.raises(NotADirectoryError):  # a link on the way, even one inside
+            hostfs.read_tail(root, "link/log/sshd.log")
+        with pytest.raises(ValueError, match="not a plain relative path"):
+            hostfs.read_tail(root, "var/../var/log/sshd.log")
+    finally:
+        os.close(root)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the base layer keeps owners: needs root")

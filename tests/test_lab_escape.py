@@ -17,6 +17,8 @@ import secrets
 import shlex
 import socket
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -546,3 +548,75 @@ done(False, "; ".join(tried))
 """,
     )
     assert detail.count("EPERM") == 3
+
+
+# -- the controller's reads of the host's files -----------------------------------------------
+
+#: Fleet.sshd_log, run in a process of its own: 2 GiB of address space (a read without end
+#: fails there with MemoryError), and how much it read and whether it saw the marker.
+READER = """\
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31))
+from fxkit.lab import Fleet
+log = Fleet(sys.argv[1]).sshd_log("lab01")
+print(json.dumps({"chars": len(log), "marker": sys.argv[2] in log}))
+"""
+#: What a root in the host puts where sshd's log was; {real} is a folder of the real machine
+#: holding a 0600 ``sshd.log`` with the marker in it.
+PLANTED = {
+    "a link to a real file": "ln -s {real}/sshd.log /var/log/sshd.log",
+    "a link to a real folder on the way": "rm -r /var/log && ln -s {real} /var/log",
+    "a relative link to the host's /dev/zero": "ln -s ../../dev/zero /var/log/sshd.log",
+    "a link to the real /dev/zero": "ln -s /dev/zero /var/log/sshd.log",
+    "a FIFO": "mkfifo /var/log/sshd.log",
+    "a sparse file of 64 GiB": "truncate -s 64G /var/log/sshd.log",
+}
+
+
+def controller_reads_sshd_log(fleet: Fleet, marker: str) -> dict:
+    """How many characters ``Fleet.sshd_log`` returned and whether the marker was among them.
+    It runs in a process of its own: bounded in memory (see READER) and in time (a read that
+    blocks is killed after 60 s, which fails the test)."""
+    argv = [sys.executable, "-c", READER, str(fleet.dir), marker]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        pytest.fail("Fleet.sshd_log blocks on what the host put in place of its log")
+    assert result.returncode == 0, f"Fleet.sshd_log failed: {result.stderr[-1500:]}"
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_the_controller_reads_a_hosts_log_without_following_blocking_or_exhausting(
+    root, fleet: Fleet, tmp_path: Path, planted: str
+) -> None:
+    marker = f"real-machine-secret-{secrets.token_hex(8)}"
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (real / "sshd.log").write_text(marker + "\n")
+    os.chmod(real / "sshd.log", 0o600)
+    move = "mv /var/log /var/log.kept && cp -a /var/log.kept /var/log && rm /var/log/sshd.log"
+    assert root.run(f"{move} && {PLANTED[planted].format(real=real)}").ok
+    try:
+        read = controller_reads_sshd_log(fleet, marker)
+    finally:
+        assert root.run("rm -rf /var/log && mv /var/log.kept /var/log").ok
+    assert not read["marker"], f"the controller followed {planted} to {real}/sshd.log"
+    assert read["chars"] <= 16 * 2**20
+    assert "Accepted publickey" in fleet.sshd_log("lab01")  # the real one again
+
+
+def test_the_mount_table_names_no_path_of_the_real_machine(root, fleet: Fleet) -> None:
+    detail = probe(
+        root,
+        """
+for path in ("/proc/self/mountinfo", "/proc/1/mountinfo", "/proc/self/mounts"):
+    text = open(path).read()
+    for real in args["real"]:
+        if real in text:
+            done(True, f"{path} names {real}")
+done(False, "the mount table names no path of the fleet")
+""",
+        real=[str(fleet.dir), str(fleet.dir.parent), str(REPO)],
+    )
+    assert "no path" in detail

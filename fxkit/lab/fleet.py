@@ -39,12 +39,14 @@ from cryptography.hazmat.primitives.serialization import (
 
 from fxkit.connection import Connection, ConnectOptions
 from fxkit.errors import ConnectionFailed, FxkitError
-from fxkit.lab import base
+from fxkit.lab import base, hostfs
 from fxkit.lab import profile as profiles
 
 DIR_ENV, PREFIX_ENV, PORT_ENV = "FXKIT_LAB_DIR", "FXKIT_LAB_PREFIX", "FXKIT_LAB_PORT"
 DEFAULT_DIR, DEFAULT_PREFIX, DEFAULT_PORT = ".lab", "127.77.0", 22
 INIT_SCRIPT = Path(__file__).with_name("host-init.sh")
+#: Where sshd logs, inside a host (relative to its root).
+SSHD_LOG = "var/log/sshd.log"
 #: The non-root user every lab host gets when sudo is installed (for trying ``become``).
 SUDO_USER = "fxkit"
 MAX_HOSTS = 254
@@ -233,12 +235,16 @@ class Fleet:
         """The hosts' shared read-only layer (sanitised /etc and /var, see fxkit.lab.base)."""
         return self.dir / "base"
 
-    def sshd_log(self, name: str) -> str:
-        """What the host's sshd logged (its log is inside the host); empty when it is down."""
+    def sshd_log(self, name: str, limit: int = hostfs.MAX_READ) -> str:
+        """The end (``limit`` bytes) of what the host's sshd logged, read inside the host as
+        :mod:`fxkit.lab.hostfs` does; empty when the host is down or the log is not a file."""
         pid = self._pid(name)
-        for child in _children(pid) if pid else []:
-            with contextlib.suppress(OSError):
-                return Path(f"/proc/{child}/root/var/log/sshd.log").read_text(errors="replace")
+        if pid is None:
+            return ""
+        for child in _children(pid):
+            with contextlib.suppress(OSError), hostfs.root_of(child) as root:
+                if child in _children(pid):  # the host's PID 1, not a reused PID
+                    return hostfs.read_tail(root, SSHD_LOG, limit).decode(errors="replace")
         return ""
 
     def become_password(self) -> str | None:

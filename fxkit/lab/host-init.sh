@@ -32,6 +32,10 @@ if [ "$step" = outer ]; then
     base=$6
     mount -t tmpfs -o mode=0700 fxkit-lab "$rt"
     cd "$rt"
+    # The layers by paths relative to here: the host's mount table (/proc/self/mountinfo) shows
+    # the overlays' options, and names no folder of the real machine.
+    base=$(realpath --relative-to=. "$base")
+    [ -z "$layer" ] || layer=$(realpath --relative-to=. "$layer")
     mkdir root upper work sysfs
     for dir in usr etc var; do
         lower=$base/$dir
