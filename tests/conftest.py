@@ -13,6 +13,9 @@ Usage::
     def test_gpu_node(lab_fleet):
         fleet = lab_fleet(1, name="gpu", profile="mi308x")   # simulated MI308X hosts
 
+    def test_small_hosts(lab_fleet):
+        fleet = lab_fleet(1, name="small", limits=Limits(memory=256 * 2**20, pids=100))
+
 Each fleet lives in a temporary state directory on its own random 127.x.y addresses, so several
 test sessions (and developers' fleets) run side by side; every fleet is stopped by PID when the
 session ends. Tests are skipped, with the reason, where the lab cannot run (not root, no sshd).
@@ -27,6 +30,7 @@ import pytest
 
 from fxkit.connection.base import Connection
 from fxkit.lab import AddressInUse, Fleet, LabError, check_requirements
+from fxkit.lab.resources import Limits
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,20 +44,23 @@ def shm_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def lab_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
-    """A factory: ``lab_fleet(n, name="shared", profile=None)`` -> fleet ``name`` with
-    lab01..labNN up (a fleet keeps the profile it was first made with)."""
+    """A factory: ``lab_fleet(n, name="shared", profile=None, limits=None)`` -> fleet ``name``
+    with lab01..labNN up (a fleet keeps the profile and limits it was first made with)."""
     fleets: dict[str, Fleet] = {}
     rng = random.Random()
 
-    def make(count: int, name: str = "shared", profile: str | None = None) -> Fleet:
+    def make(
+        count: int, name: str = "shared", profile: str | None = None, limits: Limits | None = None
+    ) -> Fleet:
         try:
             check_requirements()
         except LabError as exc:
             pytest.skip(f"the lab fleet cannot run here: {exc}")
         if name not in fleets:
-            fleets[name] = _new_fleet(tmp_path_factory.mktemp(f"lab-{name}"), count, rng, profile)
+            state = tmp_path_factory.mktemp(f"lab-{name}")
+            fleets[name] = _new_fleet(state, count, rng, profile, limits)
         fleet = fleets[name]
-        fleet.up(count, profile=profile)
+        fleet.up(count, profile=profile, limits=limits)
         return fleet
 
     yield make
@@ -74,12 +81,14 @@ def root(fleet: Fleet) -> Iterator[Connection]:
         yield conn
 
 
-def _new_fleet(state_dir, count: int, rng: random.Random, profile: str | None = None) -> Fleet:
+def _new_fleet(
+    state_dir, count: int, rng: random.Random, profile: str | None, limits: Limits | None
+) -> Fleet:
     """Start a fleet on random addresses, trying others when another fleet holds them."""
     for _ in range(5):
         fleet = Fleet(state_dir, prefix=f"127.{rng.randint(100, 250)}.{rng.randint(0, 255)}")
         try:
-            fleet.up(count, profile=profile)
+            fleet.up(count, profile=profile, limits=limits)
         except AddressInUse:
             fleet.down()
             continue

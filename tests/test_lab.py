@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from fxkit.cli.lab import lab
-from fxkit.lab import Fleet, LabError, base, hostfs
+from fxkit.lab import Fleet, LabError, base, hostfs, resources
 
 pytestmark = pytest.mark.lab
 
@@ -53,8 +53,10 @@ def test_up_is_idempotent_grows_and_down_stops_only_its_processes(lab_fleet):
     assert len(fleet.known_hosts.read_text().splitlines()) == 3
 
     all_pids = [s.pid for s in status] + [fleet.hosts[s.name]["relay"]["pid"] for s in status]
+    cgroups = [Path(folder) for s in status for folder in fleet.hosts[s.name]["cgroups"]]
     assert sorted(fleet.down()) == ["lab01", "lab02", "lab03"]
     assert not any(Path(f"/proc/{pid}").exists() for pid in all_pids)
+    assert not any(folder.exists() for folder in cgroups)  # nor their cgroups
     assert not fleet.dir.exists()
     assert Fleet(fleet.dir).status() == []
 
@@ -154,12 +156,19 @@ def test_cli_up_status_down(lab_fleet, tmp_path):
     env = {"FXKIT_LAB_DIR": str(state), "FXKIT_LAB_PREFIX": fleet.prefix}
     runner = CliRunner()
     try:
-        result = runner.invoke(lab, ["up", "2"], env=env, catch_exceptions=False)
+        up = ["up", "2", "--memory", "1GiB", "--pids", "500"]
+        result = runner.invoke(lab, up, env=env, catch_exceptions=False)
         assert result.exit_code == 0, result.output
         assert str(fleet.inventory) in result.output
+        assert "tmpfs:       0.5 GiB each" in result.output
         result = runner.invoke(lab, ["status"], env=env, catch_exceptions=False)
         assert "lab02" in result.output and "up" in result.output
         assert fleet.address("lab02") in result.output
+        assert "limits: 1.0 GiB of memory and 500 processes a host" in result.output
+        assert Fleet(state).limits == resources.Limits(memory=2**30, pids=500)
+        result = runner.invoke(lab, ["up", "2", "--pids", "600"], env=env)
+        assert isinstance(result.exception, LabError), result.output  # the CLI prints it plainly
+        assert "not 1.0 GiB of memory and 600 processes" in str(result.exception)
     finally:
         result = runner.invoke(lab, ["down"], env=env, catch_exceptions=False)
     assert "2 host(s) stopped" in result.output
@@ -179,6 +188,13 @@ def test_changing_the_prefix_of_a_running_fleet_is_refused(lab_fleet):
     fleet = lab_fleet(1)
     with pytest.raises(LabError, match="run `fxkit lab down` first"):
         Fleet(fleet.dir, prefix="127.1.1")
+
+
+def test_too_little_memory_or_too_few_processes_are_refused(tmp_path):
+    for option, value, said in (("--memory", "8MiB", "64 MiB at least"), ("--pids", "3", "3")):
+        result = CliRunner().invoke(lab, ["up", "1", "--dir", str(tmp_path), option, value])
+        assert result.exit_code == 2 and said in result.output and option in result.output
+    assert not any(tmp_path.iterdir())
 
 
 def test_bad_prefix_is_refused(tmp_path):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from fxkit.lab import Fleet
+from fxkit.lab import Fleet, resources
 
 pytestmark = pytest.mark.lab
 
@@ -49,9 +49,14 @@ if os.geteuid() != 0:
 """
 
 
+#: Small, to be reached quickly: the host's tmpfs mounts hold 128 MiB each.
+LIMITS = resources.Limits(memory=256 * 2**20, pids=128)
+
+
 @pytest.fixture(scope="module")
 def fleet(lab_fleet) -> Fleet:
-    return lab_fleet(1, name="escape")  # its own: the probes write into their host's files
+    # Its own: the probes write into their host's files, and fill its memory and process table.
+    return lab_fleet(1, name="escape", limits=LIMITS)
 
 
 @pytest.fixture
@@ -557,7 +562,7 @@ done(False, "; ".join(tried))
 READER = """\
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31))
-from fxkit.lab import Fleet
+from fxkit.lab import Fleet, resources
 log = Fleet(sys.argv[1]).sshd_log("lab01")
 print(json.dumps({"chars": len(log), "marker": sys.argv[2] in log}))
 """
@@ -620,3 +625,87 @@ done(False, "the mount table names no path of the fleet")
         real=[str(fleet.dir), str(fleet.dir.parent), str(REPO)],
     )
     assert "no path" in detail
+
+
+# -- the machine's memory and processes -------------------------------------------------------
+
+
+def cgroups_or_skip() -> None:
+    try:
+        resources.placement()
+    except resources.Unavailable as exc:
+        pytest.skip(f"no cgroup limits on this machine (the tmpfs sizes are capped): {exc}")
+
+
+def test_a_host_cannot_fork_past_its_pids_limit(root) -> None:
+    cgroups_or_skip()
+    detail = probe(
+        root,
+        """
+r, w = os.pipe()
+children, failed = [], None
+while failed is None and len(children) < 4 * args["limit"]:
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        failed = errno.errorcode[exc.errno]
+        continue
+    if pid == 0:  # wait for the parent to let go, then leave
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    children.append(pid)
+os.close(w)
+for pid in children:
+    os.waitpid(pid, 0)
+if failed is None:
+    done(True, f"forked {len(children)} processes, 4 times the limit")
+done(False, f"fork {len(children) + 1}: {failed}")
+""",
+        limit=LIMITS.pids,
+    )
+    assert "EAGAIN" in detail
+    assert int(detail.split()[1].rstrip(":")) <= LIMITS.pids
+
+
+def test_writing_past_a_tmpfs_cap_fails_with_enospc(root) -> None:
+    detail = probe(
+        root,
+        """
+report = []
+for folder in ("/tmp", "/run", "/dev/shm", "/var/tmp"):
+    path, written, failed = folder + "/fill", 0, None
+    try:
+        with open(path, "wb", buffering=0) as f:
+            while written < 2 * args["cap"]:
+                written += f.write(b"\\1" * 2**20)
+    except OSError as exc:
+        failed = errno.errorcode[exc.errno]
+    finally:
+        os.unlink(path)
+    if failed is None:
+        done(True, f"wrote {written >> 20} MiB into {folder}, twice its cap")
+    report.append(f"{folder}: {failed} at {written >> 20} MiB")
+done(False, "; ".join(report))
+""",
+        cap=LIMITS.tmpfs,
+    )
+    assert detail.count("ENOSPC") == 4, detail
+    assert max(int(part.split()[-2]) for part in detail.split("; ")) <= LIMITS.tmpfs >> 20
+
+
+def test_what_a_host_holds_in_memory_is_counted_and_limited(root, fleet: Fleet) -> None:
+    cgroups_or_skip()
+    before = fleet.status()[0].used["memory"]
+    assert root.run("head -c 64M /dev/zero > /dev/shm/held").ok
+    try:
+        held = fleet.status()[0].used["memory"] - before
+    finally:
+        assert root.run("rm /dev/shm/held").ok
+    assert held >= 63 * 2**20, f"64 MiB in the host's /dev/shm, {held >> 20} MiB in its cgroup"
+    # A process that touches twice the host's memory is stopped (by the kernel's OOM killer,
+    # in the host's cgroup only); the host itself goes on.
+    touch = f"{HOST_PYTHON} -c 'print(len(bytearray(b\"x\") * {2 * LIMITS.memory}))'"
+    result = root.run(touch, timeout=120)
+    assert result.rc != 0 and not result.stdout, result
+    assert root.run("true").ok

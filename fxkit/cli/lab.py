@@ -8,8 +8,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from fxkit.cli.loader import Size
 from fxkit.lab import DEFAULT_DIR, DIR_ENV, PORT_ENV, PREFIX_ENV, Fleet
 from fxkit.lab import profile as profiles
+from fxkit.lab.resources import MIN_MEMORY, MIN_PIDS, GiB, Limits
 
 console = Console()
 
@@ -47,6 +49,19 @@ def lab() -> None:
     default=None,
     help="Simulated hardware on every host (test doubles of its tools, see docs/lab.md).",
 )
+@click.option(
+    "--memory",
+    type=Size(),
+    default=None,
+    help="Memory of each host: its processes and what it writes in its tmpfs mounts, each of "
+    "which holds half of it (e.g. 4GiB; default 2GiB, or the fleet's).",
+)
+@click.option(
+    "--pids",
+    type=click.IntRange(min=MIN_PIDS),
+    default=None,
+    help="Processes and threads of each host (default 2000, or the fleet's).",
+)
 def up(
     count: int,
     state_dir: str,
@@ -54,11 +69,20 @@ def up(
     port: int | None,
     timeout: float,
     profile: str | None,
+    memory: int | None,
+    pids: int | None,
 ) -> None:
     """Start COUNT hosts lab01..labNN (idempotent: running hosts are kept)."""
+    if memory is not None and memory < MIN_MEMORY:
+        raise click.BadParameter(
+            f"a host needs {MIN_MEMORY >> 20} MiB at least", param_hint="--memory"
+        )
     fleet = Fleet(state_dir, prefix, port)
+    limits = None
+    if memory is not None or pids is not None:
+        limits = Limits(memory or fleet.limits.memory, pids or fleet.limits.pids)
     started = time.monotonic()
-    new = fleet.up(count, timeout=timeout, profile=profile)
+    new = fleet.up(count, timeout=timeout, profile=profile, limits=limits)
     seconds = time.monotonic() - started
     running = sum(status.pid is not None for status in fleet.status())
     console.print(
@@ -67,6 +91,11 @@ def up(
     )
     if fleet.profile:
         console.print(f"profile:     {fleet.profile} (simulated hardware: test doubles)")
+    if fleet.without_cgroups:
+        console.print(f"[yellow]limits:      none but tmpfs sizes: {fleet.without_cgroups}[/]")
+    else:
+        console.print(f"limits:      {fleet.limits} a host (cgroups)")
+    console.print(f"tmpfs:       {fleet.limits.tmpfs / GiB:.1f} GiB each (/tmp, /run, /dev/shm...)")
     console.print(f"inventory:   {fleet.inventory}")
     console.print(f"known_hosts: {fleet.known_hosts}")
     console.print(f"client key:  {fleet.client_key}")
@@ -78,13 +107,19 @@ def up(
 @lab.command()
 @dir_option
 def status(state_dir: str) -> None:
-    """Show the fleet's hosts: address, PID, up or down, memory."""
+    """Show the fleet's hosts: address, PID, up or down, memory (its processes' PSS), what its
+    cgroup counts (memory, with what it holds in tmpfs; processes) and the limits."""
     fleet = Fleet(state_dir)
-    table = Table("host", "address", "pid", "state", "memory")
+    table = Table("host", "address", "pid", "state", "memory", "cgroup", "processes")
+    table.caption = f"limits: {fleet.limits} a host"
     for host in fleet.status():
         state = "[green]up[/]" if host.up else "[red]down[/]"
         memory = f"{host.memory_bytes / 2**20:.1f} MiB" if host.pid else "-"
-        table.add_row(host.name, f"{host.address}:{host.port}", str(host.pid or "-"), state, memory)
+        charged = f"{host.used['memory'] / 2**20:.1f} MiB" if "memory" in host.used else "-"
+        table.add_row(
+            host.name, f"{host.address}:{host.port}", str(host.pid or "-"), state, memory,
+            charged, str(host.used.get("pids", "-")),
+        )  # fmt: skip
     if not table.rows:
         console.print(f"no lab fleet in {fleet.dir}")
         return

@@ -13,6 +13,7 @@ PIDs ``lab up`` started: hosts and relays).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -39,7 +40,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from fxkit.connection import Connection, ConnectOptions
 from fxkit.errors import ConnectionFailed, FxkitError
-from fxkit.lab import base, hostfs
+from fxkit.lab import base, hostfs, resources
 from fxkit.lab import profile as profiles
 
 DIR_ENV, PREFIX_ENV, PORT_ENV = "FXKIT_LAB_DIR", "FXKIT_LAB_PREFIX", "FXKIT_LAB_PORT"
@@ -83,6 +84,8 @@ class HostStatus:
     pid: int | None
     up: bool
     memory_bytes: int
+    #: What its cgroups count now (``memory`` in bytes, ``pids``); empty without cgroups.
+    used: dict[str, int]
 
 
 def host_name(index: int) -> str:
@@ -115,16 +118,33 @@ class Fleet:
         self.hosts: dict[str, dict] = state.get("hosts", {})
         #: The simulated hardware profile of the fleet's hosts (None: plain hosts).
         self.profile: str | None = state.get("profile")
+        #: What each host may use of this machine (fxkit.lab.resources).
+        try:
+            self.limits = resources.Limits(**state.get("limits", {}))
+        except TypeError as exc:
+            raise LabError(
+                f"the fleet's limits are not readable: {exc}", where=str(self.state_file)
+            ) from None
+        #: Why the hosts started last have no cgroup (only their tmpfs sizes are capped).
+        self.without_cgroups: str | None = None
 
     # -- public API -------------------------------------------------------------------------
 
-    def up(self, count: int, timeout: float = 60.0, profile: str | None = None) -> list[str]:
+    def up(
+        self,
+        count: int,
+        timeout: float = 60.0,
+        profile: str | None = None,
+        limits: resources.Limits | None = None,
+    ) -> list[str]:
         """Make sure hosts lab01..labNN run and accept logins; return the names it started.
         ``profile`` (one of :func:`fxkit.lab.profile.names`) gives every host of the fleet
-        simulated hardware; a fleet has one profile (or none) while any of its hosts runs."""
+        simulated hardware; a fleet has one profile (or none) while any of its hosts runs.
+        ``limits`` (None: the fleet's, by default :class:`fxkit.lab.resources.Limits`) are what
+        each host may use; they too change only while no host runs."""
         if not 1 <= count <= MAX_HOSTS:
             raise LabError(f"a fleet has 1 to {MAX_HOSTS} hosts, not {count}")
-        self._check_profile(profile)
+        self._check_unchanged(profile, limits)
         check_requirements()
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.client_key.exists():
@@ -144,12 +164,12 @@ class Fleet:
             authorized = self.client_key.with_suffix(".pub").read_text()
             base.build(self.base_dir, authorized, self._sudo_user_line())
         self.profile = profile
+        self.limits = limits or self.limits
         if profile and not self.profile_layer.exists():
             profiles.build_layer(self.profile_layer, profile)
         try:
             for name in to_start:
-                self._prepare(name)
-                self._spawn(name)
+                self._spawn(name, self._prepare(name))
             for name in to_start:
                 self._start_relay(name)
             self._save_state()
@@ -173,7 +193,8 @@ class Fleet:
             relay = self._relay_pid(name)
             processes += _descendants(relay) if relay else []
             memory = sum(_pss(p) for p in processes)
-            result.append(HostStatus(name, self.address(name), self.port, pid, up, memory))
+            used = resources.usage(self.hosts[name].get("cgroups", [])) if pid else {}
+            result.append(HostStatus(name, self.address(name), self.port, pid, up, memory, used))
         return result
 
     def down(self) -> list[str]:
@@ -194,21 +215,22 @@ class Fleet:
         return stopped
 
     def stop(self, name: str, grace: float = 3.0) -> bool:
-        """Stop one host (its relay, its sshd, then the unshare process); True when it ran."""
+        """Stop one host (its relay, its sshd, then the unshare process) and remove its
+        cgroups; True when it ran."""
         relay = self._relay_pid(name)
         if relay is not None:
             _signal(relay, signal.SIGTERM)
             if not _wait_gone(relay, grace):
                 _signal(relay, signal.SIGKILL)
         pid = self._pid(name)
-        if pid is None:
-            return False
-        for child in _children(pid):
-            _signal(child, signal.SIGTERM)  # sshd, PID 1 inside: the host goes with it
-        if not _wait_gone(pid, grace):
-            _signal(pid, signal.SIGKILL)  # --kill-child takes the host down with it
-            _wait_gone(pid, grace)
-        return True
+        if pid is not None:
+            for child in _children(pid):
+                _signal(child, signal.SIGTERM)  # sshd, PID 1 inside: the host goes with it
+            if not _wait_gone(pid, grace):
+                _signal(pid, signal.SIGKILL)  # --kill-child takes the host down with it
+                _wait_gone(pid, grace)
+        resources.remove(self.hosts.get(name, {}).get("cgroups", []), timeout=grace)
+        return pid is not None
 
     def connect(
         self, name: str, options: ConnectOptions | None = None, **hostvars: Any
@@ -269,23 +291,31 @@ class Fleet:
         ).stdout.strip()
         return f"{SUDO_USER}:{hashed}\n"
 
-    def _prepare(self, name: str) -> None:
+    def _prepare(self, name: str) -> list[str]:
+        """The host's folder, key and cgroups (listed in its ``cgroups`` file for host-init)."""
         hdir = self.host_dir(name)
         (hdir / "rt").mkdir(parents=True, exist_ok=True)
         key = hdir / "ssh_host_ed25519_key"
         if not key.exists():
             _keygen(key, name)
+        fleet = hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
+        try:
+            cgroups = resources.create(f"{fleet}.{name}", self.limits)
+        except resources.Unavailable as exc:
+            cgroups, self.without_cgroups = [], exc.message
+        (hdir / "cgroups").write_text("".join(f"{folder}\n" for folder in cgroups))
+        return cgroups
 
-    def _spawn(self, name: str) -> None:
+    def _spawn(self, name: str, cgroups: list[str]) -> None:
         hdir = self.host_dir(name)
         argv = [
-            "unshare", "--mount", str(INIT_SCRIPT), "outer",
-            name, self.address(name), str(self.port), str(hdir), str(self.base_dir),
+            "unshare", "--mount", str(INIT_SCRIPT), "outer", name, self.address(name),
+            str(self.port), str(hdir), str(self.base_dir), str(self.limits.tmpfs),
         ]  # fmt: skip
         if self.profile:
             argv.append(str(self.profile_layer))
         pid = _start_process(argv, hdir / "log")
-        self.hosts[name] = {"pid": pid, "start": _start_time(pid)}
+        self.hosts[name] = {"pid": pid, "start": _start_time(pid), "cgroups": cgroups}
         _wait_for_exec(pid, lambda: self._runs_our_init(pid, name))
 
     def _start_relay(self, name: str, timeout: float = 10.0) -> None:
@@ -363,20 +393,29 @@ class Fleet:
             return False
         return str(INIT_SCRIPT).encode() in cmdline and str(self.host_dir(name)).encode() in cmdline
 
-    def _check_profile(self, profile: str | None) -> None:
+    def _check_unchanged(self, profile: str | None, wanted: resources.Limits | None) -> None:
+        """Refuse another profile or other limits while hosts of this fleet run."""
         if profile is not None and profile not in profiles.names():
             raise LabError(
                 f"there is no lab profile {profile!r}",
                 hint=f"use one of: {', '.join(profiles.names())} (or none for plain hosts)",
             )
-        running = [name for name in sorted(self.hosts) if self._pid(name) is not None]
-        if running and profile != self.profile:
+        if not any(self._pid(name) is not None for name in self.hosts):
+            return
+        if profile != self.profile:
             option = f"--profile {self.profile}" if self.profile else "no --profile"
             raise LabError(
                 f"this fleet's hosts run with {_said(self.profile)}, not {_said(profile)}",
                 where=str(self.dir),
                 hint=f"use {option} to keep it, `fxkit lab down` first to change it, "
                 "or another --dir (and --prefix) for a second fleet",
+            )
+        if wanted is not None and wanted != self.limits:
+            raise LabError(
+                f"this fleet's hosts run with {self.limits}, not {wanted}",
+                where=str(self.dir),
+                hint="leave out --memory and --pids to keep them, `fxkit lab down` first to "
+                "change them, or another --dir (and --prefix) for a second fleet",
             )
 
     def _check_address_free(self, name: str) -> None:
@@ -490,6 +529,7 @@ class Fleet:
             "prefix": self.prefix,
             "port": self.port,
             "profile": self.profile,
+            "limits": self.limits.as_dict(),
             "hosts": self.hosts,
         }
         _write_if_changed(self.state_file, json.dumps(state, indent=1, sort_keys=True) + "\n")

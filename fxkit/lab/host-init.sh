@@ -1,26 +1,28 @@
 #!/bin/sh
 # One lab host, in two steps (see docs/lab.md, "What a host is"):
 #
-#   unshare --mount host-init.sh outer NAME ADDRESS PORT HOST_DIR BASE_DIR [PROFILE_LAYER]
+#   unshare --mount host-init.sh outer NAME ADDRESS PORT HOST_DIR BASE_DIR TMPFS_BYTES [LAYER]
 #
-# "outer" runs as the real root in a private mount namespace. It builds the host's root file system
-# in a tmpfs on HOST_DIR/rt: overlays (writable, in memory) over this machine's /usr and over the
-# fleet's sanitised BASE_DIR/etc and /var; empty /root, /home, /tmp, /opt, /srv, /run; a /dev with
-# six device nodes and a private devpts; the host's own key, name and sshd configuration. Then it
-# execs unshare(1) into new user (uids 0-65535 mapped to themselves), PID, network, IPC, UTS, cgroup
-# and mount namespaces, which runs step "inner" as PID 1 there: it forbids further user
-# namespaces, mounts the host's /proc and a read-only /sys, pivots into the new root and detaches
-# the old one (nothing of the real file system stays reachable), brings up the host's loopback
-# interface and execs sshd with a reduced capability bounding set.
+# "outer" runs as the real root in a private mount namespace. It joins the host's cgroups (the
+# folders HOST_DIR/cgroups lists, one a line, made by fxkit/lab/resources.py: memory and pids
+# limits) and builds the host's root file system in a tmpfs on HOST_DIR/rt: overlays (writable,
+# in memory) over this machine's /usr and over the fleet's sanitised BASE_DIR/etc and /var; empty
+# /root, /home, /tmp, /opt, /srv, /run; a /dev with six device nodes and a private devpts; the
+# host's own key, name and sshd configuration. Then it execs unshare(1) into new user (uids
+# 0-65535 mapped to themselves), PID, network, IPC, UTS, cgroup and mount namespaces, which runs
+# step "inner" as PID 1 there: it forbids further user namespaces, mounts the host's /proc and a
+# read-only /sys, pivots into the new root and detaches the old one (nothing of the real file
+# system stays reachable), brings up the host's loopback interface and execs sshd with a reduced
+# capability bounding set. Each tmpfs of the host holds TMPFS_BYTES at most.
 # Nothing in the host keeps a file descriptor of the real machine: sshd's log is inside the host.
 #
-# With PROFILE_LAYER (a simulated hardware profile, built by fxkit/lab/profile.py) the host also
+# With LAYER (a simulated hardware profile, built by fxkit/lab/profile.py) the host also
 # gets the profile's stand-in tools (a lower layer of its /usr overlay), veth pairs named like
 # the profile's RDMA netdevs, a /sys with the profile's grafts, a writable configfs stand-in and
 # writable mlx5 ECN attributes on each of those netdevs, and keeps CAP_NET_ADMIN (in its own
 # network namespace) to configure those interfaces.
 set -eu
-step=$1 name=$2 address=$3 port=$4 hostdir=$5 layer=${7:-}
+step=$1 name=$2 address=$3 port=$4 hostdir=$5 size=$7 layer=${8:-}
 rt=$hostdir/rt
 # Kept: what sshd, package scripts and user management need. Everything else is dropped from the
 # bounding set (raw sockets, ptrace, the kernel log, perf, BPF, modules, raw I/O, mounts...).
@@ -30,7 +32,10 @@ caps=$caps,+net_bind_service,+sys_chroot,+audit_write
 
 if [ "$step" = outer ]; then
     base=$6
-    mount -t tmpfs -o mode=0700 fxkit-lab "$rt"
+    # Into the host's cgroups first: all its processes start there, and its cgroup namespace
+    # (made below) has its root there.
+    while read -r cgroup; do echo $$ > "$cgroup/cgroup.procs"; done < "$hostdir/cgroups"
+    mount -t tmpfs -o "mode=0700,size=$size" fxkit-lab "$rt"
     cd "$rt"
     # The layers by paths relative to here: the host's mount table (/proc/self/mountinfo) shows
     # the overlays' options, and names no folder of the real machine.
@@ -56,13 +61,13 @@ if [ "$step" = outer ]; then
     mkdir root/tmp root/opt root/srv root/run root/mnt root/media root/proc root/sys root/dev
     mkdir root/.oldroot
     # /tmp and /run are mounts of their own, as on most systems.
-    mount -t tmpfs -o mode=1777,nosuid,nodev fxkit-lab root/tmp
-    mount -t tmpfs -o mode=0755,nosuid,nodev fxkit-lab root/run
+    mount -t tmpfs -o "mode=1777,size=$size,nosuid,nodev" fxkit-lab root/tmp
+    mount -t tmpfs -o "mode=0755,size=$size,nosuid,nodev" fxkit-lab root/run
     mkdir -m 1777 root/run/lock
     mkdir -m 0755 root/run/sshd
 
     # /dev: the harmless character devices, a private devpts and shm; no disks, kmsg, mem...
-    mount -t tmpfs -o mode=0755,nosuid,noexec fxkit-lab root/dev
+    mount -t tmpfs -o "mode=0755,size=$size,nosuid,noexec" fxkit-lab root/dev
     mknod -m 0666 root/dev/null c 1 3
     mknod -m 0666 root/dev/zero c 1 5
     mknod -m 0666 root/dev/full c 1 7
@@ -72,7 +77,7 @@ if [ "$step" = outer ]; then
     mkdir root/dev/pts root/dev/shm
     mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,gid=5,nosuid,noexec fxkit-lab root/dev/pts
     ln -s pts/ptmx root/dev/ptmx
-    mount -t tmpfs -o mode=1777,nosuid,nodev fxkit-lab root/dev/shm
+    mount -t tmpfs -o "mode=1777,size=$size,nosuid,nodev" fxkit-lab root/dev/shm
     ln -s /proc/self/fd root/dev/fd
     ln -s /proc/self/fd/0 root/dev/stdin
     ln -s /proc/self/fd/1 root/dev/stdout
@@ -107,7 +112,7 @@ EOF
     mount --bind subid /etc/subgid
     exec unshare --user --map-users=0,0,65536 --map-groups=0,0,65536 --setgroups=allow \
         --mount --pid --net --ipc --uts --cgroup --fork --kill-child \
-        "$0" inner "$name" "$address" "$port" "$hostdir" - "$layer"
+        "$0" inner "$name" "$address" "$port" "$hostdir" - "$size" "$layer"
 fi
 
 # inner: PID 1 of the host's namespaces, still in the real file system (in $rt).
@@ -133,7 +138,7 @@ else
     # attributes go to the kernel's files.
     mount -t sysfs -o ro,nosuid,nodev,noexec fxkit-lab sysfs
     mount -t overlay fxkit-lab -o "ro,nosuid,nodev,noexec,lowerdir=$layer/sys:sysfs" root/sys
-    mount -t tmpfs -o mode=0755,nosuid,nodev,noexec fxkit-lab root/sys/kernel/config
+    mount -t tmpfs -o "mode=0755,size=$size,nosuid,nodev,noexec" fxkit-lab root/sys/kernel/config
     cp -a "$layer/config/." root/sys/kernel/config/
     # On each RDMA netdev's ecn folder (a graft) a small writable tmpfs with the ECN attributes
     # MLNX_OFED's mlx5 driver puts there (mode 0644), as a fresh port has them: all mounts in
