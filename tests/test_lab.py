@@ -190,6 +190,30 @@ def test_changing_the_prefix_of_a_running_fleet_is_refused(lab_fleet):
         Fleet(fleet.dir, prefix="127.1.1")
 
 
+def test_where_the_hosts_cgroups_go_on_v2_hybrid_and_v1_machines(tmp_path):
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
+    (tmp_path / "unified").mkdir()
+    (tmp_path / "unified" / "cgroup.controllers").write_text("\n")  # all bound to v1
+    v2 = f"29 23 0:26 / {tmp_path}/v2 rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    assert resources.placement(v2, "0::/user.slice/session-3.scope\n") == {
+        "memory": tmp_path / "v2",  # not under our own cgroup: it holds processes
+        "pids": tmp_path / "v2",
+    }
+    hybrid = (  # as the machine this was written on: v1 controllers, an empty v2 hierarchy
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
+        f"41 31 0:38 / {tmp_path}/unified rw - cgroup2 cgroup2 rw\n"
+    )
+    own = "8:pids:/\n4:memory:/process_api/6ac6\n0::/\n"
+    assert resources.placement(hybrid, own) == {
+        "memory": Path("/sys/fs/cgroup/memory/process_api/6ac6"),
+        "pids": Path("/sys/fs/cgroup/pids"),
+    }
+    with pytest.raises(resources.Unavailable, match=r"no pids controller.*offers none"):
+        resources.placement(hybrid.replace("rw,pids", "rw,freezer"), own)
+
+
 def test_too_little_memory_or_too_few_processes_are_refused(tmp_path):
     for option, value, said in (("--memory", "8MiB", "64 MiB at least"), ("--pids", "3", "3")):
         result = CliRunner().invoke(lab, ["up", "1", "--dir", str(tmp_path), option, value])

@@ -53,12 +53,13 @@ class Limits:
         return asdict(self)
 
 
-def placement() -> dict[str, Path]:
-    """The folder each controller's host cgroups go under; :class:`Unavailable` if one has none."""
-    mounts = _cgroup_mounts()
+def placement(mountinfo: str | None = None, cgroups: str | None = None) -> dict[str, Path]:
+    """The folder each controller's host cgroups go under; :class:`Unavailable` if one has none.
+    ``mountinfo`` and ``cgroups``: the text of /proc/self/mountinfo and /proc/self/cgroup."""
+    mounts = _cgroup_mounts(_read(Path("/proc/self/mountinfo")) if mountinfo is None else mountinfo)
     v2 = next((point for fstype, _, point, _ in mounts if fstype == "cgroup2"), None)
     offered = _read(v2 / "cgroup.controllers").split() if v2 else []
-    own = _own_cgroups()
+    own = _own_cgroups(_read(Path("/proc/self/cgroup")) if cgroups is None else cgroups)
     found: dict[str, Path] = {}
     for controller in CONTROLLERS:
         if v2 and controller in offered:
@@ -84,12 +85,8 @@ def create(key: str, limits: Limits) -> list[str]:
     try:
         for controller, parent in placement().items():
             v2 = (parent / "cgroup.controllers").exists()
-            if v2:  # a v2 cgroup hands limits to its children only for controllers it enables
-                _enable(parent)
-                (parent / FOLDER).mkdir(exist_ok=True)
-                _enable(parent / FOLDER)
             folder = parent / FOLDER / key
-            folder.mkdir(parents=True, exist_ok=True)
+            _make(folder, v2)
             value = limits.memory if controller == "memory" else limits.pids
             (folder / LIMIT_FILES[controller][not v2]).write_text(str(value))
             if str(folder) not in folders:
@@ -123,6 +120,24 @@ def remove(folders: Iterable[str], timeout: float = 3.0) -> None:
                 path.rmdir()
 
 
+def _make(folder: Path, v2: bool) -> None:
+    """Make ``folder`` and the lab's folder above it; again if another fleet's :func:`remove`
+    takes the lab's folder away in between (the third time that happens fails)."""
+    for last in (False, False, True):
+        try:
+            # A v2 cgroup hands limits to its children only for the controllers it enables.
+            if v2:
+                _enable(folder.parent.parent)
+            folder.parent.mkdir(exist_ok=True)
+            if v2:
+                _enable(folder.parent)
+            folder.mkdir(exist_ok=True)
+            return
+        except FileNotFoundError:
+            if last:
+                raise
+
+
 def _enable(folder: Path) -> None:
     """Enable the memory and pids controllers for ``folder``'s children (cgroup v2)."""
     enabled = _read(folder / "cgroup.subtree_control").split()
@@ -131,10 +146,10 @@ def _enable(folder: Path) -> None:
         (folder / "cgroup.subtree_control").write_text(missing)
 
 
-def _cgroup_mounts() -> list[tuple[str, str, Path, set[str]]]:
+def _cgroup_mounts(mountinfo: str) -> list[tuple[str, str, Path, set[str]]]:
     """(type, root in the hierarchy, mount point, super options) of each cgroup file system."""
     mounts = []
-    for line in _read(Path("/proc/self/mountinfo")).splitlines():
+    for line in mountinfo.splitlines():
         fields = line.split()
         after = fields[fields.index("-") + 1 :]
         if after[0] in ("cgroup", "cgroup2"):
@@ -143,10 +158,10 @@ def _cgroup_mounts() -> list[tuple[str, str, Path, set[str]]]:
     return mounts
 
 
-def _own_cgroups() -> dict[str, str]:
+def _own_cgroups(cgroups: str) -> dict[str, str]:
     """The controller's own cgroup in each v1 hierarchy, by controller (/proc/self/cgroup)."""
     own = {}
-    for line in _read(Path("/proc/self/cgroup")).splitlines():
+    for line in cgroups.splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(","):
             if controller:
