@@ -188,6 +188,8 @@ class Layer:
 
     source: str
     values: Mapping[str, Any]
+    #: Values rendered already (kept in a results file): data, never rendered again.
+    rendered: bool = False
 
 
 class HostVars(Mapping[str, Any]):
@@ -208,14 +210,18 @@ class HostVars(Mapping[str, Any]):
         self._host = host
         self._raw: dict[str, Any] = {}
         self._source: dict[str, str] = {}
+        self._rendered: dict[str, Any] = {}
         for layer in layers:
             for key, value in layer.values.items():
                 self._raw[key] = value
                 self._source[key] = layer.source
+                if layer.rendered:
+                    self._rendered[key] = value
+                else:
+                    self._rendered.pop(key, None)
         self._secret_names = frozenset(secret_names)
         self._on_secret = on_secret
         self._rendered_secrets: set[str] = set()
-        self._rendered: dict[str, Any] = {}
         self._local = threading.local()
 
     @property
@@ -302,11 +308,12 @@ class HostVars(Mapping[str, Any]):
                 f"template {name!r} not found", where=path, hint=f"put it in {templates_dir}/"
             ) from None
         except jinja2.TemplateSyntaxError as exc:
-            raise _template_error(exc, path, self._host, exc.lineno) from None
-        return self._render(template, path)
+            raise _template_error(exc, f"{path}:", self._host, exc.lineno) from None
+        return self._render(template, f"{path}:")
 
     def _render(self, template: jinja2.Template, label: str, secret: bool = False) -> Any:
-        """Render with this mapping as the context, so variables render only when used."""
+        """Render with this mapping as the context, so variables render only when used;
+        ``label`` names the template in errors (a file as ``path:``)."""
         env = template.environment
         # The empty dict takes Jinja2's own writes; the others are only read.
         scope = ChainMap({}, self, env.globals)  # type: ignore[arg-type]
@@ -384,9 +391,11 @@ def _template_line(exc: BaseException, template: jinja2.Template) -> int | None:
 def _template_error(
     exc: Exception, label: str, host: str, line: int | None, secret: bool = False
 ) -> TemplateError:
-    where = label
-    if line:
-        where = f"{label}, line {line}" if label.startswith("variable ") else f"{label}:{line}"
+    """``label``: a variable or part of a check (``, line N`` follows), or a file's ``path:``."""
+    if label.endswith(":"):
+        where = f"{label}{line}" if line else label[:-1]
+    else:
+        where = f"{label}, line {line}" if line else label
     if secret:  # Jinja2's message quotes pieces of the value, too short to be masked
         return TemplateError(
             f"{type(exc).__name__} for host {host} in a secret value (not shown)",

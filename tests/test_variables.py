@@ -261,3 +261,12 @@ def test_an_error_renders_no_other_variable(tmp_path: Path) -> None:
     with pytest.raises(TemplateError) as err:
         HostVars("h1", [Layer("play vars", layer)]).render_template(tmp_path, "t.j2")
     assert err.value.where == f"{tmp_path / 't.j2'}:2" and "'missing'" in err.value.message
+
+
+def test_a_rendered_layer_is_data() -> None:
+    kept = {"label": "{{ 7 * 6 }}", "low": "{{ 1 / 0 }}"}
+    v = HostVars(
+        "h1",
+        [Layer("run", kept, rendered=True), Layer("gate", {"low": 2, "x": "{{ label }}!"})],
+    )
+    assert v["label"] == "{{ 7 * 6 }}" and v["x"] == "{{ 7 * 6 }}!" and v["low"] == 2
