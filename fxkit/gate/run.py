@@ -135,7 +135,7 @@ class GateRun:
     def plan(self) -> list[_Plan]:
         """Every host's checks rendered; all mistakes at once, before any host is touched."""
         defaults = role_defaults(self.gate, self.options.roles_path)
-        plans, problems = [], []
+        plans, problems, hints = [], [], set()
         for inv in self.hosts():
             v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.secrets.update)
             checks = []
@@ -143,14 +143,16 @@ class GateRun:
                 try:
                     checks.append(self._render(check, v))
                 except FxkitError as exc:
-                    # The message only: the hint below says what to do for all of them.
-                    problems.append(f"{self.gate.where(check.id)}: host {inv.name}: {exc.message}")
+                    problems.append(f"{self.gate.where(check.id)}: {problem(exc, inv.name)}")
+                    hints.add(exc.hint)
             plans.append(_Plan(inv, v, checks))
         if problems:
             more = f"\n  (and {len(problems) - 20} more)" if len(problems) > 20 else ""
+            (hint,) = hints if len(hints) == 1 and None not in hints else (None,)
             raise GateError(
                 "\n  ".join(problems[:20]) + more,
-                hint="define the variables (inventory, the gate's vars:, -e) or fix the check",
+                hint=hint
+                or "define the variables (inventory, the gate's vars:, -e) or fix the check",
             )
         return plans
 
@@ -314,6 +316,14 @@ def referenced(gate: Gate) -> set[str]:
     return names
 
 
+def problem(exc: FxkitError, host: str) -> str:
+    """A rendering error in one line, for a check's file:line: the host, the variable or part
+    of the check (``exc.where``) and what is wrong."""
+    where = f"{exc.where}: " if exc.where and exc.where != f"host {host}" else ""
+    named = f"host {host}" in exc.message  # Jinja2's errors say "... for host H"
+    return f"{where}{exc.message}" if named else f"host {host}: {where}{exc.message}"
+
+
 def gate_layer(gate: Gate) -> str:
     return f"gate {gate.name} vars"
 
@@ -336,7 +346,8 @@ def rule_renderer(
 ) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
     """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``): the
     roles' defaults, the run's values from them, the gate file's current ``vars:`` (not the
-    run's), the run's values from the inventory and -e, then this ``-e``."""
+    run's), the run's values from the inventory and -e, then this ``-e``. The run's values are
+    data, as they were rendered in the run: never rendered again."""
     defaults = role_defaults(gate, roles_paths or [])
 
     def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
@@ -350,14 +361,18 @@ def rule_renderer(
 
         layers = [
             *defaults,
-            Layer("the run's role defaults", kept(True)),
+            Layer("the run's role defaults", kept(True), rendered=True),
             Layer(gate_layer(gate), gate.spec.vars),
-            Layer("the run's variables", kept(False)),
+            Layer("the run's variables", kept(False), rendered=True),
             Layer("extra vars", extra_vars),
         ]
-        rendered: dict[str, Any] = render(
-            HostVars(host.name, layers), check.rule, f"check {check.id}, rule"
-        )
+        try:
+            rendered: dict[str, Any] = render(
+                HostVars(host.name, layers), check.rule, f"check {check.id}, rule"
+            )
+        except FxkitError as exc:
+            error = GateError(problem(exc, host.name), where=gate.where(check.id), hint=exc.hint)
+            raise error from None
         return rendered
 
     return rule
