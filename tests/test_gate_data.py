@@ -94,6 +94,19 @@ def test_a_gate_template_runs_no_code(tmp_path: Path, place: str) -> None:
         assert f"variable 'thr' ({source}), line 1" in proc.stderr
 
 
+def test_a_broken_connection_variable_stops_the_gate_before_any_host(tmp_path: Path) -> None:
+    (tmp_path / "gate.yml").write_text(GATE)
+    hosts = "all:\n  hosts:\n    h1: {ansible_port: '{{ 1 / 0 }}'}\n    h2: {ansible_port: 9}\n"
+    (tmp_path / "hosts.yml").write_text(
+        hosts.replace("{ansible", "{ansible_host: 127.0.0.1, ansible")
+    )
+    proc = fxkit("gate", "./gate.yml", "-i", "hosts.yml", "--out", "out", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "variable 'ansible_port' (inventory), line 1: ZeroDivisionError" in proc.stderr
+    assert "unreachable" not in proc.stdout  # h2 was not tried either
+    assert not (tmp_path / "out").exists() and "Traceback" not in proc.stderr
+
+
 PLAY_ROLE = "def apply(host, v):\n    host.command('true', only_if=f'test {v.thr} = 1')\n"
 
 

@@ -13,6 +13,7 @@ are closed). What was measured is reported, the rest is ERROR ("interrupted").
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -133,22 +134,33 @@ class GateRun:
         return hosts
 
     def plan(self) -> list[_Plan]:
-        """Every host's checks rendered; all mistakes at once, before any host is touched."""
+        """Every host's checks, and the variables its connection reads (``ansible_*``),
+        rendered; all mistakes at once, before any host is touched."""
         defaults = role_defaults(self.gate, self.options.roles_path)
         plans, problems, hints = [], [], set()
+
+        def attempt(render: Callable[[], Any], host: str, where: str = "") -> Any:
+            try:
+                return render()
+            except FxkitError as exc:
+                problems.append(f"{where}{problem(exc, host)}")
+                hints.add(exc.hint)
+                return None
+
         for inv in self.hosts():
             v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.secrets.update)
+            for name in sorted(n for n in v if n.startswith("ansible_")):
+                attempt(functools.partial(v.__getitem__, name), inv.name)
             checks = []
             for check in self.gate.spec.checks:
-                try:
-                    checks.append(self._render(check, v))
-                except FxkitError as exc:
-                    problems.append(f"{self.gate.where(check.id)}: {problem(exc, inv.name)}")
-                    hints.add(exc.hint)
+                where = f"{self.gate.where(check.id)}: "
+                planned = attempt(functools.partial(self._render, check, v), inv.name, where)
+                if planned is not None:
+                    checks.append(planned)
             plans.append(_Plan(inv, v, checks))
         if problems:
             more = f"\n  (and {len(problems) - 20} more)" if len(problems) > 20 else ""
-            (hint,) = hints if len(hints) == 1 and None not in hints else (None,)
+            hint = next(iter(hints)) if len(hints) == 1 else None
             raise GateError(
                 "\n  ".join(problems[:20]) + more,
                 hint=hint
