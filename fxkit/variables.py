@@ -14,7 +14,12 @@ On top, fxkit sets ``inventory_hostname``, ``group_names`` and ``role_name``.
 Values are rendered when they are read: a string value may use ``{{ other_variable }}`` and is
 rendered with the host's variables at that moment, through a Jinja2 environment with
 ``StrictUndefined``: an undefined variable is a :class:`~fxkit.errors.TemplateError` naming the
-template (file or variable), the line, the undefined name and the host.
+template (file or variable), the line, the undefined name and the host; so is anything else a
+template raises (``{{ 1 / 0 }}``, a filter given the wrong type).
+
+Templates come from data (inventories, gate files, ``-e``), so they render in Jinja2's immutable
+sandbox: no attribute of Python's internals (``lipsum.__globals__``), no method that changes a
+list, dict or set in place. Jinja2's filters, tests and the other methods work as usual.
 
 Secrets (which names and keys are secret: :mod:`fxkit.redaction`): the values of secret
 variables, and of secret keys inside any variable, are collected so the report redacts them in
@@ -43,6 +48,7 @@ import jinja2
 import yaml
 from jinja2 import nodes
 from jinja2.nativetypes import NativeEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from fxkit.errors import FxkitError, TemplateError
 from fxkit.redaction import is_secret_name, leaves, secret_leaves
@@ -74,10 +80,10 @@ def environment(templates_dir: str | None = None) -> jinja2.Environment:
     )
 
 
-class _Environment(jinja2.Environment):
-    """Templates (files, includes, variable values) whose ``{{ expressions }}`` report what
-    they render to when they read a secret: each is wrapped in the filter ``_RECORD`` with the
-    names it reads (see :func:`_wrap_outputs`)."""
+class _Environment(ImmutableSandboxedEnvironment):
+    """Sandboxed templates (files, includes, variable values) whose ``{{ expressions }}`` report
+    what they render to when they read a secret: each is wrapped in the filter ``_RECORD`` with
+    the names it reads (see :func:`_wrap_outputs`)."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -90,7 +96,7 @@ class _Environment(jinja2.Environment):
 
 
 class _NativeEnvironment(_Environment, NativeEnvironment):
-    pass
+    """The sandbox, with NativeEnvironment's code generator and ``concat`` (native types)."""
 
 
 def _read_names(node: nodes.Node) -> set[str]:
@@ -182,6 +188,8 @@ class Layer:
 
     source: str
     values: Mapping[str, Any]
+    #: Values rendered already (kept in a results file): data, never rendered again.
+    rendered: bool = False
 
 
 class HostVars(Mapping[str, Any]):
@@ -202,14 +210,18 @@ class HostVars(Mapping[str, Any]):
         self._host = host
         self._raw: dict[str, Any] = {}
         self._source: dict[str, str] = {}
+        self._rendered: dict[str, Any] = {}
         for layer in layers:
             for key, value in layer.values.items():
                 self._raw[key] = value
                 self._source[key] = layer.source
+                if layer.rendered:
+                    self._rendered[key] = value
+                else:
+                    self._rendered.pop(key, None)
         self._secret_names = frozenset(secret_names)
         self._on_secret = on_secret
         self._rendered_secrets: set[str] = set()
-        self._rendered: dict[str, Any] = {}
         self._local = threading.local()
 
     @property
@@ -296,22 +308,22 @@ class HostVars(Mapping[str, Any]):
                 f"template {name!r} not found", where=path, hint=f"put it in {templates_dir}/"
             ) from None
         except jinja2.TemplateSyntaxError as exc:
-            raise _template_error(exc, path, self._host, exc.lineno) from None
-        return self._render(template, path)
+            raise _template_error(exc, f"{path}:", self._host, exc.lineno) from None
+        return self._render(template, f"{path}:")
 
     def _render(self, template: jinja2.Template, label: str, secret: bool = False) -> Any:
-        """Render with this mapping as the context, so variables render only when used."""
+        """Render with this mapping as the context, so variables render only when used;
+        ``label`` names the template in errors (a file as ``path:``)."""
         env = template.environment
         # The empty dict takes Jinja2's own writes; the others are only read.
         scope = ChainMap({}, self, env.globals)  # type: ignore[arg-type]
         context = template.new_context(scope, shared=True)  # type: ignore[arg-type]
         token = _rendering.set(self)
         try:
-            try:
-                return env.concat(template.root_render_func(context))
-            except Exception:
-                env.handle_exception()  # re-raises with template line numbers in the traceback
-        except jinja2.TemplateError as exc:
+            return env.concat(template.root_render_func(context))
+        except FxkitError:
+            raise  # a variable the template reads is wrong: its own error names it
+        except Exception as exc:  # Jinja2's errors, and whatever a filter or operator raised
             line = _template_line(exc, template)
             raise _template_error(exc, label, self._host, line, secret) from None
         finally:
@@ -368,18 +380,22 @@ def _nested_secrets(value: Any, extra: frozenset[str]) -> frozenset[str]:
 
 
 def _template_line(exc: BaseException, template: jinja2.Template) -> int | None:
-    """The template line where rendering failed (Jinja2 rewrites tracebacks to template lines)."""
+    """The template line where rendering failed: the last frame of the template's compiled code,
+    mapped to its line. (Not Jinja2's ``handle_exception``: the locals it collects for its
+    traceback render every variable of the host.)"""
     filename = template.filename or "<template>"
     lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
-    return lines[-1] if lines else None
+    return template.get_corresponding_lineno(lines[-1]) if lines and lines[-1] else None
 
 
 def _template_error(
-    exc: jinja2.TemplateError, label: str, host: str, line: int | None, secret: bool = False
+    exc: Exception, label: str, host: str, line: int | None, secret: bool = False
 ) -> TemplateError:
-    where = label
-    if line:
-        where = f"{label}, line {line}" if label.startswith("variable ") else f"{label}:{line}"
+    """``label``: a variable or part of a check (``, line N`` follows), or a file's ``path:``."""
+    if label.endswith(":"):
+        where = f"{label}{line}" if line else label[:-1]
+    else:
+        where = f"{label}, line {line}" if line else label
     if secret:  # Jinja2's message quotes pieces of the value, too short to be masked
         return TemplateError(
             f"{type(exc).__name__} for host {host} in a secret value (not shown)",
@@ -396,11 +412,17 @@ def _template_error(
             hint="define it (role defaults, inventory, play vars or -e) or use "
             "{{ name | default(...) }}",
         )
-    return TemplateError(
-        f"{type(exc).__name__} for host {host}: {exc.message}",
-        where=where,
-        hint="fix the Jinja2 syntax",
-    )
+    if isinstance(exc, SecurityError):
+        hint = (
+            "templates render in a sandbox: they cannot reach Python's internals (names "
+            "starting with _) or change a list or dict in place; build new values with filters"
+        )
+    elif isinstance(exc, jinja2.TemplateSyntaxError):
+        hint = "fix the Jinja2 syntax"
+    else:
+        hint = "fix the expression, or the values it reads"
+    message = exc.message if isinstance(exc, jinja2.TemplateError) else str(exc)
+    return TemplateError(f"{type(exc).__name__} for host {host}: {message}", where=where, hint=hint)
 
 
 def truthy(value: Any) -> bool:

@@ -145,3 +145,41 @@ def test_a_number_against_a_version_compares_as_a_version():
     assert rules.evaluate({">=": 5.15}, "6.8.0-60-generic").passed
     assert not rules.evaluate({">=": 7}, "6.8.0").passed
     assert rules.evaluate({">=": 7}, "7.2.2").passed
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("rule", "value", "baseline", "message"),
+    [
+        ({"!=": 0}, NAN, None, "the measured value nan is not a finite number"),
+        ({"==": 0}, NAN, None, "the measured value nan"),
+        ({"<=": 5}, -INF, None, "the measured value -inf"),
+        ({">=": 1}, INF, None, "the measured value inf"),
+        ({"in": [1, 2]}, NAN, None, "the measured value nan"),
+        ({"!=": 0}, "NaN", None, "the measured value NaN"),  # as result.json keeps it
+        ({"!=": 0}, "Infinity", None, "the measured value Infinity"),
+        ({"contains": [1]}, [1, NAN], None, "the measured value nan"),
+        ({"!=": 0}, {"gpu0": 1.0, "gpu1": NAN}, None, "gpu1: the measured value nan"),
+        ({"!=": NAN}, 3, None, "the rule's value nan is not a finite number"),
+        ({"between": [0, INF]}, 3, None, "the rule's value inf"),
+        ({"change": {"max": "-25%"}}, 700, NAN, "the baseline value nan"),
+        ({"change": {"max": "-25%"}}, NAN, 1000, "the measured value nan"),
+    ],
+)
+def test_a_number_that_is_not_finite_cannot_be_judged(rule, value, baseline, message):
+    with pytest.raises(rules.RuleError, match=message):
+        rules.evaluate(rule, value, baseline)
+
+
+def test_a_nan_measurement_is_an_error_not_a_pass():
+    measured = Measurement("command", {}, data={"ratio": NAN})
+    result = judge(_check(value="ratio"), {"!=": 0}, measured, 0)
+    assert result.status == "ERROR" and "not a finite number" in result.reason
+
+
+def test_text_that_is_not_a_number_still_compares_as_text():
+    assert rules.evaluate({"!=": "DOWN"}, "ACTIVE").passed
+    assert rules.evaluate({"==": "nano"}, "nano").passed
+    assert not rules.evaluate({"==": 8}, "information").passed

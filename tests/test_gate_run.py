@@ -166,6 +166,50 @@ def test_mistakes_show_before_any_host_is_touched(lab_fleet, tmp_path: Path) -> 
         assert not conn.run("test -e /tmp/touched").ok
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "line", "message"),
+    [
+        ("{{ min_cpus }}", "{{ min_cpus / 0 }}", 12, "ZeroDivisionError for host lab01"),
+        ("{{ min_cpus }}", "{{ [min_cpus, 'a'] | sum }}", 12, "TypeError for host lab01"),
+        ("{{ min_cpus }}", "{{ ''.__class__ }}", 12, "SecurityError for host lab01"),
+        ("parse: lines}", "parse: regex, pattern: \"{{ '(' }}\"}", 7, "pattern is not a regex"),
+        ("parse: lines}", 'parse: regex, pattern: "("}', 10, "command: pattern is not a regex"),
+    ],
+)
+def test_a_rule_or_parameter_that_cannot_work_stops_the_gate_before_any_host(
+    lab_fleet, tmp_path: Path, old: str, new: str, line: int, message: str
+) -> None:
+    fleet = lab_fleet(2, name="gate")
+    gate_file = tmp_path / "bad.yml"
+    gate_file.write_text(GATE.replace(old, new).replace("date +%s", "touch /tmp/touched; date"))
+    out = tmp_path / "out"
+    proc = gate(str(gate_file), "-i", str(inventory(fleet, tmp_path / "inv.yml")), "-o", str(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{gate_file}:{line}" in proc.stderr and message in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not out.exists()
+    for host in ("lab01", "lab02"):
+        with fleet.connect(host) as conn:
+            assert not conn.run("test -e /tmp/touched").ok
+
+
+def test_a_number_that_is_not_finite_is_an_error_in_strict_json(lab_fleet, tmp_path) -> None:
+    fleet = lab_fleet(2, name="gate")
+    gate_file = tmp_path / "nan.yml"
+    gate_file.write_text(GATE.replace("grep -c ^processor /proc/cpuinfo", "echo nan"))
+    out = tmp_path / "out"
+    proc = gate(str(gate_file), "-i", str(inventory(fleet, tmp_path / "inv.yml")), "-o", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    result = json.loads((out / "result.json").read_text(), parse_constant=refuse)
+    cpus = checks(result, "lab01")["cpus_again"]  # {">=": 100000}: nan is not below it either
+    assert cpus["status"] == "ERROR" and cpus["value"] == "NaN"
+    assert "the measured value nan is not a finite number" in cpus["reason"]
+
+
 def test_ctrl_c_reports_what_was_measured(lab_fleet, tmp_path: Path) -> None:
     fleet = lab_fleet(2, name="gate")
     gate_file = tmp_path / "slow.yml"

@@ -53,6 +53,9 @@ def test_a_gate_file_loads_with_its_check_lines(tmp_path):
         ("    title: Kernel\n", "", 4, "missing key 'title'"),
         ("  - id: kernel", "  - id: Kernel-1", 4, "an id is lowercase"),
         ("gate: mine", "gate: mine\nhostz: all", 2, "unknown key 'hostz'"),
+        ("run: uname -r}", 'run: uname -r, parse: regex, pattern: "("}', 7, "not a regex"),
+        ("run: uname -r}", "run: uname -r, parse: regex}", 7, "parse: regex needs a pattern"),
+        ("run: uname -r}", "run: uname -r, parse: regex, pattern: '(\\d+)'}", 7, "named group"),
     ],
 )
 def test_mistakes_name_file_and_line(tmp_path, old, new, line, message):

@@ -153,3 +153,120 @@ def test_secret_values_include_listed_names_and_rendered_values() -> None:
         secret_names=["nvme_dhchap"],
     )
     assert v.secret_values() == {"{{ vault_pw }}", "s3cr3t", "DHHC-1:00:abc"}
+
+
+#: Templates that reach Python's internals: each would run `touch MARKER` outside a sandbox.
+ESCAPES = [
+    "{{ lipsum.__globals__['os'].popen('touch MARKER').read() }}",
+    "{{ cycler.__init__.__globals__.os.popen('touch MARKER').read() }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ joiner.__init__.__globals__['__builtins__']['open']('MARKER', 'w') }}",
+    "{% set d = {} %}{{ d.update(a=1) }}{{ namespace.__init__.__globals__ }}",
+]
+
+
+@pytest.mark.parametrize("source", ESCAPES)
+def test_a_variable_cannot_reach_python_internals(source: str, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    v = HostVars("h1", [Layer("inventory", {"x": source.replace("MARKER", str(marker))})])
+    with pytest.raises(TemplateError) as err:
+        v["x"]
+    assert not marker.exists()
+    assert err.value.where == "variable 'x' (inventory), line 1"
+    assert "SecurityError for host h1" in err.value.message and "unsafe" in err.value.message
+
+
+def test_a_template_file_cannot_reach_python_internals(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    (tmp_path / "t.j2").write_text(f"ok\n{ESCAPES[0].replace('MARKER', str(marker))}\n")
+    with pytest.raises(TemplateError) as err:
+        HostVars("h1", []).render_template(tmp_path, "t.j2")
+    assert not marker.exists()
+    assert err.value.where == f"{tmp_path / 't.j2'}:2" and "unsafe" in err.value.message
+
+
+def test_templates_cannot_change_a_variable_in_place() -> None:
+    v = HostVars("h1", [Layer("play vars", {"ports": [1], "x": "{{ ports.append(2) }}"})])
+    with pytest.raises(TemplateError, match="unsafe"):
+        v["x"]
+    assert v["ports"] == [1]
+
+
+@pytest.mark.parametrize(
+    ("source", "rendered"),
+    [
+        ("{{ missing | default('d') }}", "d"),
+        ("{{ missing | default(omitted, true) if false else 3 }}", 3),
+        ("{{ ports | map('string') | join(' ') }}", "22 80"),
+        ("{{ ports | first }}", 22),
+        ("{{ ports | sum + ports | max + ports | length }}", 184),
+        ("{{ '42' | int + 1 }}", 43),
+        ("{{ name | upper }}", "NODE"),
+        ("{{ ports | list }}", [22, 80]),
+        ("{{ users | selectattr('admin') | map(attribute='name') | list }}", ["ann"]),
+        ("{{ users | map(attribute='name') | select('ne', 'ann') | list }}", ["bob"]),
+        ("{{ m | dictsort | first | last }}", 1),
+        ("{{ '%s-%d' | format(name, 7) }}", "node-7"),
+        ("{{ '{}:{}'.format(name, ports[0]) }}", "node:22"),
+        ("{{ name is string and ports is iterable and 3 is number }}", True),
+        ("{{ range(3) | list }}", [0, 1, 2]),
+        (
+            "{% set ns = namespace(n=0) %}{% for p in ports %}{% set ns.n = ns.n + p %}"
+            "{% endfor %}{{ ns.n }}",
+            102,
+        ),
+        ("{{ dict(a=1).items() | list }}", [("a", 1)]),
+        ("{{ name.split('o') }}", ["n", "de"]),
+    ],
+)
+def test_jinja2_filters_tests_and_methods_still_work(source: str, rendered: object) -> None:
+    values = {"ports": [22, 80], "name": "node", "m": {"a": 1}}
+    values["users"] = [{"name": "ann", "admin": True}, {"name": "bob", "admin": False}]
+    v = HostVars("h1", [Layer("play vars", {**values, "x": source})])
+    assert v["x"] == rendered
+
+
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        ("{{ 1 / 0 }}", "ZeroDivisionError for host h1: division by zero"),
+        ("{{ [1, 'a'] | sum }}", "TypeError for host h1: unsupported operand"),
+        ("{{ none | join(',') }}", "TypeError for host h1: 'NoneType' object is not iterable"),
+        ("{{ 'x' * 2 ** 70 }}", "OverflowError for host h1"),
+        ("{{ '%d' | format('x') }}", "TypeError for host h1: %d format"),
+    ],
+)
+def test_an_error_in_a_variable_names_it_and_where_it_was_set(source: str, error: str) -> None:
+    v = HostVars("h1", [Layer("play vars", {"a": "{{ b }}", "b": f"line 1\n{source}"})])
+    with pytest.raises(TemplateError) as err:
+        v["a"]  # the error is b's, where a reads it
+    assert err.value.where == "variable 'b' (play vars), line 2"
+    assert error in err.value.message
+
+
+def test_an_error_renders_no_other_variable(tmp_path: Path) -> None:
+    """The error of a template that sets a name is its own: finding its line renders nothing
+    else (Jinja2's debug traceback would render every variable, the broken one here too)."""
+    marker = tmp_path / "marker"
+    layer = {
+        "x": "{% set n = 1 %}\n{{ n / 0 }}",
+        "broken": "{{ nowhere }}",
+        "escape": ESCAPES[0].replace("MARKER", str(marker)),
+    }
+    with pytest.raises(TemplateError) as err:
+        HostVars("h1", [Layer("play vars", layer)])["x"]
+    assert err.value.where == "variable 'x' (play vars), line 2"
+    assert "ZeroDivisionError" in err.value.message
+    (tmp_path / "t.j2").write_text("{% set n = 1 %}\n{{ n.missing.x }}\n")
+    with pytest.raises(TemplateError) as err:
+        HostVars("h1", [Layer("play vars", layer)]).render_template(tmp_path, "t.j2")
+    assert err.value.where == f"{tmp_path / 't.j2'}:2" and "'missing'" in err.value.message
+
+
+def test_a_rendered_layer_is_data() -> None:
+    kept = {"label": "{{ 7 * 6 }}", "low": "{{ 1 / 0 }}"}
+    v = HostVars(
+        "h1",
+        [Layer("run", kept, rendered=True), Layer("gate", {"low": 2, "x": "{{ label }}!"})],
+    )
+    assert v["label"] == "{{ 7 * 6 }}" and v["x"] == "{{ 7 * 6 }}!" and v["low"] == 2

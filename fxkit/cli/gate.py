@@ -126,7 +126,7 @@ def _run_command(name: str) -> click.Command:
 @click.option(
     "--gate",
     "gate_file",
-    help="The gate file to judge by (default: the one the results name, as it is now).",
+    help="The gate file to judge by (default: the built-in gate the results name, as it is now).",
 )
 @click.option("-e", "--extra-vars", multiple=True, metavar="VARS", help="Override variables.")
 @click.option(
@@ -143,9 +143,10 @@ def evaluate(
     out: Path | None,
 ) -> None:
     """Judge RESULTS (a result.json) again against the gate's current thresholds, touching no
-    host: edit the gate file (or pass -e) and re-evaluate."""
+    host: edit the gate file (or pass -e) and re-evaluate. The values kept in RESULTS are data:
+    they are never rendered again, and the gate file it names is opened only by --gate."""
     earlier = load_results(results)
-    judged_by = spec.load(gate_file or earlier.gate_file)
+    judged_by = spec.load(gate_file) if gate_file else _builtin_gate(earlier, results)
     result = reevaluate(
         earlier,
         judged_by,
@@ -154,6 +155,21 @@ def evaluate(
     )
     result.reevaluated_from = str(results)
     _finish(result, out or results.parent / f"reevaluated-{_stamp()}", ())
+
+
+def _builtin_gate(earlier: GateResult, results: Path) -> spec.Gate:
+    """The built-in gate that ``earlier`` was made with; any other file it names is shown, never
+    opened (a results file does not choose what fxkit reads)."""
+    builtins = {p.stem: p for p in paths.builtin("gates").glob("*.yml")}
+    path = builtins.get(earlier.gate)
+    if path is not None and str(path) == earlier.gate_file:
+        return spec.load(path)
+    raise FxkitError(
+        f"the results were made with the gate file {earlier.gate_file} "
+        "(not opened: only --gate chooses the file to judge by)",
+        where=str(results),
+        hint=f"check that file, then: --gate {earlier.gate_file}",
+    )
 
 
 def _about(name: str) -> str:

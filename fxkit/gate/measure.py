@@ -12,6 +12,7 @@ The kinds live in :mod:`fxkit.gate.measures`; :data:`KINDS` lists them once it i
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
 from collections.abc import Callable
@@ -35,6 +36,15 @@ class Params(BaseModel):
     """Base of every kind's parameters: unknown keys are mistakes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def regex(value: str, name: str) -> re.Pattern[str]:
+    """A parameter's regex, compiled when the parameters are checked (before any host is
+    touched); a ValueError naming the parameter when it is not one."""
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{name} is not a regex: {exc}") from None
 
 
 @dataclass

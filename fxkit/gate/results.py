@@ -14,6 +14,7 @@ The JSON format (``schema: fxkit-gate-result/1``) is documented in docs/GATES.md
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -130,8 +131,10 @@ class GateResult:
         return masked
 
     def save(self, path: Path, secrets: Iterable[str] = ()) -> None:
-        """Write the JSON whole (a temporary file, renamed), secrets masked."""
-        write_whole(path, json.dumps(self.to_json(secrets), indent=2, default=str) + "\n")
+        """Write the JSON whole (a temporary file, renamed), secrets masked; strict JSON (a
+        number that is not finite is kept as text: ``"NaN"``, ``"Infinity"``)."""
+        data = _finite_json(self.to_json(secrets))
+        write_whole(path, json.dumps(data, indent=2, default=str, allow_nan=False) + "\n")
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> GateResult:
@@ -162,6 +165,7 @@ class GateResult:
 
 
 def load_results(path: Path) -> GateResult:
+    """A result.json; older ones with bare ``NaN``/``Infinity`` (not strict JSON) load too."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -292,6 +296,18 @@ def _describe(rule: dict[str, Any]) -> str:
         return rules.describe(rule)
     except (rules.RuleError, AttributeError, IndexError, TypeError):
         return str(rule)
+
+
+def _finite_json(value: Any) -> Any:
+    """``value`` with each float that is not finite as JSON's usual text for it (strict JSON
+    has no NaN or Infinity); :mod:`fxkit.gate.rules` judges such text as what it is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(v) for v in value]
+    return value
 
 
 def _redacted(value: Any, secrets: list[str]) -> Any:

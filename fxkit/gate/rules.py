@@ -9,11 +9,14 @@ against the same check, or the check ``of:``, in a baseline run). Comparisons of
 strings (``6.8.0-45-generic`` against ``5.15``) compare their numbers in order.
 
 A value that is a mapping (one value per GPU, per port...) passes when every item passes; the
-reason names the items that do not.
+reason names the items that do not. A number that is not finite (nan, inf; or text reading as
+one, as result.json keeps them) cannot be judged: measured, in the rule or in the baseline, it
+is a :class:`RuleError` (the check is ERROR).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -71,7 +74,10 @@ def evaluate(rule: Mapping[str, Any], value: Any, baseline: Any = None) -> Verdi
         base = baseline if isinstance(baseline, Mapping) else {}
         failed = []
         for item, item_value in value.items():
-            verdict = _one(op, operand, item_value, base.get(item, baseline))
+            try:
+                verdict = _one(op, operand, item_value, base.get(item, baseline))
+            except RuleError as exc:
+                raise RuleError(f"{item}: {exc}") from None
             if not verdict.passed:
                 failed.append(f"{item}: {verdict.reason}")
         if failed:
@@ -83,6 +89,9 @@ def evaluate(rule: Mapping[str, Any], value: Any, baseline: Any = None) -> Verdi
 def _one(op: str, operand: Any, value: Any, baseline: Any) -> Verdict:
     if value is None:
         raise RuleError("there is no value to check")
+    for what, given in (("the measured value", value), ("the rule's value", operand)):
+        _finite(given, what)
+    _finite(baseline, "the baseline value")
     if op == "change":
         return _change(operand, value, baseline)
     if op == "contains":
@@ -125,6 +134,23 @@ def _number(value: Any) -> float:
         return float(str(value).strip())
     except ValueError:
         raise RuleError(f"{value!r} is not a number") from None
+
+
+def _finite(value: Any, what: str) -> None:
+    """:class:`RuleError` when ``value``, or an item of it, is a number that is not finite."""
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        for item in value:
+            _finite(item, what)
+        return
+    if isinstance(value, float | str):
+        try:
+            number = float(value)
+        except ValueError:
+            return
+        if not math.isfinite(number):
+            raise RuleError(f"{what} {_text(value)} is not a finite number: it cannot be judged")
 
 
 def _version(value: Any) -> tuple[int, ...] | None:

@@ -13,6 +13,7 @@ are closed). What was measured is reported, the rest is ERROR ("interrupted").
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -133,24 +134,37 @@ class GateRun:
         return hosts
 
     def plan(self) -> list[_Plan]:
-        """Every host's checks rendered; all mistakes at once, before any host is touched."""
+        """Every host's checks, and the variables its connection reads (``ansible_*``),
+        rendered; all mistakes at once, before any host is touched."""
         defaults = role_defaults(self.gate, self.options.roles_path)
-        plans, problems = [], []
+        plans, problems, hints = [], [], set()
+
+        def attempt(render: Callable[[], Any], host: str, where: str = "") -> Any:
+            try:
+                return render()
+            except FxkitError as exc:
+                problems.append(f"{where}{problem(exc, host)}")
+                hints.add(exc.hint)
+                return None
+
         for inv in self.hosts():
             v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.secrets.update)
+            for name in sorted(n for n in v if n.startswith("ansible_")):
+                attempt(functools.partial(v.__getitem__, name), inv.name)
             checks = []
             for check in self.gate.spec.checks:
-                try:
-                    checks.append(self._render(check, v))
-                except FxkitError as exc:
-                    # The message only: the hint below says what to do for all of them.
-                    problems.append(f"{self.gate.where(check.id)}: host {inv.name}: {exc.message}")
+                where = f"{self.gate.where(check.id)}: "
+                planned = attempt(functools.partial(self._render, check, v), inv.name, where)
+                if planned is not None:
+                    checks.append(planned)
             plans.append(_Plan(inv, v, checks))
         if problems:
             more = f"\n  (and {len(problems) - 20} more)" if len(problems) > 20 else ""
+            hint = next(iter(hints)) if len(hints) == 1 else None
             raise GateError(
                 "\n  ".join(problems[:20]) + more,
-                hint="define the variables (inventory, the gate's vars:, -e) or fix the check",
+                hint=hint
+                or "define the variables (inventory, the gate's vars:, -e) or fix the check",
             )
         return plans
 
@@ -314,6 +328,14 @@ def referenced(gate: Gate) -> set[str]:
     return names
 
 
+def problem(exc: FxkitError, host: str) -> str:
+    """A rendering error in one line, for a check's file:line: the host, the variable or part
+    of the check (``exc.where``) and what is wrong."""
+    where = f"{exc.where}: " if exc.where and exc.where != f"host {host}" else ""
+    named = f"host {host}" in exc.message  # Jinja2's errors say "... for host H"
+    return f"{where}{exc.message}" if named else f"host {host}: {where}{exc.message}"
+
+
 def gate_layer(gate: Gate) -> str:
     return f"gate {gate.name} vars"
 
@@ -336,7 +358,8 @@ def rule_renderer(
 ) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
     """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``): the
     roles' defaults, the run's values from them, the gate file's current ``vars:`` (not the
-    run's), the run's values from the inventory and -e, then this ``-e``."""
+    run's), the run's values from the inventory and -e, then this ``-e``. The run's values are
+    data, as they were rendered in the run: never rendered again."""
     defaults = role_defaults(gate, roles_paths or [])
 
     def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
@@ -350,14 +373,18 @@ def rule_renderer(
 
         layers = [
             *defaults,
-            Layer("the run's role defaults", kept(True)),
+            Layer("the run's role defaults", kept(True), rendered=True),
             Layer(gate_layer(gate), gate.spec.vars),
-            Layer("the run's variables", kept(False)),
+            Layer("the run's variables", kept(False), rendered=True),
             Layer("extra vars", extra_vars),
         ]
-        rendered: dict[str, Any] = render(
-            HostVars(host.name, layers), check.rule, f"check {check.id}, rule"
-        )
+        try:
+            rendered: dict[str, Any] = render(
+                HostVars(host.name, layers), check.rule, f"check {check.id}, rule"
+            )
+        except FxkitError as exc:
+            error = GateError(problem(exc, host.name), where=gate.where(check.id), hint=exc.hint)
+            raise error from None
         return rendered
 
     return rule

@@ -180,7 +180,8 @@ def params_problem(kind: str, exc: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         known = ", ".join(KINDS[kind].params.model_fields)
         return f"{kind}: unknown parameter {where!r}; {kind} takes: {known}"
-    return f"{kind}: {where}: {first['msg']}"
+    reason = first["msg"].removeprefix("Value error, ")
+    return f"{kind}: {where}: {reason}" if where else f"{kind}: {reason}"
 
 
 def _first(exc: ValidationError) -> Any:

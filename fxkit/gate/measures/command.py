@@ -14,7 +14,9 @@ import json
 import re
 from typing import Any, Literal
 
-from fxkit.gate.measure import MeasureError, Params, Probe, kind
+from pydantic import model_validator
+
+from fxkit.gate.measure import MeasureError, Params, Probe, kind, regex
 
 
 class CommandParams(Params):
@@ -24,6 +26,14 @@ class CommandParams(Params):
     pattern: str | None = None
     #: A program that must be on the host (default: none checked; the command's own error).
     tool: str | None = None
+
+    @model_validator(mode="after")
+    def _pattern(self) -> CommandParams:
+        if self.parse == "regex" and not self.pattern:
+            raise ValueError("parse: regex needs a pattern: with named groups")
+        if self.pattern is not None and not regex(self.pattern, "pattern").groupindex:
+            raise ValueError("pattern needs a named group: (?P<name>...) around each value")
+        return self
 
 
 @kind("command", CommandParams)
@@ -50,8 +60,7 @@ def parse_output(out: str, how: str, pattern: str | None, command: str) -> Any:
             raise MeasureError(
                 f"`{command}` did not print JSON ({exc.msg}): {text[:80]!r}"
             ) from None
-    if not pattern:
-        raise MeasureError("parse: regex needs a pattern: with named groups")
+    assert pattern is not None  # CommandParams requires one for parse: regex
     found = re.search(pattern, out, re.M)
     if not found:
         raise MeasureError(f"`{command}`: no match for {pattern!r} in: {text[-200:]!r}")

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from pydantic import field_validator
 
 from fxkit.errors import FxkitError
-from fxkit.gate.measure import MeasureError, Params, Probe, kind
+from fxkit.gate.measure import MeasureError, Params, Probe, kind, regex
 
 Source = Literal["nvme", "rdma", "gpu"]
 #: The key of a source (or a value) that could not be measured: why (see results.judge).
@@ -126,12 +126,8 @@ class SoakParams(Params):
     @field_validator("latency_pattern")
     @classmethod
     def _pattern(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                if re.compile(value).groups < 1:
-                    raise ValueError("latency_pattern needs a group: (...) around the number")
-            except re.error as exc:
-                raise ValueError(f"latency_pattern is not a regex: {exc}") from None
+        if value is not None and regex(value, "latency_pattern").groups < 1:
+            raise ValueError("latency_pattern needs a group: (...) around the number")
         return value
 
     @field_validator("window")
