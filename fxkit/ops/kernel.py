@@ -22,7 +22,7 @@ from fxkit.ops.base import (
     ok,
     skipped,
 )
-from fxkit.ops.lines import join_lines, line, read_lines
+from fxkit.ops.lines import edit_lines, line
 
 _SYSCTL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -129,30 +129,31 @@ def kernel_cmdline(
     bad = [a for a in args if not a or _UNSAFE_IN_GRUB & set(a) or " " in a]
     if bad:
         raise OpError(f"bad kernel arguments {bad!r}", hint="no spaces, quotes, $, ` or \\")
-    old, lines = read_lines(ctx, grub_file)
-    if old is None:
-        return failed(f"{grub_file} does not exist on this host")
     key = "GRUB_CMDLINE_LINUX_DEFAULT="
-    found = [i for i, text in enumerate(lines) if text.startswith(key)]
-    current = shlex.split(lines[found[-1]][len(key) :], comments=True) if found else []
-    words = (current[0] if current else "").split()
-    for arg in args:
-        name = arg.split("=", 1)[0]
-        same = [i for i, w in enumerate(words) if w == name or w.startswith(f"{name}=")]
-        if same:
-            words[same[0]] = arg
+
+    def edit(lines: list[str] | None) -> list[str] | Result:
+        if lines is None:
+            return failed(f"{grub_file} does not exist on this host")
+        found = [i for i, text in enumerate(lines) if text.startswith(key)]
+        current = shlex.split(lines[found[-1]][len(key) :], comments=True) if found else []
+        words = (current[0] if current else "").split()
+        for arg in args:
+            name = arg.split("=", 1)[0]
+            same = [i for i, w in enumerate(words) if w == name or w.startswith(f"{name}=")]
+            if same:
+                words[same[0]] = arg
+            else:
+                words.append(arg)
+        new_line = f'{key}"{" ".join(words)}"'
+        new = list(lines)
+        if found:
+            new[found[-1]] = new_line
         else:
-            words.append(arg)
-    new_line = f'{key}"{" ".join(words)}"'
-    new = list(lines)
-    if found:
-        new[found[-1]] = new_line
-    else:
-        new.append(new_line)
-    if new == lines:
-        return ok("kernel arguments present")
-    result = files.update_content(ctx, grub_file, old, join_lines(new))
-    if result.failed:
+            new.append(new_line)
+        return ok("kernel arguments present") if new == lines else new
+
+    result = edit_lines(ctx, grub_file, edit)
+    if not result.changed:
         return result
     result.data["reboot_required"] = True
     if not update_grub:
