@@ -17,7 +17,7 @@ import pytest
 
 from fxkit.connection.base import Connection
 from fxkit.facts import FactCache
-from fxkit.lab import SUDO_USER, Fleet
+from fxkit.lab import Fleet
 from fxkit.ops.base import OpContext, Result, Status
 from fxkit.ops.files import EDIT_ATTEMPTS
 from fxkit.ops.kernel import kernel_cmdline, sysctl
@@ -161,13 +161,6 @@ def test_check_mode_reads_once_and_writes_nothing(root: Connection, folder: str)
 
 
 # -- line's mode, owner and group -------------------------------------------------------------
-
-
-@pytest.fixture
-def sudo_user(fleet: Fleet) -> str:
-    if fleet.become_password() is None:
-        pytest.skip("sudo is not installed: lab hosts have no non-root user (apt-get install sudo)")
-    return SUDO_USER
 
 
 def stat(conn: Connection, path: str) -> str:

@@ -22,7 +22,7 @@ from fxkit.ops.base import (
     ok,
     skipped,
 )
-from fxkit.ops.lines import edit_lines, line
+from fxkit.ops.lines import by_lines, line
 
 _SYSCTL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -152,7 +152,7 @@ def kernel_cmdline(
             new.append(new_line)
         return ok("kernel arguments present") if new == lines else new
 
-    result = edit_lines(ctx, grub_file, edit)
+    result = files.edit_file(ctx, grub_file, by_lines(edit))
     if not result.changed:
         return result
     result.data["reboot_required"] = True

@@ -10,28 +10,18 @@ import re
 from collections.abc import Callable
 
 from fxkit.ops.base import OpContext, OpError, Result, check_state, ok
-from fxkit.ops.files import Mode, Owner, edit_file
+from fxkit.ops.files import Edit, Mode, Owner, edit_file
 
 DEFAULT_MARKER = "# {mark} FXKIT MANAGED BLOCK"
 
-#: What :func:`edit_lines` calls with a file's lines (None: missing): the new lines, or a result
-#: to return as it is.
+#: An edit of a file's lines (without their line ends; None: the file is missing): the new
+#: lines, or a result to return as it is.
 LineEdit = Callable[[list[str] | None], list[str] | Result]
 
 
-def edit_lines(
-    ctx: OpContext,
-    path: str,
-    edit: LineEdit,
-    *,
-    mode: Mode = None,
-    owner: Owner = None,
-    group: Owner = None,
-    backup: bool = False,
-    secret: bool = False,
-) -> Result:
-    """:func:`fxkit.ops.files.edit_file` by lines (without their line ends). A file whose lines
-    stay the same is left as it is, a missing final newline too."""
+def by_lines(edit: LineEdit) -> Edit:
+    """``edit`` as an edit of a file's content, for :func:`fxkit.ops.files.edit_file`. A file
+    whose lines stay the same is left as it is, a missing final newline too."""
 
     def apply(old: bytes | None) -> bytes | Result:
         lines = None if old is None else old.decode("utf-8", "surrogateescape").splitlines()
@@ -42,9 +32,7 @@ def edit_lines(
             return old
         return "".join(f"{line}\n" for line in new).encode("utf-8", "surrogateescape")
 
-    return edit_file(
-        ctx, path, apply, mode=mode, owner=owner, group=group, backup=backup, secret=secret
-    )
+    return apply
 
 
 def _compile(pattern: str, what: str) -> re.Pattern[str]:
@@ -98,8 +86,8 @@ def line(
             new.insert(_insert_at(new, insert_after), line)
         return new
 
-    return edit_lines(
-        ctx, path, edit, mode=mode, owner=owner, group=group, backup=backup, secret=secret
+    return edit_file(
+        ctx, path, by_lines(edit), mode=mode, owner=owner, group=group, backup=backup, secret=secret
     )
 
 
@@ -149,6 +137,6 @@ def block(
             return lines + wanted
         return lines[:start] + wanted + lines[stop + 1 :]
 
-    return edit_lines(
-        ctx, path, edit, mode=mode, owner=owner, group=group, backup=backup, secret=secret
+    return edit_file(
+        ctx, path, by_lines(edit), mode=mode, owner=owner, group=group, backup=backup, secret=secret
     )

@@ -22,8 +22,8 @@ from fxkit.ops.base import (
     ok,
     skipped,
 )
-from fxkit.ops.files import directory
-from fxkit.ops.lines import edit_lines
+from fxkit.ops.files import directory, edit_file
+from fxkit.ops.lines import by_lines
 
 #: Characters fstab(5) fields cannot hold as they are, written as octal escapes (``\040``).
 _ESCAPES = {" ": "\\040", "\t": "\\011", "\n": "\\012", "\\": "\\134"}
@@ -119,7 +119,7 @@ def mount(
             return ok(f"{fstab} absent")
         return updated_fstab(lines or [], path, entry)
 
-    persisted = edit_lines(ctx, fstab, edit)
+    persisted = edit_file(ctx, fstab, by_lines(edit))
     if persisted.failed:
         return persisted
     if persisted.status is Status.OK:
