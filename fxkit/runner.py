@@ -153,9 +153,7 @@ class Runner:
                     if not self._play(play):
                         break
         finally:
-            for lock in self._locks.values():
-                with contextlib.suppress(Exception):  # a broken link lets go of it anyway
-                    lock.release()
+            self._release()
             self._close()
             self.reporter.run_done(interrupted=self._stop.is_set())
         return self.reporter.results
@@ -186,6 +184,13 @@ class Runner:
             self._abort.set()
             self.reporter.note("cutting off the running operations", style="bold red")
             self._close()
+
+    def _release(self) -> None:
+        """Let go of the hosts' run locks, all at once: each is free when the run ends."""
+        if not self._locks:
+            return
+        with ThreadPoolExecutor(min(self.options.forks, len(self._locks))) as pool:
+            pool.map(_release, self._locks.values())
 
     def _close(self) -> None:
         for conn in list(self._connections.values()):
@@ -425,6 +430,11 @@ def _collect(problems: list[FxkitError]) -> Iterator[None]:
         yield
     except FxkitError as exc:
         problems.append(exc)
+
+
+def _release(lock: RunLock) -> None:
+    with contextlib.suppress(Exception):  # a broken link lets go of it anyway
+        lock.release()
 
 
 def _magic(inv: InventoryHost, role: Role | None) -> dict[str, Any]:
