@@ -11,6 +11,9 @@ the end.
 Ctrl-C stops every host before its next operation; a second Ctrl-C cuts off the operations still
 running (their connections close). Either way the run ends once every host thread has reported,
 and only then comes the recap.
+
+Before its first change to a host the run takes the host's run lock (:mod:`fxkit.runlock`), and
+holds it to the end: two runs never change one host at once.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from fxkit.connection import Connection, ConnectOptions, connect
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError
 from fxkit.facts.base import FactCache
 from fxkit.inventory import Inventory, InventoryHost
-from fxkit.ops.base import OpContext
+from fxkit.ops.base import OpContext, failed
 from fxkit.playbook import Play, Playbook, RoleRef
 from fxkit.report import Reporter
 from fxkit.results import Outcome, PlaybookResult
@@ -45,6 +48,7 @@ from fxkit.role import (
     UnknownOperation,
     roles_path,
 )
+from fxkit.runlock import LOCK_WAIT, RunLock, RunLockError, holder
 from fxkit.variables import HostVars, Layer, truthy
 
 Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
@@ -60,6 +64,8 @@ class RunOptions:
     forks: int = 50
     roles_path: list[str] = field(default_factory=list)
     connect: ConnectOptions = field(default_factory=ConnectOptions)
+    #: Seconds to wait for another run's lock of a host (0: fail on that host at once).
+    lock_wait: float = LOCK_WAIT
 
 
 def load_inventory(sources: str | Path | Sequence[str | Path]) -> Inventory:
@@ -124,6 +130,9 @@ class Runner:
         self.roles = RoleLoader(roles_path(playbook.folder, options.roles_path))
         self._connections: dict[str, Connection] = {}
         self._facts: dict[str, FactCache] = {}
+        self._locks: dict[str, RunLock] = {}
+        #: How this run names itself in the hosts' lock files.
+        self._owner = holder()
         #: Hosts that failed or were unreachable: they sit out the rest of the run.
         self._down: set[str] = set()
         self._interrupts = 0
@@ -144,6 +153,7 @@ class Runner:
                     if not self._play(play):
                         break
         finally:
+            self._release()
             self._close()
             self.reporter.run_done(interrupted=self._stop.is_set())
         return self.reporter.results
@@ -174,6 +184,13 @@ class Runner:
             self._abort.set()
             self.reporter.note("cutting off the running operations", style="bold red")
             self._close()
+
+    def _release(self) -> None:
+        """Let go of the hosts' run locks, all at once: each is free when the run ends."""
+        if not self._locks:
+            return
+        with ThreadPoolExecutor(min(self.options.forks, len(self._locks))) as pool:
+            pool.map(_release, self._locks.values())
 
     def _close(self) -> None:
         for conn in list(self._connections.values()):
@@ -330,6 +347,7 @@ class Runner:
             conn.open()
             self._facts[inv.name] = FactCache(conn)
         become = play.become if play.become is not None else truthy(hostvars.get("ansible_become"))
+        self._lock(play, inv.name, become)
         return OpContext(
             conn=self._connections[inv.name],
             facts=self._facts[inv.name],
@@ -337,6 +355,28 @@ class Runner:
             diff=self.options.diff,
             become=become,
         )
+
+    def _lock(self, play: Play, name: str, become: bool) -> None:
+        """Take the host's run lock (see :meth:`RunLock.take`); check mode takes none. A lock
+        another run keeps fails the host, as a failed "run lock" step."""
+        conn = self._connections[name]
+        if self.options.check or not conn.run_lock:
+            return
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = RunLock(conn, wait=self.options.lock_wait, owner=self._owner)
+        self.reporter.op_started(name, None, "run lock")
+
+        def note(msg: str) -> None:
+            self.reporter.note(f"  {name}: {msg}", style="yellow")
+
+        try:
+            lock.take(become=become, note=note)
+        except RunLockError as exc:
+            result = failed(str(exc))
+            result.name = "run lock"
+            self.reporter.op_done(name, play.name, None, result, 0.0)
+            raise HostFailed(result) from None
 
     def _apply(
         self,
@@ -390,6 +430,11 @@ def _collect(problems: list[FxkitError]) -> Iterator[None]:
         yield
     except FxkitError as exc:
         problems.append(exc)
+
+
+def _release(lock: RunLock) -> None:
+    with contextlib.suppress(Exception):  # a broken link lets go of it anyway
+        lock.release()
 
 
 def _magic(inv: InventoryHost, role: Role | None) -> dict[str, Any]:

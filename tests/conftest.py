@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from fxkit.connection.base import Connection
-from fxkit.lab import AddressInUse, Fleet, LabError, check_requirements
+from fxkit.lab import SUDO_USER, AddressInUse, Fleet, LabError, check_requirements
 from fxkit.lab.resources import Limits
 
 
@@ -72,6 +72,14 @@ def lab_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...
 def fleet(lab_fleet: Callable[..., Fleet]) -> Fleet:
     """The operation tests' own lab host (they change /etc, /usr and users: not the shared one)."""
     return lab_fleet(1, name="ops")
+
+
+@pytest.fixture
+def sudo_user(fleet: Fleet) -> str:
+    """The lab hosts' non-root user that may sudo (with the fleet's become password)."""
+    if fleet.become_password() is None:
+        pytest.skip("sudo is not installed: lab hosts have no non-root user (apt-get install sudo)")
+    return SUDO_USER
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from fxkit.connection.base import Connection
 from fxkit.facts import FactCache
-from fxkit.lab import SUDO_USER, Fleet
+from fxkit.lab import Fleet
 from fxkit.ops.base import OpContext, Result, Status
 from fxkit.ops.files import directory, file
 from fxkit.ops.kernel import kernel_cmdline, module, sysctl
@@ -168,13 +168,6 @@ def test_unit_is_installed_and_service_skipped_without_systemd(root: Connection)
         )
         assert result.status is Status.SKIPPED
         assert result.msg == f"{no_systemd}: fxkit-lab.service not managed"
-
-
-@pytest.fixture
-def sudo_user(fleet: Fleet) -> str:
-    if fleet.become_password() is None:
-        pytest.skip("sudo is not installed: lab hosts have no non-root user (apt-get install sudo)")
-    return SUDO_USER
 
 
 def test_directory_and_file_owned_by_another_user(root: Connection, sudo_user: str) -> None:

@@ -15,6 +15,7 @@ from fxkit.connection import ConnectOptions
 from fxkit.playbook import Playbook
 from fxkit.report import Reporter
 from fxkit.role import TagFilter
+from fxkit.runlock import LOCK_WAIT
 from fxkit.runner import RunOptions, load_inventory, run_playbook
 from fxkit.variables import parse_extra_vars
 
@@ -86,6 +87,14 @@ CHANGE_OPTIONS = [
     ),
     click.option(
         "-v", "--verbose", is_flag=True, help="Also show operations that were already ok."
+    ),
+    click.option(
+        "--lock-wait",
+        type=click.FloatRange(min=0),
+        default=LOCK_WAIT,
+        show_default=True,
+        metavar="SECONDS",
+        help="Wait this long for another run's lock of a host (0: fail on that host at once).",
     ),
 ]
 
@@ -163,6 +172,7 @@ def options_from(params: dict[str, Any]) -> tuple[RunOptions, Reporter, IO[str] 
         forks=params["forks"],
         roles_path=list(params["roles_path"]),
         connect=connect_options_from(params),
+        lock_wait=params["lock_wait"],
     )
     log = params["log_json"].open("w", encoding="utf-8") if params["log_json"] else None
     reporter = Reporter(diff=params["diff"], verbose=params["verbose"], log_json=log)

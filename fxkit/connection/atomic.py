@@ -11,6 +11,13 @@ file on every exit, HUP, INT, PIPE and TERM included; one killed outright (SIGKI
 leaves it behind, and the next write of the same file removes it: temp files whose writing shell
 is gone (no ``/proc/PID``) are deleted before a new one is made.
 
+A read-modify-write (a line, a block, an fstab entry: :func:`fxkit.ops.files.edit_file`) gives
+the sha256 of what it read (``expect``): the file is renamed into place only when the target
+still has it, and otherwise the command exits :data:`CHANGED_RC` and writes nothing, so an edit
+made meanwhile by another run or a person is never lost (compare-and-swap). The check and the
+rename hold a ``flock`` on the target's directory, so two writers of one file cannot both pass
+the check; a host without ``flock`` (util-linux) gets the check alone.
+
 The host needs sh and GNU coreutils only (``dd`` with ``count_bytes`` never reads past its count,
 so the sha256 line is left for ``read``); openssl's sha256 is used where it is installed.
 """
@@ -26,15 +33,29 @@ from shlex import quote
 TEMP_MARK = ".fxkit."
 #: Bytes hashed and handed to the connection at a time.
 CHUNK = 2**20
+#: Exit status of a write whose target is no longer what its ``expect`` says: nothing written.
+CHANGED_RC = 108
+#: Seconds a write waits for another fxkit write in the same directory to rename its file.
+LOCK_WAIT = 60
+#: ``expect`` of a target that was missing when it was read.
+ABSENT = "absent"
 
 
-def replace_command(path: str, size: int, *, before_rename: str = "") -> str:
+def expected(content: bytes | None) -> str:
+    """:func:`replace_command`'s ``expect`` for a target that was read as ``content``."""
+    return ABSENT if content is None else hashlib.sha256(content).hexdigest()
+
+
+def replace_command(
+    path: str, size: int, *, before_rename: str = "", expect: str | None = None
+) -> str:
     """The shell command that replaces ``path`` with the ``size`` bytes of
     :func:`content_stream`, which it reads on its stdin.
 
     ``before_rename`` runs once the content is verified, with ``"$t"`` the temp file and ``"$p"``
     the target (set attributes, keep a backup); when it fails, nothing is renamed. The command
-    fails (rc != 0, the reason on stderr) when the content did not arrive whole."""
+    fails (rc != 0, the reason on stderr) when the content did not arrive whole, and with
+    :data:`CHANGED_RC` when ``expect`` (see :func:`expected`) is given and the target differs."""
     temp = f'"$d/.$n{TEMP_MARK}"'  # a quoted shell word: the prefix of every temp file
     steps = [
         f"p={quote(path)}",
@@ -42,6 +63,9 @@ def replace_command(path: str, size: int, *, before_rename: str = "") -> str:
         "n=${p##*/}",
         f"for s in {temp}*; do w=${{s#{temp}}}; w=${{w%%.*}}; "
         '[ -f "$s" ] && [ ! -d "/proc/$w" ] && rm -f -- "$s"; done',
+        # openssl's sha256 (SHA-NI where the CPU has it) is 5-8x faster than coreutils'.
+        "sha() { if command -v openssl >/dev/null; then openssl dgst -sha256 -r; "
+        "else sha256sum; fi; }",
         f"t=$(mktemp -- {temp}$$.XXXXXX) || exit 1",
         "trap 'rm -f -- \"$t\"' EXIT",
         "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 141' PIPE; trap 'exit 143' TERM",
@@ -50,15 +74,29 @@ def replace_command(path: str, size: int, *, before_rename: str = "") -> str:
         # The sha256 line comes after the content: without it the transfer broke off.
         f'{{ read -r want && [ "$got" -eq {size} ]; }} || {{ echo "fxkit: the transfer broke '
         f'off after $got of {size} bytes; $p is unchanged" >&2; exit 1; }}',
-        # openssl's sha256 (SHA-NI where the CPU has it) is 5-8x faster than coreutils'.
-        'if command -v openssl >/dev/null; then sum=$(openssl dgst -sha256 -r < "$t"); '
-        'else sum=$(sha256sum < "$t"); fi',
+        'sum=$(sha < "$t")',
         '[ "${sum%% *}" = "$want" ] || { echo "fxkit: the content arrived corrupted '
         '(sha256 differs); $p is unchanged" >&2; exit 1; }',
     ]
+    if expect is not None:
+        steps += _unchanged(expect)
     final = 'mv -f -- "$t" "$p"'
     steps.append(f"{before_rename} && {final}" if before_rename else final)
     return "\n".join(steps)
+
+
+def _unchanged(expect: str) -> list[str]:
+    """Steps that lock the target's directory (held until the command ends) and exit
+    :data:`CHANGED_RC` unless the target is as ``expect`` says."""
+    return [
+        'exec 9< "$d"',
+        f"if command -v flock >/dev/null; then flock -w {LOCK_WAIT} 9 || {{ echo "
+        '"fxkit: another write in $d held its lock for too long; $p is unchanged" >&2; '
+        "exit 1; }; fi",
+        f'if [ -e "$p" ]; then now=$(sha < "$p") || exit 1; else now={ABSENT}; fi',
+        f'[ "${{now%% *}}" = {quote(expect)} ] || {{ echo "fxkit: $p changed since it was '
+        f'read; it is unchanged" >&2; exit {CHANGED_RC}; }}',
+    ]
 
 
 def content_stream(data: bytes) -> Iterator[memoryview]:

@@ -14,6 +14,7 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from fxkit.connection.atomic import content_stream, replace_command
 from fxkit.errors import FxkitError
@@ -58,6 +59,22 @@ def timed_out(timeout: float, killed: bool) -> bytes:
     return f"\nfxkit: timed out after {timeout:g} s; {fate}".encode()
 
 
+class Held(Protocol):
+    """A command that runs on the host while the caller holds it (:meth:`Connection.hold`)."""
+
+    def readline(self) -> str | None:
+        """Its next line of output (secrets masked); None once its output has ended."""
+
+    def stderr(self) -> str:
+        """What it wrote on stderr so far (secrets masked)."""
+
+    def ended(self) -> bool:
+        """Whether it ended (a reboot, the connection closed)."""
+
+    def release(self) -> None:
+        """End its stdin, let it end (a few seconds at most) and close it."""
+
+
 class Connection(ABC):
     """One host's connection, opened once and reused for every operation of a run."""
 
@@ -68,6 +85,8 @@ class Connection(ABC):
     become_user: str = "root"
     #: Values masked in every result and error (passwords), longest first.
     secrets: Sequence[str] = ()
+    #: Whether a run takes the host's run lock (:mod:`fxkit.runlock`) over this connection.
+    run_lock: bool = False
 
     @abstractmethod
     def open(self) -> None:
@@ -87,6 +106,11 @@ class Connection(ABC):
         Every real connection implements it; a test double may override :meth:`run` instead.
         """
         raise NotImplementedError
+
+    def hold(self, command: str, *, become: bool) -> Held:
+        """Start ``command`` (as :meth:`execute` would) and return at once: it runs until it ends
+        or is released, its stdin open (it reads EOF when the caller or the connection goes)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a command")
 
     def run(
         self,

@@ -110,6 +110,8 @@ def parse_port(value: Any, where: str) -> int | None:
 class SSHConnection(Connection):
     """A host reached over SSH with the Ansible connection variables of its inventory entry."""
 
+    run_lock = True
+
     def __init__(self, name: str, hostvars: Mapping[str, Any], options: ConnectOptions):
         self.name = name
         self.options = options
@@ -342,6 +344,21 @@ class SSHConnection(Connection):
         finally:
             chan.close()
 
+    def hold(self, command: str, *, become: bool) -> _Held:
+        transport = self._transport()
+        try:
+            chan = transport.open_session(timeout=self.options.connect_timeout)
+            session = _Session(chan, transport, None)
+            if self.needs_sudo(become):
+                sudo = Sudo(self.become_user, self.become_password)
+                chan.exec_command(sudo.command(command))
+                sudo.start(session)  # an exit status: it ended, its output says why
+            else:
+                chan.exec_command(f"sh -c {shlex.quote(command)}")
+        except _LINK_ERRORS as exc:
+            raise self._lost(_describe(exc)) from None
+        return _Held(self, session)
+
     def _kill(self, pid: int, become: bool) -> bool:
         """Kill the process group of the command's shell ``pid`` (over another channel)."""
         script = (
@@ -512,6 +529,43 @@ class _Session:
                 raise EOFError("the SSH transport closed before the command ended")
             return 255  # killed by a signal that paramiko does not decode (as ssh reports it)
         return status
+
+
+class _Held:
+    """A command held open on its own channel (:meth:`SSHConnection.hold`)."""
+
+    def __init__(self, conn: SSHConnection, session: _Session):
+        self.conn, self.session = conn, session
+
+    def readline(self) -> str | None:
+        out = self.session.out
+        try:
+            while b"\n" not in out:
+                if not self.session.pump():
+                    return None
+        except _LINK_ERRORS as exc:
+            raise self.conn._lost(_describe(exc)) from None
+        line, _, rest = bytes(out).partition(b"\n")
+        out[:] = rest
+        return self.conn.redact(line.decode(errors="replace"))
+
+    def stderr(self) -> str:
+        return self.conn.redact(self.session.err.decode(errors="replace"))
+
+    def ended(self) -> bool:
+        chan = self.session.chan
+        return chan.closed or chan.exit_status_ready() or not self.session.transport.is_active()
+
+    def release(self) -> None:
+        chan = self.session.chan
+        try:
+            chan.shutdown_write()
+            self.session.deadline = time.monotonic() + _KILL_GRACE
+            self.session.drain()
+        except (_Timeout, *_LINK_ERRORS):
+            pass  # it will see its stdin end when the connection closes
+        finally:
+            chan.close()
 
 
 def _describe(exc: BaseException) -> str:

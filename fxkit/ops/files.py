@@ -2,7 +2,9 @@
 
 Content is compared by sha256 on the host (one command reads the whole state), and a changed file
 is written in one more command: a temp file in the same directory gets the data, the attributes
-and is renamed over the old file, so a reader never sees half a file.
+and is renamed over the old file, so a reader never sees half a file. An edit of a file's content
+(a line, a block: :func:`edit_file`) is renamed into place only when the file is still what was
+read, and is otherwise read and made again: an edit made meanwhile is never lost.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import posixpath
 from collections.abc import Callable
 from shlex import quote
 
-from fxkit.connection.atomic import content_stream, replace_command
+from fxkit.connection.atomic import CHANGED_RC, content_stream, expected, replace_command
 from fxkit.facts.files import FileInfo, FileStat
 from fxkit.ops.base import (
     OpContext,
@@ -27,6 +29,8 @@ from fxkit.ops.base import (
 
 #: Mode of files fxkit creates when the caller gives none.
 DEFAULT_FILE_MODE = 0o644
+#: Times an edit is made again when the file changed between its read and its write.
+EDIT_ATTEMPTS = 5
 
 Mode = int | str | None
 Owner = int | str | None
@@ -103,14 +107,15 @@ def write_command(
     owner: Owner = None,
     group: Owner = None,
     backup: bool = False,
+    expect: str | None = None,
 ) -> str:
     """The one command that atomically replaces ``path`` with ``data``, sent to its stdin as
     :func:`fxkit.connection.atomic.content_stream`.
 
     The host verifies size and sha256 before the rename: a broken transfer leaves the old file
-    (see :mod:`fxkit.connection.atomic`). The new file takes the old file's mode and owner (or
-    :data:`DEFAULT_FILE_MODE`) unless ``mode``/``owner``/``group`` say otherwise; ``backup``
-    keeps a copy ``path.<time>~`` and prints its name.
+    (see :mod:`fxkit.connection.atomic`, also for ``expect``). The new file takes the old file's
+    mode and owner (or :data:`DEFAULT_FILE_MODE`) unless ``mode``/``owner``/``group`` say
+    otherwise; ``backup`` keeps a copy ``path.<time>~`` and prints its name.
     """
     steps = [
         'if [ -e "$p" ]; then chmod --reference="$p" -- "$t" && chown --reference="$p" -- "$t"; '
@@ -124,27 +129,80 @@ def write_command(
             '{ [ ! -e "$p" ] || { b="$p.$(date +%Y-%m-%d@%H:%M:%S)~" && '
             'cp -p -- "$p" "$b" && echo "$b"; }; }'
         )
-    return replace_command(path, len(data), before_rename=" && ".join(steps))
+    return replace_command(path, len(data), before_rename=" && ".join(steps), expect=expect)
 
 
-def update_content(
+#: What :func:`edit_file` calls with a file's content (None: missing): the new content, or a
+#: result to return as it is (nothing to write: "file absent", a failure).
+Edit = Callable[[bytes | None], bytes | Result]
+
+
+def edit_file(
     ctx: OpContext,
     path: str,
-    old: bytes | None,
-    new: bytes,
+    edit: Edit,
     *,
+    mode: Mode = None,
+    owner: Owner = None,
+    group: Owner = None,
     backup: bool = False,
     secret: bool = False,
 ) -> Result:
-    """Report or apply a content change computed by a text operation (line, block, sysctl...)."""
-    if old == new:
-        return ok("content as wanted")
-    diff = _hidden(path) if secret else content_diff(path, old, new)
-    return _put(ctx, path, new, exists=old is not None, diff=diff, backup=backup)
+    """Read ``path``, ``edit`` its content and write the new content (a read-modify-write: line,
+    block, sysctl, fstab...), with the attributes :func:`file` takes.
+
+    The write is a compare-and-swap: it renames the new file into place only when the file still
+    has the content that was read. When another writer (a second run, a person) changed it in
+    between, the file is read and edited again, up to :data:`EDIT_ATTEMPTS` times; after that the
+    operation fails and the file keeps the other writer's content.
+    """
+    want_mode = parse_mode(mode)
+    attributes = (want_mode, owner, group) != (None, None, None)
+    for _ in range(EDIT_ATTEMPTS):
+        info = ctx.probe(FileStat, path) if attributes else None
+        old = ctx.get(path)
+        new = edit(old)
+        if isinstance(new, Result):
+            return new
+        if new == old:
+            if info is None:
+                return ok("content as wanted")
+            return _set_attributes(ctx, path, info, want_mode, owner, group)
+        result = _put(
+            ctx,
+            path,
+            new,
+            exists=old is not None,
+            diff=_write_diff(path, info, want_mode, owner, group, old, new, secret),
+            mode=want_mode,
+            owner=owner,
+            group=group,
+            backup=backup,
+            expect=expected(old),
+        )
+        if result.data.get("rc") != CHANGED_RC:
+            return result
+    return failed(
+        f"{path} changed between fxkit's read and its write {EDIT_ATTEMPTS} times in a row "
+        "(another run or a person is editing it); it keeps their content: run again when they "
+        "are done"
+    )
 
 
-def _hidden(path: str) -> str:
-    return f"content of {path} changed (hidden: secret)\n"
+def _write_diff(
+    path: str,
+    info: FileInfo | None,
+    mode: int | None,
+    owner: Owner,
+    group: Owner,
+    old: bytes | None,
+    new: bytes,
+    secret: bool,
+) -> str:
+    """The diff of a write: the attributes of the existing file that change, then the content."""
+    changes = attribute_changes(info, mode, owner, group) if info and info.exists else []
+    hidden = f"content of {path} changed (hidden: secret)\n"
+    return attribute_diff(changes) + (hidden if secret else content_diff(path, old, new))
 
 
 def _put(
@@ -158,10 +216,13 @@ def _put(
     owner: Owner = None,
     group: Owner = None,
     backup: bool = False,
+    expect: str | None = None,
 ) -> Result:
     """Write new content (in check mode: say it would)."""
     verb = "update" if exists else "create"
-    command = write_command(path, data, mode=mode, owner=owner, group=group, backup=backup)
+    command = write_command(
+        path, data, mode=mode, owner=owner, group=group, backup=backup, expect=expect
+    )
     result = ctx.change(
         command,
         stdin=content_stream(data),
@@ -251,10 +312,7 @@ def file(
     diff = None
     if ctx.diff:  # the old content costs one more round trip, only for the diff
         old = ctx.get(path) if info.type == "file" else None
-        changes = attribute_changes(info, want_mode, owner, group) if info.exists else []
-        diff = attribute_diff(changes) + (
-            _hidden(path) if secret else content_diff(path, old, data)
-        )
+        diff = _write_diff(path, info, want_mode, owner, group, old, data, secret)
     return _put(
         ctx,
         path,

@@ -22,7 +22,7 @@ from fxkit.ops.base import (
     ok,
     skipped,
 )
-from fxkit.ops.lines import join_lines, line, read_lines
+from fxkit.ops.lines import by_lines, line
 
 _SYSCTL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -129,30 +129,15 @@ def kernel_cmdline(
     bad = [a for a in args if not a or _UNSAFE_IN_GRUB & set(a) or " " in a]
     if bad:
         raise OpError(f"bad kernel arguments {bad!r}", hint="no spaces, quotes, $, ` or \\")
-    old, lines = read_lines(ctx, grub_file)
-    if old is None:
-        return failed(f"{grub_file} does not exist on this host")
-    key = "GRUB_CMDLINE_LINUX_DEFAULT="
-    found = [i for i, text in enumerate(lines) if text.startswith(key)]
-    current = shlex.split(lines[found[-1]][len(key) :], comments=True) if found else []
-    words = (current[0] if current else "").split()
-    for arg in args:
-        name = arg.split("=", 1)[0]
-        same = [i for i, w in enumerate(words) if w == name or w.startswith(f"{name}=")]
-        if same:
-            words[same[0]] = arg
-        else:
-            words.append(arg)
-    new_line = f'{key}"{" ".join(words)}"'
-    new = list(lines)
-    if found:
-        new[found[-1]] = new_line
-    else:
-        new.append(new_line)
-    if new == lines:
-        return ok("kernel arguments present")
-    result = files.update_content(ctx, grub_file, old, join_lines(new))
-    if result.failed:
+
+    def edit(lines: list[str] | None) -> list[str] | Result:
+        if lines is None:
+            return failed(f"{grub_file} does not exist on this host")
+        new = _with_kernel_args(lines, args)
+        return ok("kernel arguments present") if new == lines else new
+
+    result = files.edit_file(ctx, grub_file, by_lines(edit))
+    if not result.changed:
         return result
     result.data["reboot_required"] = True
     if not update_grub:
@@ -171,3 +156,26 @@ def kernel_cmdline(
     combined = combine(result, regen)
     combined.msg += "; reboot required"
     return combined
+
+
+def _with_kernel_args(lines: list[str], args: list[str]) -> list[str]:
+    """The lines of a GRUB defaults file with ``args`` in its (last) GRUB_CMDLINE_LINUX_DEFAULT,
+    added or replacing a key's old value."""
+    key = "GRUB_CMDLINE_LINUX_DEFAULT="
+    found = [i for i, text in enumerate(lines) if text.startswith(key)]
+    current = shlex.split(lines[found[-1]][len(key) :], comments=True) if found else []
+    words = (current[0] if current else "").split()
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        same = [i for i, w in enumerate(words) if w == name or w.startswith(f"{name}=")]
+        if same:
+            words[same[0]] = arg
+        else:
+            words.append(arg)
+    new_line = f'{key}"{" ".join(words)}"'
+    new = list(lines)
+    if found:
+        new[found[-1]] = new_line
+    else:
+        new.append(new_line)
+    return new

@@ -22,8 +22,8 @@ from fxkit.ops.base import (
     ok,
     skipped,
 )
-from fxkit.ops.files import directory, update_content
-from fxkit.ops.lines import join_lines, read_lines
+from fxkit.ops.files import directory, edit_file
+from fxkit.ops.lines import by_lines
 
 #: Characters fstab(5) fields cannot hold as they are, written as octal escapes (``\040``).
 _ESCAPES = {" ": "\\040", "\t": "\\011", "\n": "\\012", "\\": "\\134"}
@@ -114,12 +114,12 @@ def mount(
                 raise OpError(f"mount {path}: bad {name} {value!r}", hint="0, 1 or 2 (fstab(5))")
         entry = fstab_line(src, path, fstype, _options(opts), dump, passno)
 
-    old, lines = read_lines(ctx, fstab)
-    new = join_lines(updated_fstab(lines, path, entry))
-    if old is None and entry is None:
-        persisted = ok(f"{fstab} absent")
-    else:
-        persisted = update_content(ctx, fstab, old, new)
+    def edit(lines: list[str] | None) -> list[str] | Result:
+        if lines is None and entry is None:
+            return ok(f"{fstab} absent")
+        return updated_fstab(lines or [], path, entry)
+
+    persisted = edit_file(ctx, fstab, by_lines(edit))
     if persisted.failed:
         return persisted
     if persisted.status is Status.OK:
