@@ -75,7 +75,7 @@ class Destination:
 
     def __init__(self, path: str | Path, create: bool):
         self.path = Path(path)
-        self.where = str(path)
+        self.where = str(self.path)
         self._dirs: dict[str, int] = {}
         self._lock = threading.Lock()
         if create:
