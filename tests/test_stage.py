@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -421,15 +421,20 @@ def dest_listing(dest: Path) -> dict[str, tuple[int, int, int]]:
     return found
 
 
-def _link_at(name: str, target: str = "victim") -> object:
+Plant = Callable[[Path, Path], object]  # (dest, outside): something planted in dest
+
+
+def _link_at(name: str, target: str = "victim") -> Plant:
     return lambda dest, outside: (dest / name).symlink_to(outside / target)
 
 
-def _hard_link_at(name: str) -> object:
+def _hard_link_at(name: str) -> Plant:
     return lambda dest, outside: os.link(outside / "victim", dest / name)
 
 
-def _same_bytes_link_at(name: str) -> object:
+def _same_bytes_link_at(name: str) -> Plant:
+    """A link to a file outside that holds the source's bytes: a check would find it right."""
+
     def plant(dest: Path, outside: Path) -> None:
         (outside / "victim").write_bytes((dest.parent / "src" / name).read_bytes())
         (dest / name).symlink_to(outside / "victim")
@@ -449,7 +454,7 @@ def _same_bytes_link_at(name: str) -> object:
     ids=["partial-link", "partial-hard-link", "manifest-temp-link", "folder-link", "final-link"],
 )
 def test_links_planted_in_the_destination_are_never_written_through(
-    model: Path, tmp_path: Path, plant
+    model: Path, tmp_path: Path, plant: Plant
 ) -> None:
     """A link (or a hard link) planted at a name fxkit writes is replaced, its target never
     touched; --plan changes nothing either."""
@@ -510,6 +515,17 @@ def test_a_second_stage_into_the_same_destination_is_refused_while_the_first_run
     assert not (dest / ".fxkit-stage.lock").exists()
 
 
+def _bytes(data: bytes) -> Plant:
+    return lambda path, tmp_path: path.write_bytes(data)
+
+
+def _records(change: Callable[[dict], dict]) -> Plant:
+    """The manifest's records as ``change`` makes them."""
+    return lambda path, tmp_path: path.write_text(
+        json.dumps(change(json.loads(path.read_text())["files"]))
+    )
+
+
 def _wrong_types(files: dict) -> dict:
     files["model-00001.safetensors"]["size"] = str(files["model-00001.safetensors"]["size"])
     files["model-00002.safetensors"]["digest"] = 5
@@ -526,14 +542,17 @@ def _link_to_a_good_one(path: Path, tmp_path: Path) -> None:
     path.symlink_to(good)
 
 
-BAD_MANIFESTS = {
-    "files-a-list": b'{"files": []}',
-    "deep": b"[" * 200_000 + b"]" * 200_000,
-    "not-utf8": b'{"version": 2, "files": {"\xff\xfe": 1}}',
-    "null": b"null",
-    "record-not-an-object": b'{"files": {"config.json": 5}}',
-    "unknown-field": lambda files: {"files": {k: {**v, "x": 1} for k, v in files.items()}},
-    "wrong-types": _wrong_types,
+#: Each makes the manifest (path) bad: (path, tmp_path).
+BAD_MANIFESTS: dict[str, Plant] = {
+    "files-a-list": _bytes(b'{"files": []}'),
+    "deep": _bytes(b"[" * 200_000 + b"]" * 200_000),
+    "not-utf8": _bytes(b'{"version": 2, "files": {"\xff\xfe": 1}}'),
+    "null": _bytes(b"null"),
+    "record-not-an-object": _bytes(b'{"files": {"config.json": 5}}'),
+    "unknown-field": _records(
+        lambda files: {"files": {k: {**v, "x": 1} for k, v in files.items()}}
+    ),
+    "wrong-types": _records(_wrong_types),
     "fifo": lambda path, tmp_path: path.unlink() or os.mkfifo(path),
     "link": _link_to_a_good_one,
     "huge": lambda path, tmp_path: os.truncate(path, 1 << 30),
@@ -542,18 +561,13 @@ BAD_MANIFESTS = {
 
 @pytest.mark.parametrize("bad", BAD_MANIFESTS.values(), ids=BAD_MANIFESTS.keys())
 def test_a_bad_manifest_is_a_warning_and_every_file_is_checked_again(
-    model: Path, tmp_path: Path, bad
+    model: Path, tmp_path: Path, bad: Plant
 ) -> None:
     dest = tmp_path / "dest"
     summary(model, dest)
     flip(dest / "model-00002.safetensors", 1000, keep_mtime=True)  # what only a check finds
     path = dest / ".fxkit-stage.json"
-    if isinstance(bad, bytes):
-        path.write_bytes(bad)
-    elif bad.__code__.co_argcount == 1:
-        path.write_text(json.dumps(bad(manifest_of(dest))))
-    else:
-        bad(path, tmp_path)
+    bad(path, tmp_path)
 
     proc = stage(model, dest, "--json", "-q")
     assert "Traceback" not in proc.stderr
