@@ -24,6 +24,23 @@
   recorded one; without a record, or with a digest of another algorithm (never compared across
   algorithms), it is compared with the source byte for byte and hashed anew. A file that
   differs is copied again.
+- **One run per destination.** A run holds ``flock`` on ``.fxkit-stage.lock`` in ``dest``; a
+  second one is refused, naming the first one's PID. The manifest records a digest only for bytes
+  the run wrote and fsynced itself, or read back from the file under its final name and
+  compared. A manifest that cannot be read (not a regular file, not JSON, records of the wrong
+  shape) is a warning, and every file it cannot vouch for is checked against the source.
+- **Nothing is written outside** ``dest``: it is reached only through descriptors, and a link
+  planted in it is replaced, never followed (:mod:`fxkit.stagedest`).
+- **Only the model's files are read.** A source's names must be names of files inside it (a
+  remote one is refused otherwise, naming the source). Links are followed as the loader follows
+  them (to a regular file, never a FIFO or a device), and only where the model's own files are:
+  inside the source folder or, for a Hugging Face cache snapshot (``REPO/snapshots/REV``), the
+  blobs its files link to (``REPO/blobs``). A copy makes the file readable as the destination
+  allows, so a link elsewhere (``/etc/shadow``) is skipped with a warning, never copied. A link
+  to a folder is never followed (a folder inside is staged under its own name), so a link to
+  ``/`` or a loop walks nothing. The check is made on each file as opened (its path read back
+  from ``/proc/self/fd``: on the source host too), so swapping a file for a link after the
+  listing gains nothing.
 - **Bad input** (missing or empty source, not enough space, a checksum mismatch) raises a
   :class:`StageError` with where and a hint, before anything is written where it can be.
 
@@ -53,12 +70,19 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
 import blake3
 
-from fxkit.errors import FxkitError
+from fxkit.stagedest import (
+    LOCK,
+    PARTIAL_SUFFIX,
+    Destination,
+    StageError,
+    name_problem,
+    partial_path,
+)
 
 if TYPE_CHECKING:
     import paramiko
@@ -67,7 +91,8 @@ if TYPE_CHECKING:
     from fxkit.connection.ssh import SSHConnection
 
 MANIFEST = ".fxkit-stage.json"
-PARTIAL_SUFFIX = ".fxkit-partial"
+#: A manifest holds a few hundred bytes per file: one larger than this is not read.
+MANIFEST_LIMIT = 64 << 20
 #: Bytes per read and write: large enough that per-call costs vanish, small enough for many jobs.
 CHUNK = 16 << 20
 JOBS = 4
@@ -86,10 +111,6 @@ class Hasher(Protocol):
 #: sha256's speed per core) by default; sha256 to get the digests Hugging Face publishes.
 CHECKSUMS: dict[str, Callable[[], Hasher]] = {"blake3": blake3.blake3, "sha256": hashlib.sha256}
 CHECKSUM = "blake3"
-
-
-class StageError(FxkitError):
-    """Staging cannot go on: a bad source or destination, or a copy that did not verify."""
 
 
 class DestinationFull(StageError):
@@ -122,9 +143,16 @@ class Source(ABC):
     #: How messages name it: ``/mnt/nfs/llama`` or ``node1:/models/llama``.
     where: str
 
+    def __init__(self) -> None:
+        #: What the listing skipped, and why: "WHERE: NAME: a link to /etc/shadow, outside...".
+        self.warnings: list[str] = []
+        #: The real paths of the folders the model's files may be in (see the module's docstring).
+        self.folders: tuple[str, ...] = ()
+
     @abstractmethod
     def files(self) -> list[SourceFile]:
-        """Every file below the folder (symbolic links followed), checked to exist."""
+        """Every file below the folder that is staged (the rule of the module's docstring),
+        checked to exist; what is skipped is told in :attr:`warnings`."""
 
     @abstractmethod
     def stat(self, path: str) -> SourceFile:
@@ -132,51 +160,143 @@ class Source(ABC):
 
     @abstractmethod
     def open(self, path: str) -> Any:
-        """A context manager yielding a :class:`Reader` of the file from its start."""
+        """A context manager yielding a :class:`Reader` of the file from its start; a file
+        that is now outside the model's folders (a link swapped in) is refused."""
 
     def close(self) -> None:  # noqa: B027  (a source with nothing to close)
         """Release what the source holds (connections)."""
 
+    def _find_folders(self, real: str, resolve: Callable[[str], str | None]) -> None:
+        """Set :attr:`folders` for the source folder whose real path is ``real``; ``resolve``
+        gives a folder's real path, or None where there is no such folder."""
+        path = PurePosixPath(real)
+        blobs = (
+            resolve(str(path.parent.parent / "blobs")) if path.parent.name == "snapshots" else None
+        )
+        self.folders = (real, blobs) if blobs else (real,)
+
+    def _inside(self, real: str) -> bool:
+        return any(real == f or real.startswith(f.rstrip("/") + "/") for f in self.folders)
+
+    def _judge(self, mode: int, link: bool, real: str) -> str | None:
+        """Why an entry of the listing (its mode, links followed; whether it is a link; its real
+        path) is not staged, or None: a regular file to copy, or a folder to list."""
+        if not self._inside(real):
+            return f"{'a link to ' if link else ''}{real}, outside the model folder: skipped"
+        if stat.S_ISDIR(mode):
+            return f"a link to a folder ({real}), not followed: skipped" if link else None
+        if stat.S_ISREG(mode):
+            return None
+        kind = _KINDS.get(stat.S_IFMT(mode), "something else")
+        return f"{'a link to ' if link else ''}{kind}, not a regular file: skipped"
+
+    def _skip(self, path: str, why: str) -> None:
+        self.warnings.append(f"{self.where}: {path}: {why}")
+
+    def _outside(self, path: str, real: str) -> StageError:
+        return StageError(
+            f"{path}: {_OUTSIDE.format(real)}",
+            where=self.where,
+            hint="something is changing the model's folder: find out what, then run again",
+        )
+
+
+#: What is said of a file opened outside the model's folders ({}: where it is).
+_OUTSIDE = "opened as {}, outside the model folder (a link put there since it was listed?): refused"
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
 
 def _skip_name(name: str) -> bool:
     """fxkit's own files (a staged folder as the source of another stage)."""
-    return name == MANIFEST or name.endswith(PARTIAL_SUFFIX) or name == f"{MANIFEST}.tmp"
+    return name in (MANIFEST, f"{MANIFEST}.tmp", LOCK) or name.endswith(PARTIAL_SUFFIX)
+
+
+def _opened_as(fd: int) -> str:
+    """The path of the file open on ``fd``, as the kernel has it (links resolved)."""
+    return os.readlink(f"/proc/self/fd/{fd}")
 
 
 class LocalSource(Source):
-    """A folder on this machine (an NFS, Lustre or local mount)."""
+    """A folder on this machine (an NFS, Lustre or local mount), read through descriptors: each
+    file opened once (``O_PATH``, no effect even on a device), checked, then reopened to read."""
 
     def __init__(self, root: str | Path):
+        super().__init__()
         self.root = Path(root)
         self.where = str(root)
+        self._fd: int | None = None
+
+    def _root(self) -> int:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise StageError(
+                    "the source does not exist", where=self.where, hint="check the path (mounted?)"
+                ) from None
+            except NotADirectoryError:
+                raise _not_a_directory(self.where) from None
+            except OSError as exc:
+                raise StageError(
+                    f"cannot read the source: {exc.strerror}", where=self.where
+                ) from None
+            self._find_folders(_opened_as(self._fd), _local_folder)
+        return self._fd
 
     def files(self) -> list[SourceFile]:
-        if not self.root.exists():
-            raise StageError(
-                "the source does not exist", where=self.where, hint="check the path (mounted?)"
-            )
-        if not self.root.is_dir():
-            raise StageError(
-                "the source is not a directory",
-                where=self.where,
-                hint="give the model's folder (the one with config.json and *.safetensors)",
-            )
-        found = []
-        for top, dirs, names in os.walk(self.root, onerror=self._walk_error, followlinks=True):
-            dirs.sort()
-            for name in sorted(names):
-                if not _skip_name(name):
-                    path = Path(top, name)
-                    if path.is_file():
-                        found.append(self.stat(path.relative_to(self.root).as_posix()))
+        found: list[SourceFile] = []
+        self._walk(self._root(), "", found)
         return found
 
-    def _walk_error(self, exc: OSError) -> None:
-        raise StageError(f"cannot list {exc.filename}: {exc.strerror}", where=self.where)
+    def _walk(self, folder: int, at: str, found: list[SourceFile]) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            raise StageError(f"cannot list {at or '.'}: {exc.strerror}", where=self.where) from None
+        for entry in entries:
+            path = f"{at}/{entry.name}" if at else entry.name
+            if _skip_name(entry.name):
+                continue
+            link = entry.is_symlink()
+            try:
+                fd = os.open(entry.name, os.O_PATH | os.O_CLOEXEC, dir_fd=folder)
+            except OSError as exc:
+                if not link:
+                    raise StageError(
+                        f"cannot read {path}: {exc.strerror}", where=self.where
+                    ) from None
+                self._skip(path, _broken_link(exc, folder, entry.name))
+                continue
+            try:
+                st, real = os.fstat(fd), _opened_as(fd)
+                why = self._judge(st.st_mode, link, real)
+                if why:
+                    self._skip(path, why)
+                elif stat.S_ISREG(st.st_mode):
+                    found.append(SourceFile(path, st.st_size, st.st_mtime_ns))
+                else:
+                    self._walk_into(folder, entry.name, path, found)
+            finally:
+                os.close(fd)
+
+    def _walk_into(self, folder: int, name: str, path: str, found: list[SourceFile]) -> None:
+        try:
+            sub = os.open(name, _LIST, dir_fd=folder)
+        except OSError as exc:
+            raise StageError(f"cannot list {path}: {exc.strerror}", where=self.where) from None
+        try:
+            self._walk(sub, path, found)
+        finally:
+            os.close(sub)
 
     def stat(self, path: str) -> SourceFile:
         try:
-            st = os.stat(self.root / path)
+            st = os.stat(path, dir_fd=self._root())
         except OSError as exc:
             raise StageError(f"cannot read {path}: {exc.strerror}", where=self.where) from None
         return SourceFile(path, st.st_size, st.st_mtime_ns)
@@ -184,7 +304,11 @@ class LocalSource(Source):
     @contextmanager
     def open(self, path: str) -> Iterator[Reader]:
         try:
-            reader = _DirectReader(self.root / path)
+            with _opened(path, os.O_PATH | os.O_CLOEXEC, self._root()) as fd:
+                real = _opened_as(fd)
+                if not self._inside(real) or not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise self._outside(path, real)
+                reader = _DirectReader(f"/proc/self/fd/{fd}")
         except OSError as exc:
             raise StageError(f"cannot read {path}: {exc.strerror}", where=self.where) from None
         try:
@@ -192,15 +316,56 @@ class LocalSource(Source):
         finally:
             reader.close()
 
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+#: How a folder of the listing is opened: not through a link (it was not one when listed).
+_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextmanager
+def _opened(path: str, flags: int, dir_fd: int) -> Iterator[int]:
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _local_folder(path: str) -> str | None:
+    return os.path.realpath(path) if os.path.isdir(path) else None
+
+
+def _broken_link(exc: OSError, folder: int, name: str) -> str:
+    """What is said of the link ``name`` in ``folder`` that cannot be opened (``exc``)."""
+    target = "?"
+    with suppress(OSError):
+        target = os.readlink(name, dir_fd=folder)
+    if exc.errno == errno.ELOOP:
+        return f"a link loop (to {target}): skipped"
+    return f"a dangling link (to {target}: {exc.strerror}): skipped"
+
+
+def _not_a_directory(where: str) -> StageError:
+    return StageError(
+        "the source is not a directory",
+        where=where,
+        hint="give the model's folder (the one with config.json and *.safetensors)",
+    )
+
 
 class _DirectReader:
     """A local file read with O_DIRECT where it can be: the bytes go from the disk straight
     into the copy's buffer, neither copied by the kernel nor kept in the page cache (the
     source is read once; the page cache is better spent on the staged copy). Reads that
     O_DIRECT cannot do (an offset or a length off the 4 KiB grid, a file system without it)
-    go through a second, buffered descriptor."""
+    go through a second, buffered descriptor. ``path`` is opened twice: a ``/proc/self/fd``
+    link, so both are the file already checked."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: str):
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self.direct: int | None = None
         with suppress(OSError):
@@ -236,6 +401,7 @@ class SSHSource(Source):
     MB/s for paramiko's pipelined SFTP reads, which cost four times the CPU)."""
 
     def __init__(self, connection: SSHConnection, root: str):
+        super().__init__()
         self.conn = connection
         self.root = root.rstrip("/") or "/"
         self.where = f"{connection.name}:{self.root}"
@@ -259,6 +425,7 @@ class SSHSource(Source):
         sftp = self._sftp()
         try:
             top = sftp.stat(self.root)
+            real = sftp.normalize(self.root)
         except FileNotFoundError:
             raise StageError(
                 "the source does not exist", where=self.where, hint="check the path on that host"
@@ -266,51 +433,108 @@ class SSHSource(Source):
         except OSError as exc:
             raise StageError(f"cannot read the source: {exc}", where=self.where) from None
         if not stat.S_ISDIR(top.st_mode or 0):
-            raise StageError(
-                "the source is not a directory",
-                where=self.where,
-                hint="give the model's folder (the one with config.json and *.safetensors)",
-            )
+            raise _not_a_directory(self.where)
+        self._find_folders(real, lambda path: _remote_folder(sftp, path))
         found: list[SourceFile] = []
-        self._walk(sftp, "", found)
+        self._walk(sftp, "", real, found)
         return found
 
-    def _walk(self, sftp: paramiko.SFTPClient, folder: str, found: list[SourceFile]) -> None:
+    def _walk(
+        self, sftp: paramiko.SFTPClient, at: str, real_at: str, found: list[SourceFile]
+    ) -> None:
         try:
-            entries = sorted(sftp.listdir_attr(self._path(folder)), key=lambda a: a.filename)
+            entries = sorted(sftp.listdir_attr(self._path(at)), key=lambda a: a.filename)
+        except UnicodeDecodeError as exc:
+            raise self._bad_name(
+                at,
+                f"{exc.object!r} (not UTF-8)",
+                "rename the file on that host (fxkit stages files whose names are UTF-8)",
+            ) from None
         except OSError as exc:
-            raise StageError(f"cannot list {folder or '.'}: {exc}", where=self.where) from None
+            raise StageError(f"cannot list {at or '.'}: {exc}", where=self.where) from None
         for attr in entries:
-            rel = f"{folder}/{attr.filename}" if folder else attr.filename
-            mode = attr.st_mode or 0
-            if stat.S_ISLNK(mode):  # followed, as the local source follows them
-                mode = sftp.stat(self._path(rel)).st_mode or 0
-            if stat.S_ISDIR(mode):
-                self._walk(sftp, rel, found)
-            elif stat.S_ISREG(mode) and not _skip_name(attr.filename):
-                found.append(self.stat(rel))
+            problem = name_problem(attr.filename)
+            if problem:
+                raise self._bad_name(
+                    at,
+                    problem,
+                    "no file in a folder has such a name: the SFTP server on that host is not "
+                    "to be trusted",
+                )
+            if _skip_name(attr.filename):
+                continue
+            path = f"{at}/{attr.filename}" if at else attr.filename
+            link, real = stat.S_ISLNK(attr.st_mode or 0), f"{real_at.rstrip('/')}/{attr.filename}"
+            if link:
+                try:
+                    real = sftp.normalize(self._path(path))
+                    attr = sftp.stat(real)
+                except OSError:
+                    target = "?"
+                    with suppress(OSError):
+                        target = sftp.readlink(self._path(path)) or "?"
+                    self._skip(path, f"a dangling link or a link loop (to {target}): skipped")
+                    continue
+            why = self._judge(attr.st_mode or 0, link, real)
+            if why:
+                self._skip(path, why)
+            elif stat.S_ISREG(attr.st_mode or 0):
+                found.append(_remote_file(path, attr))
+            else:
+                self._walk(sftp, path, real, found)
+
+    def _bad_name(self, at: str, named: str, hint: str) -> StageError:
+        return StageError(
+            f"the listing of {at or '.'} has a file named {named}: refused, nothing was staged",
+            where=self.where,
+            hint=hint,
+        )
 
     def stat(self, path: str) -> SourceFile:
         try:
             attr = self._sftp().stat(self._path(path))
         except OSError as exc:
             raise StageError(f"cannot read {path}: {exc}", where=self.where) from None
-        return SourceFile(path, attr.st_size or 0, int((attr.st_mtime or 0) * 1e9))
+        return _remote_file(path, attr)
 
     @contextmanager
     def open(self, path: str) -> Iterator[Reader]:
-        chan = self.conn.stream(f"exec cat -- {shlex.quote(self._path(path))}")
+        chan = self.conn.stream(self._read_command(path))
         chan.settimeout(_STREAM_TIMEOUT)
         try:
             yield _StreamReader(chan)
         finally:
             chan.close()
 
+    def _read_command(self, path: str) -> str:
+        """A shell command that opens the file, checks where the file opened is (its
+        descriptor's path, links resolved), and only then streams it with ``cat``."""
+        inside = "|".join(f"{shlex.quote(f.rstrip('/'))}/*" for f in self.folders)
+        head, tail = _OUTSIDE.split("{}")
+        return (
+            f"exec 3< {shlex.quote(self._path(path))} || exit; "
+            "r=$(readlink /proc/self/fd/3) || exit; "
+            f"case $r in {inside or '/'}) exec cat <&3;; esac; "
+            f"printf '%s%s%s\\n' {shlex.quote(f'{path}: {head}')} \"$r\" {shlex.quote(tail)} >&2; "
+            "exit 3"
+        )
+
     def close(self) -> None:
         for client in self._sessions:
             client.close()
         self._sessions.clear()
         self.conn.close()
+
+
+def _remote_file(path: str, attr: paramiko.SFTPAttributes) -> SourceFile:
+    return SourceFile(path, attr.st_size or 0, int((attr.st_mtime or 0) * 1e9))
+
+
+def _remote_folder(sftp: paramiko.SFTPClient, path: str) -> str | None:
+    try:
+        return sftp.normalize(path) if stat.S_ISDIR(sftp.stat(path).st_mode or 0) else None
+    except OSError:
+        return None
 
 
 class _StreamReader:
@@ -372,6 +596,17 @@ def open_source(
 # -- the manifest ------------------------------------------------------------------------------
 
 
+#: A record's fields and their types (``bool`` is no ``int`` here).
+_FIELDS = {
+    "size": int,
+    "mtime_ns": int,
+    "digest": str,
+    "algorithm": str,
+    "source_size": int,
+    "source_mtime_ns": int,
+}
+
+
 @dataclass
 class Record:
     """What the manifest knows of a staged file: the file as staged, and its source then."""
@@ -384,10 +619,21 @@ class Record:
     source_mtime_ns: int
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Record:
-        if "sha256" in data:  # a manifest of version 1: sha256 only
-            data = dict(data, algorithm="sha256")
-            data["digest"] = data.pop("sha256")
+    def from_json(cls, data: object) -> Record:
+        """A record as the manifest holds it (of version 1: sha256 only); ValueError saying
+        what is wrong with one that is not."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not an object but {type(data).__name__}")
+        if "sha256" in data and "algorithm" not in data:  # a manifest of version 1
+            data = {**data, "algorithm": "sha256", "digest": data["sha256"]}
+            del data["sha256"]
+        if data.keys() != _FIELDS.keys():
+            raise ValueError(f"has the fields {sorted(data)}, not {sorted(_FIELDS)}")
+        for key, kind in _FIELDS.items():
+            if type(data[key]) is not kind:
+                raise ValueError(f"{key} is {type(data[key]).__name__}, not {kind.__name__}")
+        if data["algorithm"] not in CHECKSUMS:
+            raise ValueError(f"algorithm {data['algorithm']!r} is none of {sorted(CHECKSUMS)}")
         return cls(**data)
 
     def same_source(self, src: SourceFile) -> bool:
@@ -402,17 +648,50 @@ class Record:
 
 
 class Manifest:
-    """``dest/.fxkit-stage.json``: a record per staged file, rewritten atomically after each."""
+    """``dest/.fxkit-stage.json``: a record per staged file, rewritten atomically after each.
+    One that cannot be read, or records that are malformed, are told in :attr:`warnings`: the
+    files they stood for are then checked against the source."""
 
-    def __init__(self, dest: Path):
-        self.path = dest / MANIFEST
+    def __init__(self, dest: Destination):
+        self.dest = dest
+        self.where = str(dest.path / MANIFEST)
         self.records: dict[str, Record] = {}
+        self.warnings: list[str] = []
         self._lock = threading.Lock()
         try:
-            data = json.loads(self.path.read_text())
-            self.records = {k: Record.from_json(v) for k, v in data["files"].items()}
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # none yet, or unreadable: every file is checked against the source
+            self._read()
+        except (ValueError, StageError) as exc:
+            self.records.clear()
+            self.warnings.append(
+                f"{self.where}: {exc}; not trusted: every file is checked against the source"
+            )
+
+    def _read(self) -> None:
+        data = self.dest.read(MANIFEST, MANIFEST_LIMIT)
+        if data is None:
+            return  # none yet
+        try:
+            doc = json.loads(data.decode())
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"not UTF-8 (byte {exc.start})") from None
+        except RecursionError:
+            raise ValueError("not a manifest: nested too deeply") from None
+        except ValueError as exc:
+            raise ValueError(f"not valid JSON ({exc})") from None
+        files = doc.get("files") if isinstance(doc, dict) else None
+        if not isinstance(files, dict):
+            raise ValueError('it has no "files" object')
+        bad = []
+        for name, value in files.items():
+            try:
+                self.records[name] = Record.from_json(value)
+            except ValueError as exc:
+                bad.append(f"{name!r} {exc}")
+        if bad:
+            self.warnings.append(
+                f"{self.where}: {len(bad)} malformed records ({'; '.join(bad[:3])}"
+                f"{'; ...' if len(bad) > 3 else ''}): their files are checked against the source"
+            )
 
     def get(self, path: str) -> Record | None:
         return self.records.get(path)
@@ -420,15 +699,13 @@ class Manifest:
     def put(self, path: str, record: Record) -> None:
         with self._lock:
             self.records[path] = record
-            tmp = self.path.with_name(f"{MANIFEST}.tmp")
             text = json.dumps(
                 {"version": 2, "files": {k: asdict(v) for k, v in self.records.items()}}
             )
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            try:
+                self.dest.replace(MANIFEST, text.encode())
+            except OSError as exc:
+                raise _write_error(exc, MANIFEST, self.dest.where) from None
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -453,6 +730,8 @@ class Plan:
     source: str
     dest: str
     steps: list[Step]
+    #: What the source's listing skipped and what the manifest could not vouch for.
+    warnings: list[str] = field(default_factory=list)
 
     def of(self, action: Action) -> list[Step]:
         return [s for s in self.steps if s.action is action]
@@ -476,76 +755,60 @@ class Plan:
             "skip": len(self.of(Action.SKIP)),
             "bytes_to_copy": self.bytes_to_copy,
             "bytes_to_check": self.bytes_to_check,
+            "warnings": self.warnings,
         }
 
 
-def partial_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
-
-
-def make_plan(
-    source: Source,
-    dest: Path,
-    manifest: Manifest,
-    verify: bool = False,
-    checksum: str = CHECKSUM,
-) -> Plan:
-    """What staging ``source`` into ``dest`` would do, file by file (reads only)."""
+def source_files(source: Source) -> list[SourceFile]:
+    """The files to stage (reads only): :class:`StageError` when there are none."""
     files = source.files()
     if not files:
         raise StageError(
             "the source has no files", where=source.where, hint="is it the model's folder?"
         )
+    return files
+
+
+def make_plan(
+    source: Source,
+    files: list[SourceFile],
+    dest: Destination,
+    manifest: Manifest,
+    verify: bool = False,
+    checksum: str = CHECKSUM,
+) -> Plan:
+    """What staging ``files`` of ``source`` into ``dest`` would do, file by file (reads only)."""
     steps = []
     for src in sorted(files, key=lambda f: -f.size):
-        final = dest / src.path
-        try:
-            st = os.stat(final)
-        except FileNotFoundError:
-            try:
-                have = os.stat(partial_path(final)).st_size
-            except FileNotFoundError:
-                have = 0
-            steps.append(Step(src, Action.COPY, partial=have if have <= src.size else 0))
-            continue
-        except NotADirectoryError:
-            steps.append(Step(src, Action.COPY))
-            continue
+        st = dest.stat(src.path)
         record = manifest.get(src.path)
-        if st.st_size != src.size or not stat.S_ISREG(st.st_mode):
+        if st is None:
+            have = dest.partial_size(src.path)
+            steps.append(Step(src, Action.COPY, partial=have if have <= src.size else 0))
+        elif st.st_size != src.size or not stat.S_ISREG(st.st_mode):
             steps.append(Step(src, Action.COPY))
         elif record and record.trusts(st, src, checksum) and not verify:
             steps.append(Step(src, Action.SKIP))
         else:
             steps.append(Step(src, Action.CHECK))
-    return Plan(source.where, str(dest), steps)
+    return Plan(source.where, dest.where, steps, source.warnings + manifest.warnings)
 
 
-def check_destination(dest: Path) -> None:
-    """``dest`` is, or can be, a writable directory."""
-    if dest.exists() and not dest.is_dir():
-        raise StageError("the destination is not a directory", where=str(dest))
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StageError(
-            f"cannot create the destination: {exc.strerror}",
-            where=str(dest),
-            hint="is the fast store mounted, and writable by this user?",
-        ) from None
-    if not os.access(dest, os.W_OK | os.X_OK):
-        raise StageError("the destination is not writable", where=str(dest))
+def plan(source: Source, dest: str | Path, verify: bool = False, checksum: str = CHECKSUM) -> Plan:
+    """What staging would do, the destination only read (``--plan``)."""
+    files = source_files(source)
+    with Destination(dest, create=False) as folder:
+        return make_plan(source, files, folder, Manifest(folder), verify, checksum)
 
 
-def check_space(plan: Plan, dest: Path) -> None:
+def check_space(plan: Plan, dest: Destination) -> None:
     """Fail before writing anything when the files to copy do not fit."""
     needed = sum(s.file.size - s.partial for s in plan.of(Action.COPY))
-    fs = os.statvfs(dest)
-    free = fs.f_bavail * fs.f_frsize
+    free = dest.free_bytes()
     if needed > free:
         raise DestinationFull(
             f"not enough space: {_gb(needed)} GB to copy, {_gb(free)} GB free",
-            where=str(dest),
+            where=dest.where,
             hint="free space on the fast store, or stage to another folder",
         )
 
@@ -568,6 +831,7 @@ class Summary:
     verify: bool = False
     checksum: str = CHECKSUM
     copied_files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def rate_gbps(self) -> float:
@@ -654,7 +918,6 @@ class Stager:
     def __init__(
         self,
         source: Source,
-        dest: Path,
         manifest: Manifest,
         *,
         jobs: int = JOBS,
@@ -663,7 +926,7 @@ class Stager:
         checksum: str = CHECKSUM,
         progress: Callable[[int], None] | None = None,
     ):
-        self.source, self.dest = source, dest
+        self.source, self.dest = source, manifest.dest
         self.jobs, self.chunk, self.verify = jobs, chunk, verify
         self.checksum, self.new_hash = checksum, CHECKSUMS[checksum]
         self.progress = progress or (lambda n: None)
@@ -673,8 +936,9 @@ class Stager:
 
     def run(self, plan: Plan) -> Summary:
         summary = Summary(
-            plan.source, plan.dest, len(plan.steps), verify=self.verify, checksum=self.checksum
-        )
+            plan.source, plan.dest, len(plan.steps), verify=self.verify, checksum=self.checksum,
+            warnings=plan.warnings,
+        )  # fmt: skip
         start = time.perf_counter()
         for step in plan.of(Action.SKIP):
             summary.skipped += 1
@@ -700,36 +964,40 @@ class Stager:
     def _step(self, step: Step, summary: Summary) -> None:
         if self.stop.is_set():
             raise _Stopped
-        src, final = step.file, self.dest / step.file.path
-        if step.action is Action.CHECK and self._matches(src, final):
+        src = step.file
+        if step.action is Action.CHECK and self._matches(src):
             self.progress(src.size)
             with self._lock:
                 summary.checked += 1
                 summary.skipped += 1
                 summary.bytes_skipped += src.size
             return
-        resumed = self._copy(src, final)
+        resumed = self._copy(src)
         with self._lock:
             summary.copied += 1
             summary.resumed += resumed
             summary.bytes_copied += src.size
             summary.copied_files.append(src.path)
 
-    def _matches(self, src: SourceFile, final: Path) -> bool:
-        """Whether an untrusted file under its final name holds the source's bytes: hashed
-        again against the manifest's digest (same source, same algorithm), else compared with
-        the source."""
+    def _matches(self, src: SourceFile) -> bool:
+        """Whether an untrusted file under its final name (a regular file, not a link) holds
+        the source's bytes: hashed again against the manifest's digest (same source, same
+        algorithm), else compared with the source; fsynced before it is recorded."""
         record = self.manifest.get(src.path)
-        with open(final, "rb") as f:
+        fd = self.dest.open_final(src.path)
+        if fd is None:
+            return False
+        with os.fdopen(fd, "rb"):
             if record and record.same_source(src) and record.algorithm == self.checksum:
                 digest = record.digest
-                fd = f.fileno()
                 same = hash_file(fd, src.size, self.checksum, self.chunk, self.verify) == digest
             else:
                 with self.source.open(src.path) as reader:
-                    hasher, matched, _ = self._compare(reader, f.fileno(), src.size, count=False)
+                    hasher, matched, _ = self._compare(reader, fd, src.size, count=False)
                 same, digest = matched == src.size, hasher.hexdigest()
-            st = os.fstat(f.fileno())
+            if same:
+                os.fsync(fd)
+            st = os.fstat(fd)
         if same and self.source.stat(src.path) == src:
             self.manifest.put(src.path, self._record(st, digest, src))
             return True
@@ -761,15 +1029,14 @@ class Stager:
                 self.progress(n)
         return hasher, offset, b""
 
-    def _copy(self, src: SourceFile, final: Path) -> int:
+    def _copy(self, src: SourceFile) -> int:
         """Copy one file through its partial, verified, renamed into place and recorded;
         1 if it resumed a partial, else 0."""
-        partial = partial_path(final)
+        partial = f"{self.dest.where}/{partial_path(src.path)}"  # as messages name it
         try:
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = self.dest.open_partial(src.path)
         except OSError as exc:
-            raise _write_error(exc, partial) from None
+            raise _write_error(exc, src.path, self.dest.where) from None
         try:
             digest, resumed = self._fill(src, fd)
             os.fsync(fd)
@@ -777,29 +1044,27 @@ class Stager:
             if st.st_size != src.size:  # never: _fill wrote exactly the source's size
                 raise ChecksumMismatch(
                     f"{src.path}: wrote {st.st_size} bytes, the source has {src.size}",
-                    where=str(partial),
+                    where=partial,
                 )
             if self.verify and hash_file(fd, src.size, self.checksum, self.chunk, True) != digest:
                 raise ChecksumMismatch(
                     f"{src.path}: the written file does not hash as the bytes read from the "
                     f"source ({self.checksum} differs); the partial was removed",
-                    where=str(self.dest),
+                    where=self.dest.where,
                     hint="the fast store returned other bytes than were written, or something "
                     "else wrote to the file: check the device (dmesg), then run again",
                 )
-            os.rename(partial, final)
-            _fsync_dir(final.parent)
+            self.dest.install(src.path)
         except _Stopped:  # kept for a resume, unless there is nothing in it
             if not os.fstat(fd).st_size:
-                partial.unlink()
+                self.dest.remove_partial(src.path)
             os.close(fd)
             raise
         except BaseException as exc:
             os.close(fd)
-            with suppress(FileNotFoundError):
-                partial.unlink()
+            self.dest.remove_partial(src.path)
             if isinstance(exc, OSError):
-                raise _write_error(exc, partial) from None
+                raise _write_error(exc, src.path, self.dest.where) from None
             raise
         os.close(fd)
         self.manifest.put(src.path, self._record(st, digest, src))
@@ -847,37 +1112,29 @@ class Stager:
         return hasher.hexdigest(), int(kept > 0)
 
 
-def _write_error(exc: OSError, path: Path) -> StageError:
+def _write_error(exc: OSError, path: str, dest: str) -> StageError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return DestinationFull(
-            f"the destination filled up while copying {path.name}; the partial was removed",
-            where=str(path.parent),
+            f"the destination filled up while copying {path}; the partial was removed",
+            where=dest,
             hint="free space on the fast store (or stage to another folder), then run again",
         )
-    return StageError(f"cannot write {path}: {exc.strerror or exc}", where=str(path.parent))
+    return StageError(f"cannot write {path}: {exc.strerror or exc}", where=dest)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
+@contextmanager
 def prepare(
     source: Source, dest: str | Path, verify: bool = False, checksum: str = CHECKSUM
-) -> tuple[Plan, Manifest]:
-    """Plan the run (reads only), then make the destination folder and check it has the space
-    (nothing else is written)."""
-    dest = Path(dest)
-    if dest.exists() and not dest.is_dir():
-        raise StageError("the destination is not a directory", where=str(dest))
-    manifest = Manifest(dest)
-    plan = make_plan(source, dest, manifest, verify, checksum)
-    check_destination(dest)
-    check_space(plan, dest)
-    return plan, manifest
+) -> Iterator[tuple[Plan, Manifest]]:
+    """The run's plan and manifest: the source listed first (reads only), then, for the
+    block, the destination made and locked, and checked to have the space (nothing else is
+    written)."""
+    files = source_files(source)
+    with Destination(dest, create=True) as folder, folder.locked():
+        manifest = Manifest(folder)
+        plan = make_plan(source, files, folder, manifest, verify, checksum)
+        check_space(plan, folder)
+        yield plan, manifest
 
 
 def stage(
@@ -892,9 +1149,9 @@ def stage(
 ) -> Summary:
     """Stage ``source`` into ``dest`` (see the module's docstring); ``progress`` is told of
     every byte copied or checked."""
-    plan, manifest = prepare(source, dest, verify, checksum)
-    stager = Stager(
-        source, Path(dest), manifest, jobs=jobs, chunk=chunk, verify=verify,
-        checksum=checksum, progress=progress,
-    )  # fmt: skip
-    return stager.run(plan)
+    with prepare(source, dest, verify, checksum) as (plan, manifest):
+        stager = Stager(
+            source, manifest, jobs=jobs, chunk=chunk, verify=verify, checksum=checksum,
+            progress=progress,
+        )  # fmt: skip
+        return stager.run(plan)

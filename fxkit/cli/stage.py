@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 from rich.console import Console
@@ -23,13 +22,11 @@ from fxkit.stage import (
     CHECKSUMS,
     CHUNK,
     JOBS,
-    Manifest,
     Plan,
-    StageError,
     Stager,
     Summary,
-    make_plan,
     open_source,
+    plan,
     prepare,
 )
 
@@ -111,8 +108,11 @@ def stage(
     SOURCE is a local folder (an NFS mount) or [user@]host:/path (SFTP, host keys verified).
     Files are written under a temporary name, checked (size, a BLAKE3 or sha256 checksum of
     the bytes read) and renamed into place; a re-run skips what is staged and resumes what was
-    cut off. Exit code 2 on a bad source,
-    a full destination or a checksum mismatch, 130 when interrupted.
+    cut off. One run at a time per DEST; nothing is written outside it (a link planted in it
+    is replaced, never followed). Links in SOURCE are followed only to files of the model's
+    folder (or of a Hugging Face snapshot's blobs): others are skipped with a warning. Exit
+    code 2 on a bad source, a full destination, a checksum mismatch or another run on DEST,
+    130 when interrupted.
     """
     options = ConnectOptions(
         connect_timeout=connect_timeout,
@@ -122,34 +122,38 @@ def stage(
     src = open_source(source, options, key_file=ssh_key)
     try:
         if plan_only:
-            if Path(dest).exists() and not Path(dest).is_dir():
-                raise StageError("the destination is not a directory", where=dest)
-            manifest = Manifest(Path(dest))
-            _print_plan(make_plan(src, Path(dest), manifest, verify, checksum), as_json)
+            _print_plan(plan(src, dest, verify, checksum), as_json)
             return
-        plan, manifest = prepare(src, dest, verify, checksum)
-        with Progress(
-            TextColumn("staging"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            disable=quiet,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("staging", total=plan.bytes_to_copy + plan.bytes_to_check)
-            stager = Stager(
-                src, Path(dest), manifest, jobs=jobs, chunk=chunk_size, verify=verify,
-                checksum=checksum, progress=lambda n: bar.advance(task, n),
-            )  # fmt: skip
-            summary = stager.run(plan)
+        with prepare(src, dest, verify, checksum) as (planned, manifest):
+            _warn(planned.warnings)
+            with Progress(
+                TextColumn("staging"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                disable=quiet,
+                transient=True,
+            ) as bar:
+                task = bar.add_task("staging", total=planned.bytes_to_copy + planned.bytes_to_check)
+                stager = Stager(
+                    src, manifest, jobs=jobs, chunk=chunk_size, verify=verify, checksum=checksum,
+                    progress=lambda n: bar.advance(task, n),
+                )  # fmt: skip
+                summary = stager.run(planned)
     finally:
         src.close()
     _print_summary(summary, as_json)
 
 
+def _warn(warnings: list[str]) -> None:
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
+
+
 def _print_plan(plan: Plan, as_json: bool) -> None:
+    _warn(plan.warnings)
     data = plan.to_json()
     if as_json:
         click.echo(json.dumps(data))
