@@ -19,6 +19,7 @@ channel. Files are read over SFTP and written atomically (:mod:`fxkit.connection
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import shlex
@@ -55,6 +56,12 @@ _LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
 _FLAGS = {"-J": "ProxyJump", "-i": "IdentityFile", "-p": "Port", "-l": "User"}
 #: How long a killed command may take to close its channel (its last output still comes).
 _KILL_GRACE = 2.0
+
+# paramiko logs each error of its transport thread (with its traceback) as well as raising it
+# to the caller, which fxkit reports once per host; with no handler anywhere, Python's
+# lastResort handler printed them all on stderr (a host that closed before its banner: two
+# tracebacks per attempt). An application that configures logging still gets them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass
@@ -246,12 +253,7 @@ class SSHConnection(Connection):
                 except _LINK_ERRORS as exc:
                     _close(conn)
                     if attempt + 1 == attempts:
-                        raise ConnectionFailed(
-                            f"cannot connect: {self.redact(_describe(exc))}",
-                            where=self._where,
-                            hint="is the host up and sshd listening? (connect timeout "
-                            f"{self.options.connect_timeout:g} s, {attempts} attempts)",
-                        ) from None
+                        raise self._unreachable(exc, attempts) from None
                     time.sleep(min(0.5 * 2**attempt, 5.0))
                 except BaseException:
                     _close(conn)
@@ -400,6 +402,22 @@ class SSHConnection(Connection):
 
     # -- errors ----------------------------------------------------------------------------
 
+    def _unreachable(self, exc: BaseException, attempts: int) -> ConnectionFailed:
+        tried = f"(connect timeout {self.options.connect_timeout:g} s, {attempts} attempts)"
+        if _closed_before_banner(exc):
+            return ConnectionFailed(
+                "closed the connection before the SSH banner",
+                where=self._where,
+                hint="is it sshd that listens on that port (ansible_port)? sshd drops "
+                "connections it will not serve (MaxStartups, TCP wrappers, fail2ban): "
+                f"see the host's sshd log {tried}",
+            )
+        return ConnectionFailed(
+            f"cannot connect: {self.redact(_describe(exc))}",
+            where=self._where,
+            hint=f"is the host up and sshd listening? {tried}",
+        )
+
     def _lost(self, reason: str) -> ConnectionFailed:
         return ConnectionFailed(
             f"connection lost: {self.redact(reason)}",
@@ -512,6 +530,16 @@ class _Session:
                 raise EOFError("the SSH transport closed before the command ended")
             return 255  # killed by a signal that paramiko does not decode (as ssh reports it)
         return status
+
+
+def _closed_before_banner(exc: BaseException) -> bool:
+    """Whether ``exc`` is paramiko's failure to read the server's banner because the server
+    closed (or reset) the connection: its cause was an end of file, not a timeout."""
+    return (
+        isinstance(exc, paramiko.SSHException)
+        and str(exc).startswith("Error reading SSH protocol banner")
+        and isinstance(exc.__context__, EOFError | ConnectionError)
+    )
 
 
 def _describe(exc: BaseException) -> str:
