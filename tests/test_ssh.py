@@ -411,6 +411,17 @@ def test_hosts_that_close_before_the_banner_are_one_line_each(tmp_path):
 # -- timeouts ----------------------------------------------------------------------------------
 
 
+def test_a_kill_spares_a_process_that_is_not_the_command(lab_fleet):
+    """The PID of a command that has ended may be reused: a kill (on a timeout or a cancel)
+    checks that the process is still the command, by its start marker."""
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        pid = int(conn.run("setsid sleep 300 >/dev/null 2>&1 & echo $!").stdout)
+        conn._kill(pid, "fxkit-start-0123456789abcdef", become=False)  # not its marker
+        assert conn.run(f"kill -0 {pid}").ok
+        conn.run(f"kill {pid}")
+
+
 @pytest.mark.parametrize("become", [False, True])
 def test_a_timeout_kills_the_command_and_its_children_on_the_host(sudo_fleet, become):
     fleet = sudo_fleet

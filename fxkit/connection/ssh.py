@@ -12,13 +12,17 @@ builds the chain of jump hosts; every client in it verifies host keys fxkit's wa
 (:mod:`fxkit.connection.hostkeys`), never Fabric's default of accepting any key.
 
 Commands do not go through Fabric's ``run`` (45 ms a command, 3.4 ms here): each opens an
-exec channel on the one transport, sets TCP_NODELAY and reads stdout and stderr itself. A
-command that runs past its timeout is killed with its whole process group, over a second
-channel. Files are read over SFTP and written atomically (:mod:`fxkit.connection.atomic`).
+exec channel on the one transport, sets TCP_NODELAY and reads stdout and stderr itself. Each
+command's shell prints its PID first (:class:`~fxkit.connection.become.Started`): one that runs
+past its timeout, or is still running when :meth:`SSHConnection.cancel` is called (a second
+Ctrl-C), is killed with its whole process group, over another channel; closing the channel
+alone would leave it running. Files are read over SFTP and written atomically
+(:mod:`fxkit.connection.atomic`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import fabric
 import paramiko
 
-from fxkit.connection.base import TIMEOUT_RC, Connection, Stdin, buffers, timed_out
+from fxkit.connection.base import TIMEOUT_RC, Connection, Running, Stdin, buffers, timed_out
 from fxkit.connection.become import Started, Sudo, become_settings, reveal
 from fxkit.connection.hostkeys import (
     AcceptNewKey,
@@ -142,6 +146,8 @@ class SSHConnection(Connection):
         self.own_known_hosts = Path(options.known_hosts or default_known_hosts()).expanduser()
         self.secrets = maskable(s for s in (self.password, self.become_password) if s)
         self._lock = threading.Lock()
+        #: Commands running: (PID of their shell, its start marker, become), for cancel().
+        self._running: Running[tuple[int, str, bool]] = Running(lambda c: self._kill(*c))
         # Resolved now, so that a mistake in the config shows before any host is contacted.
         self._fabric = self._resolve()
         self.user = self._fabric.user
@@ -232,6 +238,7 @@ class SSHConnection(Connection):
         with self._lock:
             if self._connected is not None:
                 return
+            self._running.refuse(self._where)  # cancelled: never connected again
             attempts = 1 + max(0, self.options.connect_retries)
             for attempt in range(attempts):
                 conn = self._fabric if attempt == 0 else self._resolve()
@@ -285,6 +292,12 @@ class SSHConnection(Connection):
                 _close(self._connected)
                 self._connected = None
 
+    def cancel(self) -> None:
+        try:
+            self._running.cancel()
+        finally:
+            self.close()
+
     # -- commands --------------------------------------------------------------------------
 
     def execute(
@@ -303,31 +316,32 @@ class SSHConnection(Connection):
     ) -> tuple[int, bytes, bytes]:
         timeout = timeout if timeout is not None else self.options.command_timeout
         deadline = time.monotonic() + timeout if timeout else None
+        if kill:  # not the kill of another command
+            self._running.refuse(self._where)
         transport = self._transport()
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
         except _LINK_ERRORS as exc:
             raise self._lost(_describe(exc)) from None
         session = _Session(chan, transport, deadline)
-        starter: Started | None = None
-        if self.needs_sudo(become):
-            starter = Sudo(self.become_user, self.become_password)
-        elif deadline is not None:
-            starter = Started()  # its PID, to kill it on a timeout
+        # Its shell's PID, to kill it on a timeout or cancel().
+        starter: Started = (
+            Sudo(self.become_user, self.become_password) if self.needs_sudo(become) else Started()
+        )
         try:
-            if starter is None:
-                chan.exec_command(f"sh -c {shlex.quote(command)}")
-            else:
-                chan.exec_command(starter.command(command))
-                rc = starter.start(session)
-                if rc is not None:
-                    return rc, bytes(session.out), bytes(session.err)
-            session.send_stdin(stdin)
-            session.drain()
-            return session.exit_status(), bytes(session.out), bytes(session.err)
+            chan.exec_command(starter.command(command))
+            rc = starter.start(session)
+            if rc is not None:
+                return rc, bytes(session.out), bytes(session.err)
+            assert starter.pid is not None
+            running = (starter.pid, starter.marker, become)
+            with self._running.recorded(running) if kill else contextlib.nullcontext():
+                session.send_stdin(stdin)
+                session.drain()
+                return session.exit_status(), bytes(session.out), bytes(session.err)
         except _Timeout:
-            pid = starter.pid if starter else None
-            killed = kill and pid is not None and self._kill(pid, become)
+            pid = starter.pid
+            killed = kill and pid is not None and self._kill(pid, starter.marker, become)
             if killed:
                 session.deadline = time.monotonic() + _KILL_GRACE
                 try:
@@ -344,11 +358,13 @@ class SSHConnection(Connection):
         finally:
             chan.close()
 
-    def _kill(self, pid: int, become: bool) -> bool:
-        """Kill the process group of the command's shell ``pid`` (over another channel)."""
+    def _kill(self, pid: int, marker: str, become: bool) -> bool:
+        """Kill the process group of the command's shell ``pid`` (over another channel), if that
+        process is still the command's (its command line holds ``marker``: a PID can be
+        reused); True once the command no longer runs."""
         script = (
-            f'read -r s < /proc/{pid}/stat || exit 0; set -- ${{s##*") "}}; '
-            '[ "$3" -gt 1 ] && kill -s KILL -- "-$3"'
+            f"read -r s < /proc/{pid}/stat || exit 0; grep -qF {marker} /proc/{pid}/cmdline || "
+            'exit 0; set -- ${s##*") "}; [ "$3" -gt 1 ] && kill -s KILL -- "-$3"'
         )
         try:
             rc, _, _ = self._exec(
