@@ -110,7 +110,8 @@ def _checked(construct: Any, what: str) -> Any:
         try:
             return construct(loader, node)
         except ValueError as exc:
-            problem = f"{short(node.value)} is not {what} fxkit can read: {exc}".split("; use")[0]
+            reason = str(exc).split("; use")[0]  # not Python's advice to raise its digit limit
+            problem = f"{short(node.value)} is not {what} fxkit can read: {reason}"
             raise _Unreadable(problem=problem, problem_mark=node.start_mark) from None
 
     return checked

@@ -46,7 +46,6 @@ GATED = {
 LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
 
 MAX_LAYERS = 1024
-_SIZE, _HEADS, _EXPERTS, _TOKENS = 2**20, 4096, 65536, 2**30
 
 #: The plausible range of every number the reader takes from a config (docs/ESTIMATOR.md):
 #: beyond it no real model lies, and the arithmetic would overflow, divide by zero or not end.
@@ -54,34 +53,34 @@ _SIZE, _HEADS, _EXPERTS, _TOKENS = 2**20, 4096, 65536, 2**30
 RANGES: dict[str, tuple[int, int]] = {
     "num_hidden_layers": (1, MAX_LAYERS),
     "hidden_size": (1, 2**18),
-    "num_attention_heads": (1, _HEADS),
-    "num_key_value_heads": (1, _HEADS),
-    "head_dim": (1, _HEADS),
+    "num_attention_heads": (1, 4096),
+    "num_key_value_heads": (1, 4096),
+    "head_dim": (1, 4096),
     "vocab_size": (1, 2**24),
-    "intermediate_size": (1, _SIZE),
-    "kv_lora_rank": (1, _EXPERTS),
-    "q_lora_rank": (1, _EXPERTS),
-    "qk_rope_head_dim": (1, _HEADS),
-    "qk_nope_head_dim": (1, _HEADS),
-    "v_head_dim": (1, _HEADS),
-    "sliding_window": (1, _TOKENS),
+    "intermediate_size": (1, 2**20),
+    "kv_lora_rank": (1, 2**16),
+    "q_lora_rank": (1, 2**16),
+    "qk_rope_head_dim": (1, 4096),
+    "qk_nope_head_dim": (1, 4096),
+    "v_head_dim": (1, 4096),
+    "sliding_window": (1, 2**30),
     "sliding_window_pattern": (1, MAX_LAYERS),
     "max_window_layers": (0, MAX_LAYERS),
-    "n_routed_experts": (0, _EXPERTS),
-    "num_experts": (0, _EXPERTS),
-    "num_local_experts": (0, _EXPERTS),
-    "num_experts_per_tok": (1, _EXPERTS),
-    "experts_per_token": (1, _EXPERTS),
-    "moe_intermediate_size": (1, _SIZE),
+    "n_routed_experts": (0, 2**16),
+    "num_experts": (0, 2**16),
+    "num_local_experts": (0, 2**16),
+    "num_experts_per_tok": (1, 2**16),
+    "experts_per_token": (1, 2**16),
+    "moe_intermediate_size": (1, 2**20),
     "n_shared_experts": (0, MAX_LAYERS),
-    "shared_expert_intermediate_size": (0, _SIZE),
+    "shared_expert_intermediate_size": (0, 2**20),
     "first_k_dense_replace": (0, MAX_LAYERS),
     "moe_layer_freq": (1, MAX_LAYERS),
     "decoder_sparse_step": (1, MAX_LAYERS),
     "mlp_only_layers": (0, MAX_LAYERS - 1),
     "quantization_config.bits": (1, 16),
-    "quantization_config.group_size": (1, _EXPERTS),
-    "quantization_config.weight_block_size": (1, _EXPERTS),
+    "quantization_config.group_size": (1, 2**16),
+    "quantization_config.weight_block_size": (1, 2**16),
 }
 
 
