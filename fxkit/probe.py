@@ -164,7 +164,7 @@ def make_app(loaded: Loaded, served_name: str) -> Starlette:
     return Starlette(routes=routes)
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, backlog: int) -> socket.socket:
     """A listening socket on ``host:port``, or a clear error."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -174,7 +174,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
+        sock.listen(backlog)
     except OSError as exc:
         sock.close()
         raise FxkitError(
@@ -192,17 +192,24 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 def serve_probe(
     model: str, host: str, port: int, served_name: str, load_format: str, options: LoadOptions
 ) -> None:
-    """Load ``model``, then serve until SIGTERM or SIGINT."""
+    """Load ``model``, then serve until SIGTERM or SIGINT, its connections bounded
+    (:mod:`fxkit.probe_guard`)."""
     import uvicorn
+
+    from fxkit.probe_guard import ACCEPT_BATCH, GuardedConfig, max_connections
 
     signal.signal(signal.SIGTERM, _stop)
     loaded = load_weights(model, load_format, options)
     print(loaded.line(), file=sys.stderr, flush=True)
-    sock = listen(host, port)
+    sock = listen(host, port, ACCEPT_BATCH)
     print(
         f"fxkit serve-probe: serving {served_name!r} on {host}:{port}", file=sys.stderr, flush=True
     )
-    config = uvicorn.Config(
-        make_app(loaded, served_name), log_level="info", access_log=False, lifespan="off"
+    config = GuardedConfig(
+        make_app(loaded, served_name),
+        max_connections=max_connections(),
+        log_level="info",
+        access_log=False,
+        lifespan="off",
     )
     uvicorn.Server(config).run(sockets=[sock])

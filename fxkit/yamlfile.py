@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
+import reprlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,9 @@ from fxkit.errors import FxkitError
 #: Values that aliases (``*name``) may add beyond those written in a file. Past that, the file
 #: is refused as an alias bomb ("billion laughs"): a few lines that expand to billions of values.
 MAX_ALIAS_VALUES = 1_000_000
+
+#: How deep lists and mappings of a JSON file may nest (a model config or a result nests 6).
+MAX_JSON_DEPTH = 64
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # without libyaml: pure Python
 
@@ -62,6 +67,10 @@ class _AliasBomb(yaml.MarkedYAMLError):
     """Aliases that expand past :data:`MAX_ALIAS_VALUES` values, or into themselves."""
 
 
+class _Unreadable(yaml.constructor.ConstructorError):
+    """A number or date Python refuses to convert."""
+
+
 class _PlainLoader(_Base):
     """Plain dicts and lists (PyYAML's safe constructors)."""
 
@@ -92,6 +101,27 @@ class _MarkingLoader(_Base):
         items.item_lines = [_line(child) for child in node.value]
         return items
 
+
+def _checked(construct: Any, what: str) -> Any:
+    """``construct`` (a scalar constructor) raising a marked error for a value Python refuses
+    (an integer of more than 4300 digits, the date 2001-13-01) instead of a bare ValueError."""
+
+    def checked(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+        try:
+            return construct(loader, node)
+        except ValueError as exc:
+            reason = str(exc).split("; use")[0]  # not Python's advice to raise its digit limit
+            problem = f"{short(node.value)} is not {what} fxkit can read: {reason}"
+            raise _Unreadable(problem=problem, problem_mark=node.start_mark) from None
+
+    return checked
+
+
+for _loader in (_PlainLoader, _MarkingLoader):
+    _loader.add_constructor("tag:yaml.org,2002:int", _checked(_Base.construct_yaml_int, "a number"))
+    _loader.add_constructor(
+        "tag:yaml.org,2002:timestamp", _checked(_Base.construct_yaml_timestamp, "a date")
+    )
 
 _MarkingLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _MarkingLoader.construct_marked
@@ -174,6 +204,45 @@ def read_text(
         ) from None
 
 
+def read_json(
+    path: Path, error: type[FxkitError] = FxkitError, what: str = "file", hint: str | None = None
+) -> Any:
+    """Parse the JSON file at ``path``. One that cannot be read, is not JSON, nests deeper than
+    :data:`MAX_JSON_DEPTH` or holds a number of more than 4300 digits raises ``error``."""
+    text = read_text(path, error, what, hint)
+    try:
+        data = json.loads(text)
+        deep = _too_deep(data)
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} is not JSON: {exc}", where=f"{path}:{exc.lineno}", hint=hint) from None
+    except ValueError:  # Python's limit on the digits of an integer
+        raise error(
+            f"{what} holds a number of more than 4300 digits", where=str(path), hint=hint
+        ) from None
+    except RecursionError:
+        deep = True
+    if deep:
+        raise error(
+            f"{what} is nested too deeply (more than {MAX_JSON_DEPTH} levels)",
+            where=str(path),
+            hint=hint,
+        )
+    return data
+
+
+def _too_deep(data: Any) -> bool:
+    """Whether lists and mappings in ``data`` nest deeper than :data:`MAX_JSON_DEPTH`."""
+    stack = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth == MAX_JSON_DEPTH:
+                return True
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
+    return False
+
+
 def _yaml_error(exc: yaml.MarkedYAMLError, path: Path, error: type[FxkitError]) -> FxkitError:
     mark = exc.problem_mark or exc.context_mark
     if isinstance(exc, _AliasBomb):
@@ -181,6 +250,8 @@ def _yaml_error(exc: yaml.MarkedYAMLError, path: Path, error: type[FxkitError]) 
             f"aliases may add at most {MAX_ALIAS_VALUES:,} values to a file and never contain "
             "themselves: write the values out"
         )
+    elif isinstance(exc, _Unreadable):
+        hint = "write a plausible value, or quote it if it is a text"
     elif isinstance(exc, yaml.constructor.ConstructorError):
         hint = "fxkit reads plain YAML: no custom tags (such as !vault), plain mapping keys"
     else:
@@ -298,6 +369,15 @@ def type_name(value: Any) -> str:
         if isinstance(value, base):
             return base.__name__
     return type(value).__name__
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 3, 60, 30, 60
+
+
+def short(value: Any) -> str:
+    """``repr(value)`` cut short for a message: long numbers, texts and lists, and nesting."""
+    return _SHORT.repr(value)
 
 
 def plain(value: Any) -> Any:

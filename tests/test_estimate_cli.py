@@ -195,9 +195,9 @@ def test_an_empty_model_config_is_no_model_not_a_traceback(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("item", "says"),
     [
-        ("workload.context_tokens=0", "workload.context_tokens must be at least 1"),
-        ("store.read_bandwidth=0 GB/s", "store.read_bandwidth must be > 0"),
-        ("gpu.efficiency=0", "gpu.flops x gpu.efficiency must be > 0"),
+        ("workload.context_tokens=0", "'0' is outside its plausible range 1 to 1Gi"),
+        ("store.read_bandwidth=0 GB/s", "'0 GB/s' is outside its plausible range 1 MB/s to"),
+        ("gpu.efficiency=150%", "'150%' is outside its plausible range 1% to 100%"),
         ("model.kv_cache_dtype=fp5", "model.kv_cache_dtype 'fp5'"),
         ("cost.tier=FX999", "cost.tier 'FX999' has no reference price"),
         ("nosuch=1", "unknown input 'nosuch'"),

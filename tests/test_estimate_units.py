@@ -48,6 +48,7 @@ def test_prices_are_per_decimal_tb_unless_binary() -> None:
     assert parse_price("2014 CNY/TB") == (pytest.approx(2014e-12), "CNY")
     assert parse_price("2014 CNY/TiB")[0] == pytest.approx(2014 / 2**40)
     assert parse_price(14000) == (pytest.approx(14000e-12), None)
+    assert parse_price("14000") == (pytest.approx(14000e-12), None)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +59,10 @@ def test_prices_are_per_decimal_tb_unless_binary() -> None:
         ("192 GiBs", "bytes", "not a size unit"),
         ("3 weeks", "time", "not a time unit"),
         ("1.5", "tokens", "not a whole number"),
-        ("150%", "fraction", "not between 0 and 1"),
+        ("90 percent", "fraction", "not a fraction"),
+        ("1e999 GB", "bytes", "finite number"),
+        (10**400, "count", "finite number"),
+        ("1e308 Pi", "tokens", "finite number"),
         ("-1 GB", "bytes", ">= 0"),
         ("fast", "bandwidth", "not a number with a unit"),
         ("1 TiFLOP/s", "flops", "not a FLOP/s unit"),

@@ -245,3 +245,65 @@ def test_ctrl_c_reports_what_was_measured(lab_fleet, tmp_path: Path) -> None:
         assert "cut off" in found["window"]["reason"]
         assert "before it ran" in found["cpus"]["reason"]
         assert found["cpus"]["status"] == "ERROR"
+
+
+def test_ctrl_c_twice_kills_the_running_measurements_on_the_hosts(
+    lab_fleet, tmp_path: Path
+) -> None:
+    """A long measurement (fio in the field: here two sleeps, one in the background) cut off by
+    a second Ctrl-C is killed on each host, with all it started: over SSH and on a local host."""
+    fleet = lab_fleet(2, name="gate")
+    token = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
+    run = f"sleep 601.{token}{{{{ marker }}}} & sleep 600.{token}{{{{ marker }}}}; wait"
+    gate_file = tmp_path / "long.yml"
+    gate_file.write_text(
+        "gate: long\ntitle: A long measurement\nhosts: lab\nchecks:\n"
+        "  - id: long\n    title: Runs for minutes\n    why: As fio does.\n"
+        f"    measure: {{command: {{run: {json.dumps(run)}}}}}\n"
+        '    rule: {"!=": ""}\n'
+    )
+    hosts = {"lab01": 1, "lab02": 2, "here": 3}
+    inv = yaml.safe_load(fleet.inventory.read_text())
+    lab = inv["all"]["children"]["lab"]["hosts"]
+    lab["here"] = {"ansible_connection": "local"}
+    for name, marker in hosts.items():
+        lab[name]["marker"] = marker
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(inv))
+
+    def sleeps(name: str, *markers: int) -> list[str]:
+        """The measurement's processes on host ``name`` (of ``markers``: its own)."""
+        if name == "here":
+            listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        else:
+            with fleet.connect(name) as conn:
+                listing = conn.run("ps -eo args").stdout
+        wanted = {f"sleep 60{i}.{token}{m}" for i in (0, 1) for m in markers or [hosts[name]]}
+        return [p for p in listing.splitlines() if p.strip() in wanted]
+
+    proc = subprocess.Popen(
+        [str(FXKIT), "gate", str(gate_file), "-i", str(tmp_path / "inv.yml"),
+         "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not all(len(sleeps(name)) >= 2 for name in hosts):  # every host measuring
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the first Ctrl-C is taken: now the second
+            if "Ctrl-C again" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, rest
+    for name in hosts:
+        assert sleeps(name) == [], name
+    assert sleeps("here", *hosts.values()) == []  # this machine sees the lab hosts' too
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    for name in hosts:
+        assert "cut off while it ran" in checks(result, name)["long"]["reason"]

@@ -8,19 +8,27 @@ from __future__ import annotations
 import ast
 import json
 import re
+import resource
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import uvicorn
 from fxkit.loader import make_checkpoint, open_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
+
+from fxkit.probe import Loaded, listen, make_app
+from fxkit.probe_guard import ACCEPT_BATCH, HEADER_TIMEOUT, GuardedConfig
 
 VLLM = "0.20.1"
 PROTOCOL = f"vllm-{VLLM}/vllm/entrypoints/openai/engine/protocol.py"
@@ -47,11 +55,14 @@ def get(port: int, path: str) -> tuple[int, str, bytes]:
 
 
 class Probe:
-    """``fxkit serve-probe MODEL --port P ARGS`` in a process of its own, stopped by PID."""
+    """``fxkit serve-probe MODEL --port P ARGS`` in a process of its own, stopped by PID;
+    ``soft_fds`` sets its soft limit of open files."""
 
-    def __init__(self, model: Path | str, *args: str) -> None:
+    def __init__(self, model: Path | str, *args: str, soft_fds: int | None = None) -> None:
         self.port = free_port()
         argv = [sys.executable, "-m", "fxkit", "serve-probe", str(model), "--port", str(self.port)]
+        if soft_fds is not None:
+            argv = ["sh", "-c", 'ulimit -S -n "$0" && exec "$@"', str(soft_fds), *argv]
         self.proc = subprocess.Popen(
             [*argv, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -285,3 +296,173 @@ def test_unknown_load_format_is_refused(model: Path) -> None:
         timeout=START,
     )  # fmt: skip
     assert done.returncode == 2 and "'tensorizer' is not one of" in done.stderr
+
+
+# -- slow clients ------------------------------------------------------------------------------
+
+#: A request head that never ends, sent one byte at a time.
+SLOW_HEAD = b"GET /health HTTP/1.1\r\nHost: probe\r\nX-Slow: " + b"a" * 4000
+
+
+def connected(port: int, count: int) -> list[socket.socket]:
+    """``count`` clients connected to ``port`` (the kernel's handshake done), sending nothing."""
+    clients = [socket.socket() for _ in range(count)]
+    with selectors.DefaultSelector() as pending:
+        for sock in clients:
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            pending.register(sock, selectors.EVENT_WRITE)
+        deadline = time.monotonic() + START
+        while pending.get_map() and time.monotonic() < deadline:
+            for key, _ in pending.select(timeout=1):
+                pending.unregister(key.fileobj)
+        assert not pending.get_map(), f"{len(pending.get_map())} clients never connected"
+    return clients
+
+
+class Trickle:
+    """Clients that send :data:`SLOW_HEAD` one byte each every ``gap`` seconds, from a thread,
+    until the server has closed every one of them (or the block ends)."""
+
+    def __init__(self, clients: list[socket.socket], gap: float = 0.2) -> None:
+        self.open, self.gap, self.sent = clients, gap, 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Trickle:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while self.open and not self.stopping.wait(self.gap):
+            byte = bytes([SLOW_HEAD[self.sent % len(SLOW_HEAD)]])
+            self.sent += 1
+            still = []
+            for sock in self.open:
+                try:
+                    sock.send(byte)
+                    still.append(sock)
+                except OSError:  # the server closed it
+                    sock.close()
+            self.open = still
+
+    def wait_all_closed(self, within: float) -> None:
+        self.thread.join(within)
+        assert not self.open, f"{len(self.open)} slow clients still open after {within} s"
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join()
+        for sock in self.open:
+            sock.close()
+
+
+@contextmanager
+def more_open_files(count: int) -> Iterator[int]:
+    """This process's soft limit of open files raised for ``count`` more (up to the hard limit);
+    how many it allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 256
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    try:
+        yield max(soft, wanted) - 256
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+HEALTH_WITHIN = 2.0  # seconds: what a liveness probe waits
+
+
+def test_health_answers_while_1100_clients_trickle(model: Path) -> None:
+    """At the usual default soft limit of 1024 open files, 1100 clients that trickle their
+    request heads took them all and /health went unanswered for 75 s or more."""
+    probe = Probe(model, soft_fds=1024)
+    try:
+        probe.wait_ready()
+        with (
+            more_open_files(1100) as allowed,
+            Trickle(connected(probe.port, min(1100, allowed))) as slow,
+        ):
+            for _ in range(5):
+                started = time.monotonic()
+                status, _, _ = get(probe.port, "/health")
+                assert status == 200 and time.monotonic() - started < HEALTH_WITHIN
+            slow.wait_all_closed(within=HEADER_TIMEOUT + 30)  # the server ends them itself
+        status, _, _ = get(probe.port, "/health")
+        assert status == 200
+    finally:
+        code, err = probe.stop()
+    assert code == 0, err
+    assert "Too many open files" not in err and "Traceback" not in err, err[-2000:]
+
+
+@contextmanager
+def guarded_server(max_connections: int, header_timeout: float) -> Iterator[int]:
+    """serve-probe's app and guard in a thread of this process, with small bounds; its port."""
+    app = make_app(Loaded("m", {}, 0, 0.0, "fxkit", time.time()), "m")
+    sock = listen("127.0.0.1", 0, ACCEPT_BATCH)  # connections queue until the server runs
+    config = GuardedConfig(
+        app, max_connections=max_connections, header_timeout=header_timeout,
+        log_level="warning", lifespan="off",
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join()
+        sock.close()
+
+
+def ask_health(sock: socket.socket) -> bytes:
+    """One /health request on ``sock`` (kept alive); the response's status line."""
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: probe\r\n\r\n")
+    response = b""
+    while b"\r\n\r\n" not in response:
+        chunk = sock.recv(4096)
+        assert chunk, "closed before the response"
+        response += chunk
+    return response.split(b"\r\n")[0]
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    """Whether the server closes ``sock`` (an end of file or a reset) within ``within`` s."""
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_past_the_cap_the_connection_waiting_longest_closes() -> None:
+    with guarded_server(max_connections=3, header_timeout=60) as port:
+        first, second = (socket.create_connection(("127.0.0.1", port)) for _ in range(2))
+        with first, second, socket.create_connection(("127.0.0.1", port)) as served:
+            assert ask_health(served) == b"HTTP/1.1 200 OK"  # three open: none closed
+            assert not closed_by_server(first, within=0.2)
+            with socket.create_connection(("127.0.0.1", port)) as fourth:
+                assert ask_health(fourth) == b"HTTP/1.1 200 OK"
+                assert closed_by_server(first, within=10)  # the oldest waiting one
+                assert ask_health(served) == b"HTTP/1.1 200 OK"  # the others still served
+                assert ask_health(fourth) == b"HTTP/1.1 200 OK"
+
+
+def test_a_request_head_must_arrive_within_the_header_timeout() -> None:
+    """A silent client, and a keep-alive client trickling its next request (each byte resets
+    uvicorn's keep-alive timer), are closed once the header timeout has passed."""
+    with guarded_server(max_connections=16, header_timeout=1.0) as port:
+        silent = socket.create_connection(("127.0.0.1", port))
+        slow = socket.create_connection(("127.0.0.1", port))
+        with silent, slow:
+            assert ask_health(slow) == b"HTTP/1.1 200 OK"
+            started = time.monotonic()
+            with Trickle([slow], gap=0.1) as trickle:
+                trickle.wait_all_closed(within=30)
+            assert time.monotonic() - started >= 1.0
+            assert closed_by_server(silent, within=30)

@@ -6,8 +6,12 @@ import hashlib
 import re
 import shlex
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import paramiko
 import pytest
@@ -354,7 +358,68 @@ def test_a_host_that_never_answers_times_out(tmp_path):
         assert "connect timeout 1 s" in info.value.hint
 
 
+@contextmanager
+def closing_server(reply: bytes) -> Iterator[int]:
+    """A TCP server on 127.0.0.1 (its port) that answers each connection with ``reply`` (maybe
+    nothing) and closes it at once: a host whose sshd drops connections before its banner."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # shut down: the test is over
+                return
+            with conn:
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        thread.join()
+        server.close()
+
+
+def test_hosts_that_close_before_the_banner_are_one_line_each(tmp_path):
+    """paramiko logs its transport thread's errors, tracebacks and all; fxkit says it once per
+    host, through the real CLI."""
+    with closing_server(b"") as closes, closing_server(b"HTTP/1.1 400 Bad Request\r\n\r\n") as web:
+        (tmp_path / "hosts.ini").write_text(
+            f"closes ansible_host=127.0.0.1 ansible_port={closes} ansible_user=root\n"
+            f"web ansible_host=127.0.0.1 ansible_port={web} ansible_user=root\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "fxkit", "play", "site", "-i", str(tmp_path / "hosts.ini"),
+             "-e", f"node_base_root={tmp_path / 'root'}", "--connect-retries", "1"],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr
+    said = [line for line in done.stdout.splitlines() if "before the SSH banner" in line]
+    assert len(said) == 2, done.stdout
+    for host, port in (("closes", closes), ("web", web)):
+        [line] = [line for line in said if f"host {host} " in line]
+        assert f"root@127.0.0.1:{port}): closed the connection before the SSH banner" in line
+    assert done.stdout.count("sshd log") == 2  # the hint, once per host
+
+
 # -- timeouts ----------------------------------------------------------------------------------
+
+
+def test_a_kill_spares_a_process_that_is_not_the_command(lab_fleet):
+    """The PID of a command that has ended may be reused: a kill (on a timeout or a cancel)
+    checks that the process is still the command, by its start marker."""
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        pid = int(conn.run("setsid sleep 300 >/dev/null 2>&1 & echo $!").stdout)
+        conn._kill(pid, "fxkit-start-0123456789abcdef", become=False)  # not its marker
+        assert conn.run(f"kill -0 {pid}").ok
+        conn.run(f"kill {pid}")
 
 
 @pytest.mark.parametrize("become", [False, True])

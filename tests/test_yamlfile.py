@@ -68,6 +68,23 @@ def test_syntax_errors_are_the_callers_error_with_file_line_and_hint(
     assert "invalid YAML" in err.value.message and "syntax error" in (err.value.hint or "")
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("9" * 5000, "is not a number fxkit can read: Exceeds the limit (4300 digits)"),
+     ("2001-13-01", "'2001-13-01' is not a date fxkit can read: month must be in 1..12")],
+)  # fmt: skip
+@pytest.mark.parametrize("lines", [True, False])
+def test_values_python_cannot_convert_are_errors_at_their_line(
+    tmp_path: Path, value: str, says: str, lines: bool
+) -> None:
+    path = tmp_path / "vars.yml"
+    path.write_text(f"a: 1\nb:\n  - {value}\n")
+    with pytest.raises(InventoryError) as err:
+        read_yaml(path, InventoryError, lines=lines)
+    assert err.value.where == f"{path}:3" and says in err.value.message
+    assert "quote it" in (err.value.hint or "")
+
+
 def test_unknown_tags_and_unreadable_files(tmp_path: Path) -> None:
     path = tmp_path / "vault.yml"
     path.write_text("a: 1\npassword: !vault |\n  abc\n")

@@ -205,14 +205,14 @@ def _progress(host: str, check: CheckResult) -> None:
 
 
 def _interrupt(runner: GateRun) -> None:
-    if runner.stop.is_set():
-        console.print("[bold red]cutting off the running measurements[/]")
-    else:
+    number = runner.interrupt()
+    if number == 1:
         console.print(
             "[bold red]interrupted:[/] hosts stop after their current measurement "
             "(Ctrl-C again to cut them off)"
         )
-    runner.interrupt()
+    elif number == 2:
+        console.print("[bold red]cutting off the running measurements[/]")
 
 
 def _has_change_rules(gate_file: spec.Gate) -> bool:

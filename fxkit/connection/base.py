@@ -11,13 +11,15 @@ that cannot be read or written.
 from __future__ import annotations
 
 import shlex
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from fxkit.connection.atomic import content_stream, replace_command
-from fxkit.errors import FxkitError
+from fxkit.errors import ConnectionFailed, FxkitError
 from fxkit.redaction import redact
 
 #: Exit status of a command that ran past its timeout and was killed (as coreutils' ``timeout``).
@@ -75,6 +77,48 @@ class Held(Protocol):
         """End its stdin, let it end (a few seconds at most) and close it."""
 
 
+T = TypeVar("T")
+
+
+class Running(Generic[T]):
+    """The commands a connection is running, each as ``kill`` takes it, for
+    :meth:`Connection.cancel`: once cancelled, no command starts, and one that was starting is
+    killed as soon as it is recorded."""
+
+    def __init__(self, kill: Callable[[T], object]) -> None:
+        self._kill = kill
+        self._lock = threading.Lock()
+        self._commands: list[T] = []
+        self.cancelled = False
+
+    def refuse(self, where: str) -> None:
+        """Raise :class:`ConnectionFailed` once cancelled: nothing more runs."""
+        if self.cancelled:
+            raise ConnectionFailed("the run was interrupted: no more commands", where=where)
+
+    @contextmanager
+    def recorded(self, command: T) -> Iterator[None]:
+        """``command`` recorded while the block runs (killed now if cancelled meanwhile)."""
+        with self._lock:
+            self._commands.append(command)
+            cancelled = self.cancelled
+        if cancelled:
+            self._kill(command)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._commands.remove(command)
+
+    def cancel(self) -> None:
+        """Kill every recorded command; none starts from now on."""
+        with self._lock:
+            self.cancelled = True
+            commands = list(self._commands)
+        for command in commands:
+            self._kill(command)
+
+
 class Connection(ABC):
     """One host's connection, opened once and reused for every operation of a run."""
 
@@ -95,6 +139,11 @@ class Connection(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the connection (idempotent)."""
+
+    def cancel(self) -> None:
+        """A run was interrupted: kill the commands running on the host, each with its process
+        group (all it started), and close the connection for good (safe from any thread)."""
+        self.close()
 
     def execute(
         self, command: str, *, become: bool, timeout: float | None, stdin: Stdin

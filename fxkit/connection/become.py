@@ -67,11 +67,11 @@ class Started:
     replacing itself, so a command killed by signal N reports 128 + N (SSH would say -1)."""
 
     def __init__(self) -> None:
-        self._marker = f"fxkit-start-{secrets.token_hex(8)}"
+        self.marker = f"fxkit-start-{secrets.token_hex(8)}"
         self.pid: int | None = None
 
     def script(self, command: str) -> str:
-        return f"echo {self._marker} $$\n{command}\nexit $?"
+        return f"echo {self.marker} $$\n{command}\nexit $?"
 
     def command(self, command: str) -> str:
         """The shell command line that runs ``command``."""
@@ -91,11 +91,11 @@ class Started:
         return None
 
     def _started(self, out: bytearray) -> bool:
-        at = out.find(self._marker.encode())
+        at = out.find(self.marker.encode())
         end = out.find(b"\n", at)
         if at < 0 or end < 0:
             return False
-        self.pid = int(out[at + len(self._marker) : end])
+        self.pid = int(out[at + len(self.marker) : end])
         del out[: end + 1]
         return True
 

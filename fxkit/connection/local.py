@@ -3,7 +3,8 @@
 Privileged steps (``become``) run through sudo unless fxkit already runs as the become user, the
 same way as over SSH (:mod:`fxkit.connection.become`): the password goes to sudo's stdin only
 when sudo asks for it, never into argv, logs or the command's own input. Every command runs in
-a session of its own: a timeout kills it with everything it started.
+a session of its own (a Ctrl-C at the terminal does not reach it): a timeout, or
+:meth:`LocalConnection.cancel`, kills it with everything it started.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from fxkit.connection.base import TIMEOUT_RC, Connection, Stdin, buffers, timed_out
+from fxkit.connection.base import TIMEOUT_RC, Connection, Running, Stdin, buffers, timed_out
 from fxkit.connection.become import Sudo
 from fxkit.errors import ConnectionFailed
 from fxkit.redaction import maskable
@@ -34,6 +35,7 @@ class LocalConnection(Connection):
         self.become_user = become_user
         self._become_password = become_password
         self.secrets = maskable([become_password] if become_password else [])
+        self._running: Running[subprocess.Popen] = Running(_kill)
 
     def open(self) -> None:
         """Nothing to open: the local machine is always reachable."""
@@ -41,9 +43,13 @@ class LocalConnection(Connection):
     def close(self) -> None:
         """Nothing to close."""
 
+    def cancel(self) -> None:
+        self._running.cancel()
+
     def execute(
         self, command: str, *, become: bool, timeout: float | None, stdin: Stdin
     ) -> tuple[int, bytes, bytes]:
+        self._running.refuse(f"host {self.name}")
         sudo = Sudo(self.become_user, self._become_password) if self.needs_sudo(become) else None
         line = sudo.command(command) if sudo else command
         try:
@@ -59,7 +65,7 @@ class LocalConnection(Connection):
                 f"cannot run sh: {exc.strerror}", where=f"host {self.name}"
             ) from None
         deadline = None if timeout is None else time.monotonic() + timeout
-        with proc, _Process(proc, deadline) as stream:
+        with proc, _Process(proc, deadline) as stream, self._running.recorded(proc):
             try:
                 rc = sudo.start(stream) if sudo else None
                 if rc is None:

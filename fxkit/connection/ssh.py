@@ -12,13 +12,18 @@ builds the chain of jump hosts; every client in it verifies host keys fxkit's wa
 (:mod:`fxkit.connection.hostkeys`), never Fabric's default of accepting any key.
 
 Commands do not go through Fabric's ``run`` (45 ms a command, 3.4 ms here): each opens an
-exec channel on the one transport, sets TCP_NODELAY and reads stdout and stderr itself. A
-command that runs past its timeout is killed with its whole process group, over a second
-channel. Files are read over SFTP and written atomically (:mod:`fxkit.connection.atomic`).
+exec channel on the one transport, sets TCP_NODELAY and reads stdout and stderr itself. Each
+command's shell prints its PID first (:class:`~fxkit.connection.become.Started`): one that runs
+past its timeout, or is still running when :meth:`SSHConnection.cancel` is called (a second
+Ctrl-C), is killed with its whole process group, over another channel; closing the channel
+alone would leave it running. Files are read over SFTP and written atomically
+(:mod:`fxkit.connection.atomic`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import select
 import shlex
@@ -34,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import fabric
 import paramiko
 
-from fxkit.connection.base import TIMEOUT_RC, Connection, Stdin, buffers, timed_out
+from fxkit.connection.base import TIMEOUT_RC, Connection, Running, Stdin, buffers, timed_out
 from fxkit.connection.become import Started, Sudo, become_settings, reveal
 from fxkit.connection.hostkeys import (
     AcceptNewKey,
@@ -55,6 +60,12 @@ _LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
 _FLAGS = {"-J": "ProxyJump", "-i": "IdentityFile", "-p": "Port", "-l": "User"}
 #: How long a killed command may take to close its channel (its last output still comes).
 _KILL_GRACE = 2.0
+
+# paramiko logs each error of its transport thread (with its traceback) as well as raising it
+# to the caller, which fxkit reports once per host; with no handler anywhere, Python's
+# lastResort handler printed them all on stderr (a host that closed before its banner: two
+# tracebacks per attempt). An application that configures logging still gets them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass
@@ -137,6 +148,8 @@ class SSHConnection(Connection):
         self.own_known_hosts = Path(options.known_hosts or default_known_hosts()).expanduser()
         self.secrets = maskable(s for s in (self.password, self.become_password) if s)
         self._lock = threading.Lock()
+        #: Commands running: (PID of their shell, its start marker, become), for cancel().
+        self._running: Running[tuple[int, str, bool]] = Running(lambda c: self._kill(*c))
         # Resolved now, so that a mistake in the config shows before any host is contacted.
         self._fabric = self._resolve()
         self.user = self._fabric.user
@@ -227,6 +240,7 @@ class SSHConnection(Connection):
         with self._lock:
             if self._connected is not None:
                 return
+            self._running.refuse(self._where)  # cancelled: never connected again
             attempts = 1 + max(0, self.options.connect_retries)
             for attempt in range(attempts):
                 conn = self._fabric if attempt == 0 else self._resolve()
@@ -248,12 +262,7 @@ class SSHConnection(Connection):
                 except _LINK_ERRORS as exc:
                     _close(conn)
                     if attempt + 1 == attempts:
-                        raise ConnectionFailed(
-                            f"cannot connect: {self.redact(_describe(exc))}",
-                            where=self._where,
-                            hint="is the host up and sshd listening? (connect timeout "
-                            f"{self.options.connect_timeout:g} s, {attempts} attempts)",
-                        ) from None
+                        raise self._unreachable(exc, attempts) from None
                     time.sleep(min(0.5 * 2**attempt, 5.0))
                 except BaseException:
                     _close(conn)
@@ -285,6 +294,12 @@ class SSHConnection(Connection):
                 _close(self._connected)
                 self._connected = None
 
+    def cancel(self) -> None:
+        try:
+            self._running.cancel()
+        finally:
+            self.close()
+
     # -- commands --------------------------------------------------------------------------
 
     def execute(
@@ -303,31 +318,32 @@ class SSHConnection(Connection):
     ) -> tuple[int, bytes, bytes]:
         timeout = timeout if timeout is not None else self.options.command_timeout
         deadline = time.monotonic() + timeout if timeout else None
+        if kill:  # not the kill of another command
+            self._running.refuse(self._where)
         transport = self._transport()
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
         except _LINK_ERRORS as exc:
             raise self._lost(_describe(exc)) from None
         session = _Session(chan, transport, deadline)
-        starter: Started | None = None
-        if self.needs_sudo(become):
-            starter = Sudo(self.become_user, self.become_password)
-        elif deadline is not None:
-            starter = Started()  # its PID, to kill it on a timeout
+        # Its shell's PID, to kill it on a timeout or cancel().
+        starter: Started = (
+            Sudo(self.become_user, self.become_password) if self.needs_sudo(become) else Started()
+        )
         try:
-            if starter is None:
-                chan.exec_command(f"sh -c {shlex.quote(command)}")
-            else:
-                chan.exec_command(starter.command(command))
-                rc = starter.start(session)
-                if rc is not None:
-                    return rc, bytes(session.out), bytes(session.err)
-            session.send_stdin(stdin)
-            session.drain()
-            return session.exit_status(), bytes(session.out), bytes(session.err)
+            chan.exec_command(starter.command(command))
+            rc = starter.start(session)
+            if rc is not None:
+                return rc, bytes(session.out), bytes(session.err)
+            assert starter.pid is not None
+            running = (starter.pid, starter.marker, become)
+            with self._running.recorded(running) if kill else contextlib.nullcontext():
+                session.send_stdin(stdin)
+                session.drain()
+                return session.exit_status(), bytes(session.out), bytes(session.err)
         except _Timeout:
-            pid = starter.pid if starter else None
-            killed = kill and pid is not None and self._kill(pid, become)
+            pid = starter.pid
+            killed = kill and pid is not None and self._kill(pid, starter.marker, become)
             if killed:
                 session.deadline = time.monotonic() + _KILL_GRACE
                 try:
@@ -359,11 +375,13 @@ class SSHConnection(Connection):
             raise self._lost(_describe(exc)) from None
         return _Held(self, session)
 
-    def _kill(self, pid: int, become: bool) -> bool:
-        """Kill the process group of the command's shell ``pid`` (over another channel)."""
+    def _kill(self, pid: int, marker: str, become: bool) -> bool:
+        """Kill the process group of the command's shell ``pid`` (over another channel), if that
+        process is still the command's (its command line holds ``marker``: a PID can be
+        reused); True once the command no longer runs."""
         script = (
-            f'read -r s < /proc/{pid}/stat || exit 0; set -- ${{s##*") "}}; '
-            '[ "$3" -gt 1 ] && kill -s KILL -- "-$3"'
+            f"read -r s < /proc/{pid}/stat || exit 0; grep -qF {marker} /proc/{pid}/cmdline || "
+            'exit 0; set -- ${s##*") "}; [ "$3" -gt 1 ] && kill -s KILL -- "-$3"'
         )
         try:
             rc, _, _ = self._exec(
@@ -416,6 +434,22 @@ class SSHConnection(Connection):
         return chan
 
     # -- errors ----------------------------------------------------------------------------
+
+    def _unreachable(self, exc: BaseException, attempts: int) -> ConnectionFailed:
+        tried = f"(connect timeout {self.options.connect_timeout:g} s, {attempts} attempts)"
+        if _closed_before_banner(exc):
+            return ConnectionFailed(
+                "closed the connection before the SSH banner",
+                where=self._where,
+                hint="is it sshd that listens on that port (ansible_port)? sshd drops "
+                "connections it will not serve (MaxStartups, TCP wrappers, fail2ban): "
+                f"see the host's sshd log {tried}",
+            )
+        return ConnectionFailed(
+            f"cannot connect: {self.redact(_describe(exc))}",
+            where=self._where,
+            hint=f"is the host up and sshd listening? {tried}",
+        )
 
     def _lost(self, reason: str) -> ConnectionFailed:
         return ConnectionFailed(
@@ -566,6 +600,16 @@ class _Held:
             pass  # it will see its stdin end when the connection closes
         finally:
             chan.close()
+
+
+def _closed_before_banner(exc: BaseException) -> bool:
+    """Whether ``exc`` is paramiko's failure to read the server's banner because the server
+    closed (or reset) the connection: its cause was an end of file, not a timeout."""
+    return (
+        isinstance(exc, paramiko.SSHException)
+        and str(exc).startswith("Error reading SSH protocol banner")
+        and isinstance(exc.__context__, EOFError | ConnectionError)
+    )
 
 
 def _describe(exc: BaseException) -> str:

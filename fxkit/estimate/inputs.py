@@ -14,73 +14,87 @@ from typing import Any
 
 from fxkit.estimate import units
 from fxkit.estimate.errors import EstimateError
-from fxkit.yamlfile import Marked, read_yaml, type_name
+from fxkit.yamlfile import Marked, read_yaml, short, type_name
 
 
 @dataclass(frozen=True)
 class Field:
-    """One input: its dotted key, its kind (a :mod:`units` kind, ``text`` or ``path``), its
-    default as written in a file (None: none), and where the default comes from."""
+    """One input: its dotted key, its kind (a :mod:`units` kind, ``price``, ``text`` or
+    ``path``), its default as written in a file (None: none), the plausible range of a quantity
+    written like a value (prices: per decimal TB), and where the default comes from."""
 
     key: str
     kind: str
     default: str | None
+    bounds: tuple[str, str] | None
     source: str
 
 
 FIELDS = [
-    Field("model.config", "path", None, "a Hugging Face config.json; relative to the inputs file"),
-    Field("model.dtype", "text", None, "overrides the config's torch_dtype"),
-    Field("model.weight_dtype", "text", None,
+    Field("model.config", "path", None, None,
+          "a Hugging Face config.json; relative to the inputs file"),
+    Field("model.dtype", "text", None, None, "overrides the config's torch_dtype"),
+    Field("model.weight_dtype", "text", None, None,
           "overrides the decoder layers' linear weights' dtype and declared quantization"),
-    Field("model.kv_cache_dtype", "text", "auto",
+    Field("model.kv_cache_dtype", "text", "auto", None,
           "vLLM's --kv-cache-dtype: auto is the model's dtype; fp8 halves bf16's cache"),
-    Field("gpu.memory", "bytes", "192 GiB",
+    Field("gpu.memory", "bytes", "192 GiB", ("1 GiB", "1 PiB"),
           "MI308X: 192 GB HBM3 per GPU (FACTS.md; 8 stacks of 24 GiB, vLLM logs ~191.98 GiB)"),
-    Field("gpu.tensor_parallel", "count", "8",
+    Field("gpu.tensor_parallel", "count", "8", ("1", "1024"),
           "TP8 on 8 x MI308X, the field's layout (MISSION.md)"),
-    Field("gpu.memory_utilization", "fraction", "0.9", "vLLM's --gpu-memory-utilization default"),
-    Field("gpu.reserve", "bytes", "0 GiB",
+    Field("gpu.memory_utilization", "fraction", "0.9", ("1%", "100%"),
+          "vLLM's --gpu-memory-utilization default"),
+    Field("gpu.reserve", "bytes", "0 GiB", ("0 GiB", "1 PiB"),
           "activations and graphs per GPU, outside the KV cache: vLLM measures it at start-up"),
-    Field("gpu.flops", "flops", "174.364 TFLOP/s",
+    Field("gpu.flops", "flops", "174.364 TFLOP/s", ("1 GFLOP/s", "1000 PFLOP/s"),
           "MI308X BF16 GEMM: ROCm Validation Suite GST target gst-174Tflops-4K4K8K-rand-bf16 "
           "(reference/rvs/MI308X_gst_single.conf); a sustained GEMM figure, below the peak"),
-    Field("gpu.efficiency", "fraction", "0.5",
+    Field("gpu.efficiency", "fraction", "0.5", ("1%", "100%"),
           "assumption: the share of gpu.flops a whole prefill (attention, MoE routing) reaches"),
-    Field("workload.context_tokens", "tokens", "131072",
+    Field("workload.context_tokens", "tokens", "131072", ("1", "1Gi"),
           "assumption: a long context (128Ki tokens) reused across turns"),
-    Field("workload.new_tokens", "tokens", "1024", "assumption: new prompt tokens after it"),
-    Field("workload.concurrency", "count", "16", "the field's concurrency 16 (report R2)"),
-    Field("workload.stored_contexts", "count", None,
+    Field("workload.new_tokens", "tokens", "1024", ("0", "1Gi"),
+          "assumption: new prompt tokens after it"),
+    Field("workload.concurrency", "count", "16", ("1", "1000000"),
+          "the field's concurrency 16 (report R2)"),
+    Field("workload.stored_contexts", "count", None, ("0", "1000000000"),
           "contexts kept for reuse (the working set); default: the concurrency"),
-    Field("workload.hit_rate", "fraction", "0.9",
+    Field("workload.hit_rate", "fraction", "0.9", ("0%", "100%"),
           "assumption: share of returning contexts the external tier still holds"),
-    Field("workload.max_tokens", "tokens", "1Mi",
+    Field("workload.max_tokens", "tokens", "1Mi", ("1", "1Gi"),
           "the longest context the break-even search tries"),
-    Field("store.read_bandwidth", "bandwidth", "5.23 GB/s",
+    Field("store.read_bandwidth", "bandwidth", "5.23 GB/s", ("1 MB/s", "1 PB/s"),
           "LMCache cold read with the parallel-read patch (report R1; FACTS.md)"),
-    Field("store.latency", "time", "0.1 ms",
+    Field("store.latency", "time", "0.1 ms", ("0 s", "1 min"),
           "per chunk read: the top of NVMe's 10-100 us (MISSION.md); NVMe-oF adds a little"),
-    Field("store.chunk_tokens", "tokens", "256", "LMCache's chunk_size default (FACTS.md)"),
-    Field("store.reads_in_flight", "count", "1", "assumption: chunk reads one after another"),
-    Field("load.nfs_bandwidth", "bandwidth", "0.1 GB/s",
+    Field("store.chunk_tokens", "tokens", "256", ("1", "1Mi"),
+          "LMCache's chunk_size default (FACTS.md)"),
+    Field("store.reads_in_flight", "count", "1", ("1", "65536"),
+          "assumption: chunk reads one after another"),
+    Field("load.nfs_bandwidth", "bandwidth", "0.1 GB/s", ("1 MB/s", "1 PB/s"),
           "from report R9: a 70B model's 141 GB of BF16 weights in 1399 s over NFS"),
-    Field("load.store_bandwidth", "bandwidth", "0.94 GB/s",
+    Field("load.store_bandwidth", "bandwidth", "0.94 GB/s", ("1 MB/s", "1 PB/s"),
           "from report R9: the same 141 GB in 150 s from the fast store"),
-    Field("load.instances", "count", "1", "instances that load at the same time"),
-    Field("load.nfs_shared_bandwidth", "bandwidth", "1.25 GB/s",
+    Field("load.instances", "count", "1", ("1", "1000000"),
+          "instances that load at the same time"),
+    Field("load.nfs_shared_bandwidth", "bandwidth", "1.25 GB/s", ("1 MB/s", "1 PB/s"),
           "assumption: the NFS server's link (10 GbE) shared by all instances"),
-    Field("load.store_shared_bandwidth", "bandwidth", "12.5 GB/s",
+    Field("load.store_shared_bandwidth", "bandwidth", "12.5 GB/s", ("1 MB/s", "1 PB/s"),
           "one 100GbE port (MISSION.md) at line rate, shared by all instances"),
-    Field("load.overhead", "time", "0 s", "start-up beside reading weights (graphs, warm-up)"),
-    Field("cost.currency", "text", "CNY", "the vendor's reference prices are in CNY"),
-    Field("cost.tier", "text", "FX100", "the external tier: FX100, FX200 or FX300"),
-    Field("cost.external_price", "price", None, "default: the tier's reference price"),
-    Field("cost.gpu_memory_price", "price", "14000 CNY/TB", "HBM3e reference price (MISSION.md)"),
-    Field("measured.load_time_nfs", "time", None, "G2 load_time_nfs, shown beside the estimate"),
-    Field("measured.load_time_fxkit", "time", None, "G2 load_time_fxkit"),
-    Field("measured.ttft", "time", None, "G2 ttft_median"),
-    Field("measured.output_throughput", "number", None, "G2 output_throughput (tok/s)"),
+    Field("load.overhead", "time", "0 s", ("0 s", "24 h"),
+          "start-up beside reading weights (graphs, warm-up)"),
+    Field("cost.currency", "text", "CNY", None, "the vendor's reference prices are in CNY"),
+    Field("cost.tier", "text", "FX100", None, "the external tier: FX100, FX200 or FX300"),
+    Field("cost.external_price", "price", None, ("0", "1e9"),
+          "default: the tier's reference price"),
+    Field("cost.gpu_memory_price", "price", "14000 CNY/TB", ("0", "1e9"),
+          "HBM3e reference price (MISSION.md)"),
+    Field("measured.load_time_nfs", "time", None, ("0 s", "1000 h"),
+          "G2 load_time_nfs, shown beside the estimate"),
+    Field("measured.load_time_fxkit", "time", None, ("0 s", "1000 h"), "G2 load_time_fxkit"),
+    Field("measured.ttft", "time", None, ("0 s", "1 h"), "G2 ttft_median"),
+    Field("measured.output_throughput", "number", None, ("0", "1e9"),
+          "G2 output_throughput (tok/s)"),
 ]  # fmt: skip
 
 #: The vendor's reference prices of the external tiers (MISSION.md), CNY per decimal TB.
@@ -129,7 +143,7 @@ class Inputs:
 
 
 def parse_value(spec: Field, raw: Any, where: str) -> Any:
-    """``raw`` as ``spec`` asks: a quantity in base units, a text or a path."""
+    """``raw`` as ``spec`` asks: a quantity in base units within its range, a text or a path."""
     if raw is None:
         return None
     if spec.kind in ("text", "path"):
@@ -139,15 +153,30 @@ def parse_value(spec: Field, raw: Any, where: str) -> Any:
             )
         return raw
     try:
-        if spec.kind == "price":
-            return units.parse_price(raw)
-        if spec.kind == "number":
-            if isinstance(raw, bool):
-                raise ValueError(f"{raw!r} is not a number")
-            return float(raw)
-        return units.parse(raw, spec.kind)
-    except (units.UnitError, ValueError) as exc:
+        return in_bounds(spec, raw, _parse(spec.kind, raw))
+    except units.UnitError as exc:
         raise EstimateError(f"{spec.key}: {exc}", where=where, hint=HINT) from None
+
+
+def in_bounds(spec: Field, raw: Any, value: Any) -> Any:
+    """``value`` (``raw`` parsed) when it lies in ``spec``'s plausible range, else a
+    :class:`~fxkit.estimate.units.UnitError` naming both."""
+    assert spec.bounds is not None  # every quantity has one (tests/test_estimate_hostile.py)
+    low, high = (_number(_parse(spec.kind, bound)) for bound in spec.bounds)
+    if not low <= _number(value) <= high:
+        raise units.UnitError(
+            f"{short(raw)} is outside its plausible range {spec.bounds[0]} to {spec.bounds[1]}"
+        )
+    return value
+
+
+def _parse(kind: str, raw: Any) -> Any:
+    return units.parse_price(raw) if kind == "price" else units.parse(raw, kind)
+
+
+def _number(value: Any) -> float:
+    """A quantity's number: a price's money per byte."""
+    return float(value[0] if isinstance(value, tuple) else value)
 
 
 def defaults() -> Inputs:

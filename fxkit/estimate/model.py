@@ -10,14 +10,13 @@ attention indexer...), is an :class:`EstimateError` naming the key: never a sile
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fxkit.estimate.errors import EstimateError
-from fxkit.yamlfile import read_text
+from fxkit.yamlfile import read_json, short
 
 #: Bytes per element of the dtypes a config (or an input) may name.
 DTYPE_BYTES = {
@@ -45,6 +44,44 @@ GATED = {
 
 #: Layer kinds of ``layer_types`` this calculator reads.
 LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
+
+MAX_LAYERS = 1024
+
+#: The plausible range of every number the reader takes from a config (docs/ESTIMATOR.md):
+#: beyond it no real model lies, and the arithmetic would overflow, divide by zero or not end.
+#: A list's range holds for each of its entries.
+RANGES: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, MAX_LAYERS),
+    "hidden_size": (1, 2**18),
+    "num_attention_heads": (1, 4096),
+    "num_key_value_heads": (1, 4096),
+    "head_dim": (1, 4096),
+    "vocab_size": (1, 2**24),
+    "intermediate_size": (1, 2**20),
+    "kv_lora_rank": (1, 2**16),
+    "q_lora_rank": (1, 2**16),
+    "qk_rope_head_dim": (1, 4096),
+    "qk_nope_head_dim": (1, 4096),
+    "v_head_dim": (1, 4096),
+    "sliding_window": (1, 2**30),
+    "sliding_window_pattern": (1, MAX_LAYERS),
+    "max_window_layers": (0, MAX_LAYERS),
+    "n_routed_experts": (0, 2**16),
+    "num_experts": (0, 2**16),
+    "num_local_experts": (0, 2**16),
+    "num_experts_per_tok": (1, 2**16),
+    "experts_per_token": (1, 2**16),
+    "moe_intermediate_size": (1, 2**20),
+    "n_shared_experts": (0, MAX_LAYERS),
+    "shared_expert_intermediate_size": (0, 2**20),
+    "first_k_dense_replace": (0, MAX_LAYERS),
+    "moe_layer_freq": (1, MAX_LAYERS),
+    "decoder_sparse_step": (1, MAX_LAYERS),
+    "mlp_only_layers": (0, MAX_LAYERS - 1),
+    "quantization_config.bits": (1, 16),
+    "quantization_config.group_size": (1, 2**16),
+    "quantization_config.weight_block_size": (1, 2**16),
+}
 
 
 @dataclass(frozen=True)
@@ -113,14 +150,19 @@ class ModelShape:
 
 
 class _Config:
-    """A config mapping that names missing or wrong keys in its errors."""
+    """A config mapping that names missing or wrong keys in its errors, and holds every number
+    to its range in :data:`RANGES`. ``section`` is the key of a nested mapping, with a dot."""
 
-    def __init__(self, data: dict[str, Any], where: str, prefix: str) -> None:
-        self.data, self.where, self.prefix = data, where, prefix
+    def __init__(self, data: dict[str, Any], where: str, prefix: str, section: str = "") -> None:
+        self.data, self.where, self.prefix, self.section = data, where, prefix, section
+
+    def nested(self, key: str) -> _Config:
+        """The mapping at ``key`` (for its keys' names and ranges)."""
+        return _Config(self.data[key], self.where, self.prefix, f"{self.section}{key}.")
 
     def error(self, key: str, message: str, hint: str | None = None) -> EstimateError:
         return EstimateError(
-            f"config key {self.prefix}{key}: {message}",
+            f"config key {self.prefix}{self.section}{key}: {message}",
             where=self.where,
             hint=hint or "fix the config.json or give the value in the estimate inputs",
         )
@@ -128,14 +170,34 @@ class _Config:
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None
 
-    def whole(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+    def whole(self, key: str, default: int | None = None) -> int:
         value = self.data.get(key)
         if value is None:
             if default is not None:
                 return default
             raise self.error(key, "missing (the calculator needs it)")
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(key, f"{value!r} is not a whole number >= {minimum}")
+        return self._bounded(key, key, value)
+
+    def wholes(self, key: str, most: int) -> list[int]:
+        """The list of at most ``most`` whole numbers at ``key`` (none when it is missing)."""
+        values = self.data.get(key)
+        if values is None:
+            return []
+        if not isinstance(values, list) or len(values) > most:
+            raise self.error(key, f"{short(values)} is not a list of at most {most} numbers")
+        return [self._bounded(key, f"{key}[{i}]", value) for i, value in enumerate(values)]
+
+    def _bounded(self, key: str, name: str, value: Any) -> int:
+        low, high = RANGES[self.section + key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(name, f"{short(value)} is not a whole number")
+        if not low <= value <= high:
+            raise self.error(
+                name,
+                f"{short(value)} is outside its plausible range {low:,} to {high:,}",
+                hint="no real model has such a value: fix the config.json "
+                "(docs/ESTIMATOR.md lists the ranges)",
+            )
         return value
 
     def flag(self, key: str, default: bool) -> bool:
@@ -143,7 +205,13 @@ class _Config:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.error(key, f"{value!r} is not true or false")
+            raise self.error(key, f"{short(value)} is not true or false")
+        return value
+
+    def text(self, key: str) -> str | None:
+        value = self.data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.error(key, f"{short(value)} is not a text")
         return value
 
 
@@ -153,15 +221,9 @@ def read_config(
     """The :class:`ModelShape` of the config.json at ``path``. ``dtype`` overrides the config's
     ``torch_dtype``; ``weight_dtype`` its dtype and quantization of the decoder layers' linear
     weights."""
-    text = read_text(
+    data = read_json(
         path, EstimateError, "model config", "give the path of a Hugging Face config.json"
     )
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise EstimateError(
-            f"model config is not JSON: {exc}", where=str(path), hint="give a config.json"
-        ) from None
     if not isinstance(data, dict):
         raise EstimateError("model config is not a JSON object", where=str(path))
     return shape_of(data, name=path.stem, where=str(path), dtype=dtype, weight_dtype=weight_dtype)
@@ -196,8 +258,10 @@ def shape_of(
     if heads % kv_heads:
         raise config.error("num_key_value_heads", f"{kv_heads} does not divide {heads} heads")
     mla = _mla(config)
+    if not config.has("head_dim") and hidden < heads:
+        raise config.error("head_dim", f"missing, and hidden_size {hidden} < {heads} heads")
     head_dim = config.whole("head_dim", default=hidden // heads)
-    model_type = str(data.get("model_type") or "")
+    model_type = config.text("model_type") or ""
     dtype = _dtype(config) if dtype is None else _known_dtype("model.dtype", dtype)
     return ModelShape(
         name=name,
@@ -232,9 +296,9 @@ def _dtype(config: _Config) -> str:
         raise config.error(
             "torch_dtype", "missing: the weights' dtype is unknown", "set model.dtype in the inputs"
         )
-    if value not in DTYPE_BYTES:
-        raise config.error(key, f"{value!r} is not a dtype the calculator knows")
-    return str(value)
+    if not isinstance(value, str) or value not in DTYPE_BYTES:
+        raise config.error(key, f"{short(value)} is not a dtype the calculator knows")
+    return value
 
 
 def _known_dtype(key: str, dtype: str) -> str:
@@ -256,7 +320,8 @@ def _gated(config: _Config, model_type: str) -> bool:
     if act in ("gelu", "gelu_new", "relu", "gelu_fast"):
         return False
     raise config.error(
-        "hidden_act", f"{act!r}: cannot tell whether the MLP is gated (model_type {model_type!r})"
+        "hidden_act",
+        f"{short(act)}: cannot tell whether the MLP is gated (model_type {model_type!r})",
     )
 
 
@@ -282,10 +347,10 @@ def _windows(config: _Config, layers: int, model_type: str) -> tuple[int | None,
         if not isinstance(types, list) or len(types) != layers:
             raise config.error("layer_types", f"is not a list of {layers} layer kinds")
         for index, kind in enumerate(types):
-            if kind not in LAYER_KINDS:
+            if not isinstance(kind, str) or kind not in LAYER_KINDS:
                 raise config.error(
                     f"layer_types[{index}]",
-                    f"{kind!r} is not supported (only {', '.join(LAYER_KINDS)})",
+                    f"{short(kind)} is not supported (only {', '.join(LAYER_KINDS)})",
                     hint="the estimate would be wrong",
                 )
         if "sliding_attention" in types:
@@ -299,7 +364,7 @@ def _windows(config: _Config, layers: int, model_type: str) -> tuple[int | None,
     if model_type == "gemma2":  # alternating, even layers slide (its modelling code)
         return tuple(size if i % 2 == 0 else None for i in range(layers))
     if config.data.get("use_sliding_window") is True and config.has("max_window_layers"):
-        first = config.whole("max_window_layers", minimum=0)  # Qwen2: layers from there on slide
+        first = config.whole("max_window_layers")  # Qwen2: layers from there on slide
         return tuple(size if i >= first else None for i in range(layers))
     if model_type in ("mistral", "mixtral", "qwen2", "qwen2_moe", "starcoder2", "phi3"):
         return (size,) * layers
@@ -316,9 +381,13 @@ def _moe(config: _Config, layers: int, model_type: str) -> MoE | None:
         (k for k in ("n_routed_experts", "num_experts", "num_local_experts") if config.has(k)),
         None,
     )
-    if key is None or config.whole(key) <= 1:
+    experts = config.whole(key) if key else 0
+    if experts <= 1:
         return None
     top_k_key = "num_experts_per_tok" if config.has("num_experts_per_tok") else "experts_per_token"
+    top_k = config.whole(top_k_key)
+    if top_k > experts:
+        raise config.error(top_k_key, f"{top_k} is more than the {experts} experts ({key})")
     size = (
         config.whole("moe_intermediate_size")
         if config.has("moe_intermediate_size")
@@ -326,12 +395,12 @@ def _moe(config: _Config, layers: int, model_type: str) -> MoE | None:
     )
     shared = 0
     if config.has("n_shared_experts"):
-        shared = config.whole("n_shared_experts", minimum=0) * size
+        shared = config.whole("n_shared_experts") * size
     elif config.has("shared_expert_intermediate_size"):
-        shared = config.whole("shared_expert_intermediate_size", minimum=0)
+        shared = config.whole("shared_expert_intermediate_size")
     return MoE(
-        experts=config.whole(key),
-        experts_per_token=config.whole(top_k_key),
+        experts=experts,
+        experts_per_token=top_k,
         expert_intermediate_size=size,
         shared_intermediate_size=shared,
         shared_expert_gate=model_type == "qwen2_moe" and shared > 0,
@@ -345,43 +414,40 @@ def _moe_layers(config: _Config, layers: int) -> tuple[bool, ...]:
     """Which layers are MoE: DeepSeek's first_k_dense_replace/moe_layer_freq, Qwen's
     mlp_only_layers/decoder_sparse_step, else all."""
     if config.has("first_k_dense_replace") or config.has("moe_layer_freq"):
-        first = config.whole("first_k_dense_replace", default=0, minimum=0)
+        first = config.whole("first_k_dense_replace", default=0)
         every = config.whole("moe_layer_freq", default=1)
         return tuple(i >= first and i % every == 0 for i in range(layers))
-    dense = config.data.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
-        raise config.error("mlp_only_layers", f"{dense!r} is not a list of layer numbers")
+    dense = set(config.wholes("mlp_only_layers", MAX_LAYERS))
     step = config.whole("decoder_sparse_step", default=1)
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
 
 
 def _quantization(config: _Config) -> Quantization | None:
-    quant = config.data.get("quantization_config")
-    if quant is None:
+    if not config.has("quantization_config"):
         return None
-    if not isinstance(quant, dict):
+    if not isinstance(config.data["quantization_config"], dict):
         raise config.error("quantization_config", "is not a mapping")
-    method = quant.get("quant_method")
+    quant = config.nested("quantization_config")
+    method = quant.data.get("quant_method")
     attention = _covers_attention(quant)
     if method == "fp8":
-        block = quant.get("weight_block_size")
-        scale = 4 / math.prod(block) if isinstance(block, list) and block else 0.0
-        return Quantization("fp8", 1.0, attention, scale)
+        block = quant.wholes("weight_block_size", 2)
+        return Quantization("fp8", 1.0, attention, 4 / math.prod(block) if block else 0.0)
     if method == "mxfp4":
         return Quantization("mxfp4", DTYPE_BYTES["mxfp4"], attention, 0.0)
     if method in ("gptq", "awq"):
-        if not isinstance(quant.get("bits"), int):
-            raise config.error(
-                "quantization_config.bits",
+        if not quant.has("bits"):
+            raise quant.error(
+                "bits",
                 f"missing for quant_method {method!r}: the weights' size is unknown",
                 hint="set model.weight_dtype in the inputs (e.g. int4, mxfp4, bf16)",
             )
-        group = quant.get("group_size")
-        scale = 2 / group if isinstance(group, int) and group > 0 else 0.0
-        return Quantization(method, quant["bits"] / 8, attention, scale)
-    raise config.error(
-        "quantization_config.quant_method",
-        f"{method!r} is not a quantization the calculator sizes",
+        grouped = quant.data.get("group_size") not in (None, -1)  # -1: GPTQ's one group
+        scale = 2 / quant.whole("group_size") if grouped else 0.0
+        return Quantization(method, quant.whole("bits") / 8, attention, scale)
+    raise quant.error(
+        "quant_method",
+        f"{short(method)} is not a quantization the calculator sizes",
         hint="set model.weight_dtype in the inputs (e.g. fp8, int4, bf16)",
     )
 
@@ -393,12 +459,16 @@ def _override(config: _Config, dtype: str, weight_dtype: str) -> Quantization | 
     if size == DTYPE_BYTES[dtype]:
         return None
     quant = config.data.get("quantization_config")
-    attention = _covers_attention(quant) if isinstance(quant, dict) else True
+    attention = (
+        _covers_attention(config.nested("quantization_config")) if isinstance(quant, dict) else True
+    )
     return Quantization(weight_dtype, size, attention, 0.0)
 
 
-def _covers_attention(quant: dict[str, Any]) -> bool:
+def _covers_attention(quant: _Config) -> bool:
     """Whether a ``quantization_config`` covers the attention projections too: unless its
     ``modules_to_not_convert`` names ``self_attn``."""
-    skipped = quant.get("modules_to_not_convert") or []
-    return "self_attn" not in " ".join(str(m) for m in skipped)
+    skipped = quant.data.get("modules_to_not_convert") or []
+    if not isinstance(skipped, list) or not all(isinstance(m, str) for m in skipped):
+        raise quant.error("modules_to_not_convert", f"{short(skipped)} is not a list of names")
+    return not any("self_attn" in module for module in skipped)

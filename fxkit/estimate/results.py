@@ -9,16 +9,15 @@ and which checks it skipped, and why.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fxkit.estimate.errors import EstimateError
-from fxkit.estimate.inputs import BY_KEY, Inputs
+from fxkit.estimate.inputs import BY_KEY, Inputs, in_bounds
 from fxkit.estimate.units import UnitError, parse
-from fxkit.yamlfile import read_text
+from fxkit.yamlfile import read_json, short
 
 GATE_SCHEMA = "fxkit-gate-result/1"
 
@@ -49,15 +48,9 @@ class Used:
 
 def apply(path: Path, inputs: Inputs) -> Used:
     """Set ``inputs`` from the results file at ``path``; what it used and skipped."""
-    text = read_text(path, EstimateError, "results")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise EstimateError(
-            f"results are not JSON: {exc}",
-            where=str(path),
-            hint="give the JSON of fxkit bench load --json or of a gate run",
-        ) from None
+    data = read_json(
+        path, EstimateError, "results", "give the JSON of fxkit bench load --json or of a gate run"
+    )
     if isinstance(data, dict) and data.get("schema") == GATE_SCHEMA:
         return _gate(path, data, inputs)
     if isinstance(data, dict) and isinstance(data.get("summaries"), list):
@@ -91,18 +84,23 @@ def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
     for host, body in hosts.items():
         checks = body.get("checks") if isinstance(body, dict) else None
         for check in checks if isinstance(checks, list) else []:
-            if not isinstance(check, dict) or check.get("id") not in GATE_CHECKS:
+            check_id = check.get("id") if isinstance(check, dict) else None
+            if not isinstance(check_id, str) or check_id not in GATE_CHECKS:
                 continue
-            check_id, key = check["id"], GATE_CHECKS[check["id"]]
+            key = GATE_CHECKS[check_id]
             value, status = check.get("value"), check.get("status")
             if status in ("ERROR", "SKIP") or value is None:
-                used.skipped.append(f"{host} {check_id}: status {status}, value {value!r}")
+                used.skipped.append(
+                    f"{host} {check_id}: status {short(status)}, value {short(value)}"
+                )
                 continue
             unit = str(check.get("unit") or "")
             try:
-                found.setdefault(check_id, []).append((_base(key, value, unit), value, unit))
+                base = _base(key, value, unit)
             except UnitError as exc:
                 used.skipped.append(f"{host} {check_id}: {exc}")
+                continue
+            found.setdefault(check_id, []).append((base, value, unit))
     for check_id, values in found.items():
         key = GATE_CHECKS[check_id]
         inputs.values[key] = statistics.median(v[0] for v in values)
@@ -114,11 +112,11 @@ def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
     return used
 
 
-def _base(key: str, value: Any, unit: Any) -> float:
-    """A check's value in the base unit of ``key``'s kind (its unit as written in the check)."""
-    kind = BY_KEY[key].kind
+def _base(key: str, value: Any, unit: str) -> float:
+    """A check's value in the base unit of ``key``'s kind (its unit as written in the check),
+    within the input's plausible range."""
+    spec = BY_KEY[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UnitError(f"{value!r} is not a number")
-    if kind == "number":
-        return float(value)
-    return parse(f"{value} {unit}" if unit else value, kind)
+        raise UnitError(f"{short(value)} is not a number")
+    raw = f"{value} {unit}" if unit and spec.kind != "number" else value
+    return float(in_bounds(spec, raw, parse(raw, spec.kind)))

@@ -90,10 +90,10 @@ def estimate(inputs: Inputs) -> Estimate:
     shape = shape_from(inputs)
     params = weights.count(shape)
     weight_bytes = weights.weight_bytes(shape, params)
-    tp = _at_least_one(inputs, "gpu.tensor_parallel")
+    tp = inputs.whole("gpu.tensor_parallel")
     layout = kv.KVLayout(shape, tp, kv_bytes(inputs, shape))
-    context = _at_least_one(inputs, "workload.context_tokens")
-    concurrency = _at_least_one(inputs, "workload.concurrency")
+    context = inputs.whole("workload.context_tokens")
+    concurrency = inputs.whole("workload.concurrency")
     stored = inputs.optional("workload.stored_contexts")
     cap = kv.capacity(
         layout,
@@ -106,14 +106,12 @@ def estimate(inputs: Inputs) -> Estimate:
         stored_contexts=int(stored) if stored is not None else concurrency,
     )
     flops_per_s = tp * inputs.number("gpu.flops") * inputs.number("gpu.efficiency")
-    if flops_per_s <= 0:
-        raise EstimateError("gpu.flops x gpu.efficiency must be > 0", hint="e.g. 174 TFLOP/s")
     compute = offload.Compute(layout, params.active_per_token, flops_per_s)
     tier = offload.Tier(
-        bandwidth=_positive(inputs, "store.read_bandwidth"),
+        bandwidth=inputs.number("store.read_bandwidth"),
         latency=inputs.number("store.latency"),
-        chunk_tokens=_at_least_one(inputs, "store.chunk_tokens"),
-        in_flight=_at_least_one(inputs, "store.reads_in_flight"),
+        chunk_tokens=inputs.whole("store.chunk_tokens"),
+        in_flight=inputs.whole("store.reads_in_flight"),
     )
     result = Estimate()
     result.sections["model"] = _model_rows(shape, params, weight_bytes)
@@ -128,20 +126,6 @@ def estimate(inputs: Inputs) -> Estimate:
         "break_even_tokens": result.value("offload", "break_even_tokens"),
     }
     return result
-
-
-def _positive(inputs: Inputs, key: str) -> float:
-    value = inputs.number(key)
-    if value <= 0:
-        raise EstimateError(f"{key} must be > 0", where=inputs.origins.get(key))
-    return value
-
-
-def _at_least_one(inputs: Inputs, key: str) -> int:
-    value = inputs.whole(key)
-    if value < 1:
-        raise EstimateError(f"{key} must be at least 1", where=inputs.origins.get(key))
-    return value
 
 
 def _model_rows(shape: ModelShape, params: weights.Params, weight_bytes: float) -> list[Row]:
@@ -192,7 +176,7 @@ def _offload_rows(
     )
     reload_s = tier.reload_seconds(compute.layout, context)
     recompute_s = compute.seconds(0, context)
-    even = offload.break_even(compute, tier, _at_least_one(inputs, "workload.max_tokens"))
+    even = offload.break_even(compute, tier, inputs.whole("workload.max_tokens"))
     rows = [
         Row("effective_flops", "effective FLOP/s (TP group)", compute.flops_per_s, "FLOP/s"),
         Row("prefill_flops", f"prefill FLOPs at {context:,} tokens", compute.flops(0, context),
@@ -219,11 +203,11 @@ def _offload_rows(
 
 
 def _load_rows(inputs: Inputs, weight_bytes: float) -> list[Row]:
-    n = _at_least_one(inputs, "load.instances")
+    n = inputs.whole("load.instances")
     overhead = inputs.number("load.overhead")
-    nfs, store = (_positive(inputs, k) for k in ("load.nfs_bandwidth", "load.store_bandwidth"))
-    nfs_shared = _positive(inputs, "load.nfs_shared_bandwidth")
-    store_shared = _positive(inputs, "load.store_shared_bandwidth")
+    nfs, store = (inputs.number(k) for k in ("load.nfs_bandwidth", "load.store_bandwidth"))
+    nfs_shared = inputs.number("load.nfs_shared_bandwidth")
+    store_shared = inputs.number("load.store_shared_bandwidth")
     one_nfs = load.load_seconds(weight_bytes, nfs, nfs_shared, 1, overhead)
     one_store = load.load_seconds(weight_bytes, store, store_shared, 1, overhead)
     rows = [

@@ -12,6 +12,8 @@ import math
 import re
 from collections.abc import Callable
 
+from fxkit.yamlfile import short
+
 DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 TIME = {
@@ -19,7 +21,7 @@ TIME = {
 }  # fmt: skip
 
 _NUMBER = r"(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
-_QUANTITY = re.compile(rf"\s*{_NUMBER}\s*(?P<unit>.*?)\s*")
+_QUANTITY = re.compile(rf"{_NUMBER}\s*(?P<unit>.*)", re.DOTALL)
 _PREFIX = r"(?P<prefix>Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P|)"
 _BYTES = re.compile(rf"{_PREFIX}(?P<base>B|b|bit)")
 _RATE = re.compile(rf"{_PREFIX}(?:(?P<base>B|b|bit)/s|(?P<bps>bps))")
@@ -36,6 +38,7 @@ EXAMPLES = {
     "fraction": "0.9, 90%",
     "tokens": "131072, 128Ki, 32k",
     "count": "16",
+    "number": "74.9",
 }
 
 
@@ -48,9 +51,9 @@ def _scale(prefix: str) -> int:
 
 
 def _split(text: str, kind: str) -> tuple[float, str]:
-    match = _QUANTITY.fullmatch(text)
+    match = _QUANTITY.fullmatch(text.strip())
     if not match:
-        raise UnitError(f"{text!r} is not a number with a unit (e.g. {EXAMPLES[kind]})")
+        raise UnitError(f"{short(text)} is not a number with a unit (e.g. {EXAMPLES[kind]})")
     return float(match["number"]), match["unit"]
 
 
@@ -59,7 +62,7 @@ def _bytes(number: float, unit: str) -> float:
         return number
     match = _BYTES.fullmatch(unit)
     if not match:
-        raise UnitError(f"{unit!r} is not a size unit")
+        raise UnitError(f"{short(unit)} is not a size unit")
     bits = match["base"] != "B"
     return number * _scale(match["prefix"]) / (8 if bits else 1)
 
@@ -67,48 +70,51 @@ def _bytes(number: float, unit: str) -> float:
 def _bandwidth(number: float, unit: str) -> float:
     match = _RATE.fullmatch(unit)
     if not match:
-        raise UnitError(f"{unit!r} is not a bandwidth unit")
+        raise UnitError(f"{short(unit)} is not a bandwidth unit")
     bits = match["bps"] is not None or match["base"] != "B"
     return number * _scale(match["prefix"]) / (8 if bits else 1)
 
 
 def _time(number: float, unit: str) -> float:
     if unit not in TIME:
-        raise UnitError(f"{unit!r} is not a time unit ({', '.join(TIME)})")
+        raise UnitError(f"{short(unit)} is not a time unit ({', '.join(TIME)})")
     return number * TIME[unit]
 
 
 def _flops(number: float, unit: str) -> float:
     match = _FLOPS.fullmatch(unit)
     if not match or match["prefix"] in BINARY:
-        raise UnitError(f"{unit!r} is not a FLOP/s unit")
+        raise UnitError(f"{short(unit)} is not a FLOP/s unit")
     return number * _scale(match["prefix"])
 
 
 def _fraction(number: float, unit: str) -> float:
     if unit not in ("", "%"):
-        raise UnitError(f"{unit!r} is not a fraction (write 0.9 or 90%)")
-    value = number / 100 if unit == "%" else number
-    if not 0 <= value <= 1:
-        raise UnitError(f"{value} is not between 0 and 1 (0% and 100%)")
-    return value
+        raise UnitError(f"{short(unit)} is not a fraction (write 0.9 or 90%)")
+    return number / 100 if unit == "%" else number
 
 
 def _tokens(number: float, unit: str) -> float:
     match = _TOKENS.fullmatch(unit)
     if not match:
-        raise UnitError(f"{unit!r} is not a token count suffix (k = 1000, Ki = 1024)")
+        raise UnitError(f"{short(unit)} is not a token count suffix (k = 1000, Ki = 1024)")
     return _whole(number * _scale(match["prefix"]))
 
 
 def _count(number: float, unit: str) -> float:
     if unit:
-        raise UnitError(f"{unit!r}: a count has no unit")
+        raise UnitError(f"{short(unit)}: a count has no unit")
     return _whole(number)
 
 
+def _number(number: float, unit: str) -> float:
+    if unit:
+        raise UnitError(f"{short(unit)}: a plain number has no unit")
+    return number
+
+
 def _whole(value: float) -> float:
-    if value != int(value):
+    if math.isfinite(value) and value != int(value):
         raise UnitError(f"{value} is not a whole number")
     return value
 
@@ -121,6 +127,7 @@ _PARSERS: dict[str, Callable[[float, str], float]] = {
     "fraction": _fraction,
     "tokens": _tokens,
     "count": _count,
+    "number": _number,
 }
 
 
@@ -130,12 +137,7 @@ def parse(value: object, kind: str) -> float:
     Numbers without a unit are taken in the base unit (bytes, B/s, seconds, FLOP/s). Raises
     :class:`UnitError` saying what was expected. Prices: :func:`parse_price`.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise UnitError(f"{value!r} is not a quantity (e.g. {EXAMPLES[kind]})")
-    if isinstance(value, int | float):
-        number, unit = float(value), ""
-    else:
-        number, unit = _split(value, kind)
+    number, unit = _quantity(value, kind)
     if kind in ("bandwidth", "time", "flops") and not unit:
         result = number
     else:
@@ -143,20 +145,34 @@ def parse(value: object, kind: str) -> float:
             result = _PARSERS[kind](number, unit)
         except UnitError as exc:
             raise UnitError(f"{exc} (e.g. {EXAMPLES[kind]})") from None
-    if not math.isfinite(result) or result < 0:
-        raise UnitError(f"{value!r} must be a finite number >= 0")
-    return result
+    return _finite(value, result)
 
 
 def parse_price(value: object) -> tuple[float, str | None]:
     """A price per capacity (``2014 CNY/TB``) as (money per byte, currency or None); a number
     without a unit is per decimal TB."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise UnitError(f"{value!r} is not a price (e.g. {EXAMPLES['price']})")
-    if isinstance(value, int | float):
-        return float(value) / 10**12, None
-    number, unit = _split(value, "price")
+    number, unit = _quantity(value, "price")
+    if not unit:
+        return _finite(value, number / 10**12), None
     match = _PRICE.fullmatch(unit)
     if not match:
-        raise UnitError(f"{unit!r} is not a price unit (e.g. {EXAMPLES['price']})")
-    return number / _scale(match["prefix"]), match["currency"]
+        raise UnitError(f"{short(unit)} is not a price unit (e.g. {EXAMPLES['price']})")
+    return _finite(value, number / _scale(match["prefix"])), match["currency"]
+
+
+def _quantity(value: object, kind: str) -> tuple[float, str]:
+    """``value`` as a number and its unit (empty for a YAML number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise UnitError(f"{short(value)} is not a quantity (e.g. {EXAMPLES[kind]})")
+    if isinstance(value, str):
+        return _split(value, kind)
+    try:
+        return float(value), ""
+    except OverflowError:  # an integer beyond a float
+        raise UnitError(f"{short(value)} must be a finite number >= 0") from None
+
+
+def _finite(value: object, result: float) -> float:
+    if not math.isfinite(result) or result < 0:
+        raise UnitError(f"{short(value)} must be a finite number >= 0")
+    return result

@@ -6,14 +6,16 @@ in its own thread, opens its connection and makes each measurement once (checks 
 such as every GPU check on ``{fact: gpus}``, share its result), judging each check as its
 measurement comes in. A host that cannot be reached has every check ERROR, with the reason.
 Ctrl-C (:meth:`GateRun.interrupt`) stops the hosts before their next measurement (soaks at
-their next sample); a second Ctrl-C cuts off the measurements still running (their connections
-are closed). What was measured is reported, the rest is ERROR ("interrupted").
+their next sample); a second Ctrl-C cuts off the measurements still running: their commands are
+killed on the hosts with all they started (fio, a benchmark), then the connections closed. What
+was measured is reported, the rest is ERROR ("interrupted").
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import threading
 import time
@@ -100,6 +102,8 @@ class GateRun:
         self.connector = connector
         self.progress = progress
         self.stop = threading.Event()
+        self.cut = threading.Event()  # the second Ctrl-C
+        self._interrupts = itertools.count(1)
         self.secrets: set[str] = set()
         if options.connect.become_password:
             self.secrets.add(options.connect.become_password)
@@ -108,16 +112,19 @@ class GateRun:
         #: The variables the rules name: their values are kept in the results.
         self._referenced = sorted(referenced(gate))
 
-    def interrupt(self) -> None:
+    def interrupt(self) -> int:
         """Ctrl-C: the first stops hosts before their next measurement, the second cuts off the
-        running ones."""
-        if self.stop.is_set():
+        running ones (killed on the hosts by threads of their own: this runs in the signal
+        handler, where a second Ctrl-C may interrupt the first). Which Ctrl-C it was."""
+        number = next(self._interrupts)  # one step: a nested handler counts apart
+        self.stop.set()
+        if number == 2:
+            self.cut.set()
             with self._lock:
                 connections = list(self._connections)
             for conn in connections:
-                with contextlib.suppress(Exception):
-                    conn.close()
-        self.stop.set()
+                threading.Thread(target=_cancel, args=(conn,)).start()
+        return number
 
     def hosts(self) -> list[InventoryHost]:
         try:
@@ -260,18 +267,22 @@ class GateRun:
         else:
             try:
                 measurement.data = KINDS[name].measure(probe, params)
-            except MeasureError as exc:
-                measurement.error = str(exc)
-            except ConnectionFailed as exc:
-                if self.stop.is_set():
+            except (MeasureError, FxkitError) as exc:
+                if self.cut.is_set():  # killed, or its connection closed, by the second Ctrl-C
                     measurement.error = "interrupted (Ctrl-C): cut off while it ran"
-                else:
+                elif isinstance(exc, ConnectionFailed):
                     host.unreachable = str(exc)
                     measurement.error = f"unreachable: {exc}"
-            except FxkitError as exc:
-                measurement.error = str(exc)
+                else:
+                    measurement.error = str(exc)
         measurement.duration_s = round(time.monotonic() - started, 3)
         return measurement
+
+
+def _cancel(conn: Connection) -> None:
+    """Kill what runs on ``conn``'s host and close it; a broken link must not hide results."""
+    with contextlib.suppress(Exception):
+        conn.cancel()
 
 
 def role_defaults(gate: Gate, extra_paths: list[str]) -> list[Layer]:
