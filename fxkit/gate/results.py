@@ -24,7 +24,7 @@ from fxkit.errors import FxkitError
 from fxkit.gate import rules
 from fxkit.gate.spec import CheckSpec, Gate, GateError
 from fxkit.localfile import write_whole
-from fxkit.redaction import redact
+from fxkit.redaction import redact_data
 
 SCHEMA = "fxkit-gate-result/1"
 STATUSES = ("PASS", "FAIL", "WARN", "ERROR", "SKIP")
@@ -126,7 +126,7 @@ class GateResult:
         hosts = data["hosts"]
         for name, host in self.hosts.items():
             hosts[name]["verdict"] = host.verdict
-        masked: dict[str, Any] = _redacted(data, sorted(set(secrets), key=len, reverse=True))
+        masked: dict[str, Any] = redact_data(data, sorted(set(secrets), key=len, reverse=True))
         return masked
 
     def save(self, path: Path, secrets: Iterable[str] = ()) -> None:
@@ -292,18 +292,6 @@ def _describe(rule: dict[str, Any]) -> str:
         return rules.describe(rule)
     except (rules.RuleError, AttributeError, IndexError, TypeError):
         return str(rule)
-
-
-def _redacted(value: Any, secrets: list[str]) -> Any:
-    if not secrets:
-        return value
-    if isinstance(value, str):
-        return redact(value, secrets)
-    if isinstance(value, dict):
-        return {_redacted(k, secrets): _redacted(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_redacted(v, secrets) for v in value]
-    return value
 
 
 def reevaluate(
