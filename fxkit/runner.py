@@ -27,7 +27,7 @@ from typing import Any
 
 from fxkit import paths
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError
+from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
 from fxkit.facts.base import FactCache
 from fxkit.inventory import Inventory, InventoryHost
 from fxkit.ops.base import OpContext
@@ -133,10 +133,12 @@ class Runner:
         self._abort = threading.Event()
 
     def run(self) -> PlaybookResult:
-        """Every play; returns once every host thread has reported (see the module docstring)."""
-        self.validate()
+        """Every play; returns once every host thread has reported (see the module docstring).
+        Its errors leave it with the secrets masked, as everything it prints."""
         if self.options.connect.become_password:
             self.reporter.add_secrets([self.options.connect.become_password])
+        with masked_errors(self.reporter.redact):
+            self.validate()
         self.reporter.run_started(check=self.options.check)
         try:
             with _ctrl_c(self.interrupt):
@@ -324,7 +326,6 @@ class Runner:
         hostvars = self._vars(play, inv)
         if inv.name not in self._connections:
             self.reporter.op_started(inv.name, None, "connecting")
-            self.reporter.add_secrets(hostvars.secret_values())
             conn = self.connector(inv.name, hostvars, self.options.connect)
             self._connections[inv.name] = conn
             conn.open()
@@ -348,7 +349,6 @@ class Runner:
         role_tags: set[str],
     ) -> None:
         v = self._vars(play, inv, role, ref)
-        self.reporter.add_secrets(v.secret_values())
         host = self.host_class(
             ctx,
             v,
@@ -366,7 +366,8 @@ class Runner:
     def _vars(
         self, play: Play, inv: InventoryHost, role: Role | None = None, ref: RoleRef | None = None
     ) -> HostVars:
-        """The host's variables, by precedence (see :mod:`fxkit.variables`)."""
+        """The host's variables, by precedence (see :mod:`fxkit.variables`); their secrets are
+        the reporter's from here on."""
         layers = [
             Layer(f"role {role.name} defaults", role.defaults) if role else None,
             Layer("inventory", inv.vars),
@@ -376,12 +377,14 @@ class Runner:
             Layer("extra vars", self.options.extra_vars),
             Layer("fxkit", _magic(inv, role)),
         ]
-        return HostVars(
+        v = HostVars(
             inv.name,
             [lay for lay in layers if lay],
             play.secret_vars,
             on_secret=self.reporter.add_secrets,
         )
+        self.reporter.add_secrets(v.secret_values())
+        return v
 
 
 @contextlib.contextmanager

@@ -1024,3 +1024,25 @@ def test_a_missing_device_is_skipped_with_its_reason_on_lab_hosts_only(tmp_path:
     failure = next(e for e in out.events if e["host"] == "real" and e["status"] == "failed")
     assert "verify GPUs: no GPU (amd-smi not found)" in failure["msg"]
     assert out.file("real_gpu", "/gpu") == "seen"
+
+
+def test_errors_before_any_host_is_touched_never_quote_a_secret(tmp_path: Path) -> None:
+    """A role's validate() quotes the value it rejects (as fxkit.rolevars does): the error
+    leaves the run masked, as everything the run prints."""
+    files = {
+        "roles/first/role.py": """
+            from fxkit.rolevars import var_error
+
+            def validate(v):
+                raise var_error(v, "registry_auth_key", f"{v.registry_auth_key!r} is too short")
+
+            def apply(host, v):
+                pass
+            """
+    }
+    inventory = f"all:\n  hosts:\n    h1: {{registry_auth_key: '{SECRET}'}}\n"
+    fleet = Fleet()
+    with pytest.raises(VarError) as err:
+        play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, files, fleet)
+    assert SECRET not in str(err.value) and err.value.message.endswith("******** is too short")
+    assert err.value.where == "h1: registry_auth_key" and fleet.hosts == {}
