@@ -8,6 +8,9 @@ measurement comes in. A host that cannot be reached has every check ERROR, with 
 Ctrl-C (:meth:`GateRun.interrupt`) stops the hosts before their next measurement (soaks at
 their next sample); a second Ctrl-C cuts off the measurements still running (their connections
 are closed). What was measured is reported, the rest is ERROR ("interrupted").
+
+What a run gives out, its results, the checks it reports as they are judged and its errors,
+has every secret masked (:attr:`GateRun.masker`): no caller prints one.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -26,9 +29,10 @@ from jinja2 import meta
 from pydantic import ValidationError
 
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.errors import ConnectionFailed, FxkitError
+from fxkit.errors import ConnectionFailed, FxkitError, masked_errors
 from fxkit.facts.base import FactCache
 from fxkit.gate.measure import KINDS, MeasureError, Params, Probe
+from fxkit.gate.report import masked
 from fxkit.gate.results import (
     CheckResult,
     GateResult,
@@ -41,6 +45,7 @@ from fxkit.gate.results import (
 )
 from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
 from fxkit.inventory.model import Inventory, InventoryHost
+from fxkit.redaction import Masker
 from fxkit.role import RoleLoader, roles_path
 from fxkit.variables import HostVars, Layer, environment, truthy
 
@@ -99,13 +104,18 @@ class GateRun:
         self.connector = connector
         self.progress = progress
         self.stop = threading.Event()
-        self.secrets: set[str] = set()
+        #: The run's secrets: every host's, and what its templates made of them.
+        self.masker = Masker()
         if options.connect.become_password:
-            self.secrets.add(options.connect.become_password)
+            self.masker.add([options.connect.become_password])
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
         #: The variables the rules name: their values are kept in the results.
         self._referenced = sorted(referenced(gate))
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        return self.masker.values
 
     def interrupt(self) -> None:
         """Ctrl-C: the first stops hosts before their next measurement, the second cuts off the
@@ -134,10 +144,15 @@ class GateRun:
 
     def plan(self) -> list[_Plan]:
         """Every host's checks rendered; all mistakes at once, before any host is touched."""
+        with masked_errors(self.masker.text):
+            return self._plan()
+
+    def _plan(self) -> list[_Plan]:
         defaults = role_defaults(self.gate, self.options.roles_path)
         plans, problems = [], []
         for inv in self.hosts():
-            v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.secrets.update)
+            v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.masker.add)
+            self.masker.add(v.secret_values())
             checks = []
             for check in self.gate.spec.checks:
                 try:
@@ -190,7 +205,7 @@ class GateRun:
             result.hosts[plan.inv.name] = future.result()
         result.finished_at = _now()
         result.interrupted = self.stop.is_set()
-        return result
+        return masked(result, self.masker.masks)
 
     def _host(self, plan: _Plan) -> HostResult:
         values, sources = snapshot(plan.vars, self._referenced)
@@ -228,12 +243,11 @@ class GateRun:
                     checked = judge(check, rule, host.measurements[index], index, base, where)
                 host.checks.append(checked)
                 if self.progress:
-                    self.progress(plan.inv.name, checked)
+                    self.progress(plan.inv.name, CheckResult(**self.masker.data(asdict(checked))))
         finally:
             with contextlib.suppress(Exception):
                 conn.close()
-        with self._lock:
-            self.secrets.update(plan.vars.secret_values())
+        self.masker.add(plan.vars.secret_values())
         return host
 
     def _measure(self, probe: Probe, name: str, params: Any, host: HostResult) -> Measurement:
@@ -274,7 +288,7 @@ def host_vars(
     gate: Gate,
     defaults: list[Layer],
     extra_vars: Mapping[str, Any],
-    on_secret: Callable[[Any], None] | None = None,
+    on_secret: Callable[[Iterable[str]], None] | None = None,
 ) -> HostVars:
     """A host's variables for a gate, by precedence: the roles' defaults, the gate's ``vars:``
     (its default thresholds), the inventory's (per group, per host), then ``-e``."""
@@ -324,19 +338,24 @@ def snapshot(v: HostVars, names: list[str]) -> tuple[dict[str, Any], dict[str, s
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name in names:
-        if name in v and not v.is_secret(name):
-            with contextlib.suppress(FxkitError):
-                values[name] = v[name]
+        with contextlib.suppress(FxkitError):
+            value = v[name]
+            if not v.is_secret(name):  # after rendering: a value reading a secret is one
+                values[name] = value
                 sources[name] = v.source(name)
     return values, sources
 
 
 def rule_renderer(
-    gate: Gate, extra_vars: Mapping[str, Any], roles_paths: list[str] | None = None
+    gate: Gate,
+    extra_vars: Mapping[str, Any],
+    roles_paths: list[str] | None = None,
+    on_secret: Callable[[Iterable[str]], None] | None = None,
 ) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
     """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``): the
     roles' defaults, the run's values from them, the gate file's current ``vars:`` (not the
-    run's), the run's values from the inventory and -e, then this ``-e``."""
+    run's), the run's values from the inventory and -e, then this ``-e``. ``on_secret`` is
+    told of the secrets among them, and of what the rules make of them."""
     defaults = role_defaults(gate, roles_paths or [])
 
     def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
@@ -355,9 +374,10 @@ def rule_renderer(
             Layer("the run's variables", kept(False)),
             Layer("extra vars", extra_vars),
         ]
-        rendered: dict[str, Any] = render(
-            HostVars(host.name, layers), check.rule, f"check {check.id}, rule"
-        )
+        v = HostVars(host.name, layers, on_secret=on_secret)
+        if on_secret:
+            on_secret(v.secret_values())
+        rendered: dict[str, Any] = render(v, check.rule, f"check {check.id}, rule")
         return rendered
 
     return rule
