@@ -1,17 +1,19 @@
 """Which values are secret, and how they are kept out of everything fxkit prints or logs.
 
 Which names are secret. A name is read as words (split at ``_``, ``-``, ``.`` and camelCase:
-``HF_TOKEN``, ``apiKey``, ``nvme_dhchap_key``). It is secret when one of its words is a
-:data:`SECRET_WORDS` word (``ansible_become_password``, ``registry_token``, ``credentials``;
-not ``max_tokens``), as Ansible's ``no_log`` heuristic (``pass`` anywhere) and common secret
-filters (Rails' ``filter_parameters``, Sentry's scrubber) do, with two limits that keep
-ordinary values visible:
+``HF_TOKEN``, ``apiKey``, ``nvme_dhchap_key``). It is secret when
 
-- the last word says what the value *is*: a path, a URL, a length or a digest only refers to
-  or describes a secret (:data:`REFERENCE_WORDS`: ``ansible_ssh_private_key_file``,
-  ``rocm_host_key_sha256``, ``password_min_length``, ``secret_name``);
-- ``key`` counts as a word of a longer name only, and not after ``public``/``pub``: a bare
-  ``key`` is a mapping's key as often as a cryptographic one (``ssh_public_key`` is public).
+- one of its words is a :data:`SECRET_WORDS` word (``ansible_become_password``,
+  ``registry_token``, ``credentials``, ``apikey``; not ``max_tokens``), as Ansible's ``no_log``
+  heuristic (``pass`` anywhere) and common secret filters (Rails' ``filter_parameters``,
+  Sentry's scrubber) have it, unless its last word says that the value only refers to or
+  describes a secret (:data:`REFERENCE_WORDS`: a path, a URL, a length, a digest:
+  ``ansible_ssh_private_key_file``, ``vault_password_file``, ``password_min_length``);
+- or its last word is ``key`` (the value is a key: ``nvme_dhchap_key``, ``registry_auth_key``,
+  ``private_key``), after another word that is not ``public``/``pub``, as GitLab's ``/key$/``
+  filter has it. ``key`` elsewhere names something about a key (``rocm_host_key_sha256``,
+  ``ssh_strict_host_key_checking``, ``num_key_value_heads``), and a bare ``key`` is a mapping's
+  key as often as a cryptographic one.
 
 A play's ``secret_vars`` and the variable ``fxkit_secret_vars`` (inventory, group_vars, vars
 files, ``-e``) mark more names: names or glob patterns (``bmc_*``). Inside any variable, the
@@ -42,14 +44,14 @@ SECRET_WORDS = frozenset(
     {
         *("password", "passwords", "passwd", "pass", "passphrase"),
         *("secret", "secrets", "token", "credential", "credentials"),
-        *("key", "apikey", "privatekey", "authkey", "secretkey", "psk"),
+        *("apikey", "privatekey", "authkey", "secretkey", "psk"),
         *("cookie", "authorization"),
     }
 )
 #: Last words that make a name refer to or describe a secret, not hold it.
 REFERENCE_WORDS = frozenset(
     {
-        *("file", "path", "dir", "directory", "url", "uri", "name", "names", "vars"),
+        *("file", "filename", "path", "dir", "directory", "url", "uri", "name", "names", "vars"),
         *("length", "len", "size", "bits", "ttl", "timeout", "expiry", "expires"),
         *("type", "algorithm", "format", "mode", "owner", "group", "enabled", "count"),
         *("digest", "checksum", "fingerprint", "md5", "sha1", "sha224", "sha256", "sha384"),
@@ -77,13 +79,9 @@ def _has_secret_word(name: str) -> bool:
     words = [word.lower() for word in _WORD.findall(name)]
     if not words or words[-1] in REFERENCE_WORDS:
         return False
-    for before, word in zip(["", *words], words, strict=False):
-        if word == "key":
-            if len(words) > 1 and before not in ("public", "pub"):
-                return True
-        elif word in SECRET_WORDS:
-            return True
-    return False
+    if any(word in SECRET_WORDS for word in words):
+        return True
+    return len(words) > 1 and words[-1] == "key" and words[-2] not in ("public", "pub")
 
 
 @lru_cache(maxsize=65536)

@@ -218,6 +218,7 @@ SECRET_NAMES = [
     "private_key",
     "ssh_private_key_passphrase",
     "tls_key",
+    "ssh_key",
     "aws_secret_access_key",
     "credentials",
     "registry_credential",
@@ -234,6 +235,9 @@ SECRET_NAMES = [
 ]
 VISIBLE_NAMES = [
     "rocm_host_key_sha256",  # a digest of a public key: the last word says what the value is
+    "num_key_value_heads",  # a model's config.json
+    "ssh_strict_host_key_checking",
+    "key_filename",
     "rocm_host_key_url",
     "rocm_host_key_file",
     "rocm_host_keyring",
