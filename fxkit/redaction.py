@@ -10,8 +10,8 @@ Which names are secret. A name is read as words (split at ``_``, ``-``, ``.`` an
   describes a secret (:data:`REFERENCE_WORDS`: a path, a URL, a length, a digest:
   ``ansible_ssh_private_key_file``, ``vault_password_file``, ``password_min_length``);
 - or its last word is ``key`` (the value is a key: ``nvme_dhchap_key``, ``registry_auth_key``,
-  ``private_key``), after another word that is not ``public``/``pub``, as GitLab's ``/key$/``
-  filter has it. ``key`` elsewhere names something about a key (``rocm_host_key_sha256``,
+  ``private_key``), after another word that is not ``public``/``pub``, as the common Rails
+  log filter ``/key$/`` has it. ``key`` elsewhere names something about a key (``rocm_host_key_sha256``,
   ``ssh_strict_host_key_checking``, ``num_key_value_heads``), and a bare ``key`` is a mapping's
   key as often as a cryptographic one.
 
