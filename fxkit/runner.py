@@ -133,12 +133,10 @@ class Runner:
         self._abort = threading.Event()
 
     def run(self) -> PlaybookResult:
-        """Every play; returns once every host thread has reported (see the module docstring).
-        Its errors leave it with the secrets masked, as everything it prints."""
+        """Every play; returns once every host thread has reported (see the module docstring)."""
         if self.options.connect.become_password:
             self.reporter.add_secrets([self.options.connect.become_password])
-        with masked_errors(self.reporter.redact):
-            self.validate()
+        self.validate()
         self.reporter.run_started(check=self.options.check)
         try:
             with _ctrl_c(self.interrupt):
@@ -152,11 +150,13 @@ class Runner:
 
     def validate(self) -> None:
         """Every role's variable checks on every host of its play: mistakes show (all at once,
-        as one error) before any host is touched."""
-        for play in self.playbook.plays:
-            hosts = self._hosts(play)
-            for ref in play.roles:
-                self._validate(play, ref, self.roles.load(ref.role, ref.where), hosts)
+        as one error, the secrets masked as everything the run prints) before any host is
+        touched."""
+        with masked_errors(self.reporter.redact):
+            for play in self.playbook.plays:
+                hosts = self._hosts(play)
+                for ref in play.roles:
+                    self._validate(play, ref, self.roles.load(ref.role, ref.where), hosts)
 
     def interrupt(self) -> None:
         """Ctrl-C (safe in a signal handler: it only counts; the waiting runner acts on it)."""

@@ -32,6 +32,7 @@ from fxkit.playbook import Playbook
 from fxkit.report import Reporter
 from fxkit.results import Outcome, PlaybookResult
 from fxkit.role import Host, TagFilter, operation
+from fxkit.rollout import rollout
 from fxkit.runner import Runner, RunOptions
 
 
@@ -1046,3 +1047,27 @@ def test_errors_before_any_host_is_touched_never_quote_a_secret(tmp_path: Path) 
         play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, files, fleet)
     assert SECRET not in str(err.value) and err.value.message.endswith("******** is too short")
     assert err.value.where == "h1: registry_auth_key" and fleet.hosts == {}
+
+
+def test_a_rollout_s_plan_never_quotes_a_secret(tmp_path: Path) -> None:
+    """fxkit rollout asks the role for its instances before any host is touched: its errors
+    are masked too."""
+    write(
+        tmp_path,
+        {
+            "site.yml": "- hosts: all\n  roles: [svc]\n",
+            "hosts.yml": f"all:\n  hosts:\n    h1: {{registry_auth_key: '{SECRET}'}}\n",
+            "roles/svc/role.py": """
+                from fxkit.rolevars import var_error
+
+                def instance_specs(v):
+                    raise var_error(v, "registry_auth_key", f"{v.registry_auth_key} is wrong")
+
+                def apply(host, v):
+                    pass
+                """,
+        },
+    )
+    with pytest.raises(VarError) as err:
+        rollout(tmp_path / "site.yml", tmp_path / "hosts.yml", RunOptions(), Reporter)
+    assert SECRET not in str(err.value) and err.value.message == "******** is wrong"
