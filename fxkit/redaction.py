@@ -11,9 +11,9 @@ Which names are secret. A name is read as words (split at ``_``, ``-``, ``.`` an
   ``ansible_ssh_private_key_file``, ``vault_password_file``, ``password_min_length``);
 - or its last word is ``key`` (the value is a key: ``nvme_dhchap_key``, ``registry_auth_key``,
   ``private_key``), after another word that is not ``public``/``pub``, as the common Rails
-  log filter ``/key$/`` has it. ``key`` elsewhere names something about a key (``rocm_host_key_sha256``,
-  ``ssh_strict_host_key_checking``, ``num_key_value_heads``), and a bare ``key`` is a mapping's
-  key as often as a cryptographic one.
+  log filter ``/key$/`` has it. ``key`` elsewhere names something about a key
+  (``rocm_host_key_sha256``, ``ssh_strict_host_key_checking``, ``num_key_value_heads``), and a
+  bare ``key`` is a mapping's key as often as a cryptographic one.
 
 A play's ``secret_vars`` and the variable ``fxkit_secret_vars`` (inventory, group_vars, vars
 files, ``-e``) mark more names: names or glob patterns (``bmc_*``). Inside any variable, the
