@@ -7,6 +7,11 @@ traceback. Anything else is a bug in fxkit and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from typing import Self
+
 
 class FxkitError(Exception):
     """An error the user can fix. ``where`` is a file:line, host or variable; ``hint`` says how."""
@@ -20,6 +25,25 @@ class FxkitError(Exception):
     def __str__(self) -> str:
         text = f"{self.where}: {self.message}" if self.where else self.message
         return f"{text}\n  hint: {self.hint}" if self.hint else text
+
+    def masked(self, mask: Callable[[str], str]) -> Self:
+        """This error with ``mask`` (a :class:`~fxkit.redaction.Masker`'s ``text``) applied to
+        its message, place and hint: as it may leave fxkit."""
+        out = copy.copy(self)
+        out.message = mask(self.message)
+        out.where = self.where and mask(self.where)
+        out.hint = self.hint and mask(self.hint)
+        out.args = (out.message, *self.args[1:])
+        return out
+
+
+@contextlib.contextmanager
+def masked_errors(mask: Callable[[str], str]) -> Iterator[None]:
+    """The :class:`FxkitError` raised inside leaves :meth:`~FxkitError.masked` by ``mask``."""
+    try:
+        yield
+    except FxkitError as exc:
+        raise exc.masked(mask) from None
 
 
 class InventoryError(FxkitError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, replace
 from typing import IO, Any
 
@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fxkit.ops.base import Result, Status
-from fxkit.redaction import maskable, redact
+from fxkit.redaction import Masker
 from fxkit.results import UNREACHABLE, Counts, HostResult, Outcome, PlaybookResult, TaskResult
 
 STYLE = {
@@ -42,49 +42,38 @@ class Reporter:
         diff: bool = False,
         verbose: bool = False,
         log_json: IO[str] | None = None,
+        masker: Masker | None = None,
     ):
+        """``masker``: the secrets to mask (a new one by default)."""
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.show_diff = diff
         self.verbose = verbose
         self.results = PlaybookResult()
         self._log = log_json
-        self._secret_values: set[str] = set()
-        self._secrets: list[str] = []
+        self.masker = masker or Masker()
         self._current: dict[str, str] = {}
         self._lock = threading.RLock()
         self._live: Live | None = None
 
     def fresh(self) -> Reporter:
-        """A reporter for another run, printing and logging as this one does (its secrets
-        too), with results of its own."""
-        other = Reporter(
-            self.console, diff=self.show_diff, verbose=self.verbose, log_json=self._log
+        """A reporter for another run, printing and logging as this one does (masking its
+        secrets too), with results of its own."""
+        return Reporter(
+            self.console,
+            diff=self.show_diff,
+            verbose=self.verbose,
+            log_json=self._log,
+            masker=self.masker,
         )
-        other.add_secrets(self._secret_values)
-        return other
 
     # -- secrets ---------------------------------------------------------------------------
 
     def add_secrets(self, values: Iterable[str]) -> None:
         """Secret values to redact from now on (with their variants: :mod:`fxkit.redaction`)."""
-        with self._lock:
-            new = set(values) - self._secret_values
-            if new:
-                self._secret_values |= new
-                self._secrets = maskable(self._secret_values)
+        self.masker.add(values)
 
     def redact(self, text: str) -> str:
-        return redact(text, self._secrets)
-
-    def redact_data(self, value: Any) -> Any:
-        """``value`` (an operation's data) as plain JSON-able data, every string redacted."""
-        if isinstance(value, Mapping):
-            return {self.redact(str(k)): self.redact_data(v) for k, v in value.items()}
-        if isinstance(value, list | tuple | set | frozenset):
-            return [self.redact_data(v) for v in value]
-        if value is None or isinstance(value, bool | int | float):
-            return value
-        return self.redact(value if isinstance(value, str) else str(value))
+        return self.masker.text(text)
 
     # -- live progress ---------------------------------------------------------------------
 
@@ -214,7 +203,7 @@ class Reporter:
             operation=self.redact(task.operation),
             msg=self.redact(task.msg),
             diff=task.diff and self.redact(task.diff),
-            data=self.redact_data(task.data),
+            data=self.masker.data(task.data),
         )
 
     def _lines(self, host: str, task: TaskResult) -> list[RenderableType]:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fxkit import paths
-from fxkit.errors import PlaybookError
+from fxkit.errors import PlaybookError, masked_errors
 from fxkit.inventory import Inventory
 from fxkit.playbook import Play, Playbook, RoleRef
 from fxkit.report import Reporter
@@ -144,7 +144,8 @@ def rollout(
     hosts = load_inventory(inventory)
     planner = Runner(book, hosts, options, Reporter(Console(quiet=True)))
     planner.validate()
-    play, instances = plan(planner)
+    with masked_errors(planner.reporter.redact):  # a role's instance_specs() may quote one
+        play, instances = plan(planner)
     if serial is not None:
         play = play.model_copy(update={"serial": serial})
     limit = max_fail_percentage if max_fail_percentage is not None else play.max_fail_percentage

@@ -30,7 +30,7 @@ from typing import Any
 
 from fxkit import paths
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError
+from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
 from fxkit.facts.base import FactCache
 from fxkit.inventory import Inventory, InventoryHost
 from fxkit.ops.base import OpContext, failed
@@ -143,9 +143,9 @@ class Runner:
 
     def run(self) -> PlaybookResult:
         """Every play; returns once every host thread has reported (see the module docstring)."""
-        self.validate()
         if self.options.connect.become_password:
             self.reporter.add_secrets([self.options.connect.become_password])
+        self.validate()
         self.reporter.run_started(check=self.options.check)
         try:
             with _ctrl_c(self.interrupt):
@@ -160,11 +160,13 @@ class Runner:
 
     def validate(self) -> None:
         """Every role's variable checks on every host of its play: mistakes show (all at once,
-        as one error) before any host is touched."""
-        for play in self.playbook.plays:
-            hosts = self._hosts(play)
-            for ref in play.roles:
-                self._validate(play, ref, self.roles.load(ref.role, ref.where), hosts)
+        as one error, the secrets masked as everything the run prints) before any host is
+        touched."""
+        with masked_errors(self.reporter.redact):
+            for play in self.playbook.plays:
+                hosts = self._hosts(play)
+                for ref in play.roles:
+                    self._validate(play, ref, self.roles.load(ref.role, ref.where), hosts)
 
     def interrupt(self) -> None:
         """Ctrl-C (safe in a signal handler: it only counts; the waiting runner acts on it)."""
@@ -341,7 +343,6 @@ class Runner:
         hostvars = self._vars(play, inv)
         if inv.name not in self._connections:
             self.reporter.op_started(inv.name, None, "connecting")
-            self.reporter.add_secrets(hostvars.secret_values())
             conn = self.connector(inv.name, hostvars, self.options.connect)
             self._connections[inv.name] = conn
             conn.open()
@@ -388,7 +389,6 @@ class Runner:
         role_tags: set[str],
     ) -> None:
         v = self._vars(play, inv, role, ref)
-        self.reporter.add_secrets(v.secret_values())
         host = self.host_class(
             ctx,
             v,
@@ -406,7 +406,8 @@ class Runner:
     def _vars(
         self, play: Play, inv: InventoryHost, role: Role | None = None, ref: RoleRef | None = None
     ) -> HostVars:
-        """The host's variables, by precedence (see :mod:`fxkit.variables`)."""
+        """The host's variables, by precedence (see :mod:`fxkit.variables`); their secrets are
+        the reporter's from here on."""
         layers = [
             Layer(f"role {role.name} defaults", role.defaults) if role else None,
             Layer("inventory", inv.vars),
@@ -416,12 +417,14 @@ class Runner:
             Layer("extra vars", self.options.extra_vars),
             Layer("fxkit", _magic(inv, role)),
         ]
-        return HostVars(
+        v = HostVars(
             inv.name,
             [lay for lay in layers if lay],
             play.secret_vars,
             on_secret=self.reporter.add_secrets,
         )
+        self.reporter.add_secrets(v.secret_values())
+        return v
 
 
 @contextlib.contextmanager

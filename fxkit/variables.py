@@ -21,12 +21,19 @@ Templates come from data (inventories, gate files, ``-e``), so they render in Ji
 sandbox: no attribute of Python's internals (``lipsum.__globals__``), no method that changes a
 list, dict or set in place. Jinja2's filters, tests and the other methods work as usual.
 
-Secrets (which names and keys are secret: :mod:`fxkit.redaction`): the values of secret
-variables, and of secret keys inside any variable, are collected so the report redacts them in
-everything it prints or logs. So is what a template or a variable's value makes of them: the
-output of every ``{{ expression }}`` that reads a secret variable or key, directly or through a
-``{% set %}``/``{% for %}`` name (``{{ db_password | b64encode }}``), is recorded as a secret
-as it renders. Errors while rendering a secret value never quote it.
+Secrets (which names and keys are secret: :mod:`fxkit.redaction`; ``fxkit_secret_vars`` at
+any level adds to them): the values of secret variables, and of secret keys inside any variable,
+are collected so the report redacts them in everything it prints or logs. So is what a template
+or a variable's value makes of them (taint follows rendering):
+
+- the output of every ``{{ expression }}`` that reads a secret variable or key, directly or
+  through a ``{% set %}``/``{% for %}`` name (``{{ db_password | b64encode }}``);
+- the whole value of a variable, or of a template string (a gate's rule), that has such an
+  expression; and the variable becomes secret in turn (``url: "pg://u:{{ db_password }}@db"``);
+- in a template file, the whole line of an expression that makes something of a secret too
+  short to be masked by itself (a slice, a character, a length: ``{{ token[0:4] }}``).
+
+Errors while rendering a secret value never quote it.
 """
 
 from __future__ import annotations
@@ -50,15 +57,36 @@ from jinja2 import nodes
 from jinja2.nativetypes import NativeEnvironment
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from fxkit.errors import FxkitError, TemplateError
-from fxkit.redaction import is_secret_name, leaves, secret_leaves
+from fxkit.errors import FxkitError, TemplateError, VarError
+from fxkit.redaction import (
+    MIN_SECRET_LENGTH,
+    SECRET_VARS,
+    is_secret_name,
+    leaves,
+    listed_names,
+    secret_leaves,
+)
 from fxkit.yamlfile import read_yaml, type_name
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
 #: The filter that records what an expression reading a secret renders to.
 _RECORD = "fxkit_record_secret"
-#: The HostVars whose template renders in this thread right now.
-_rendering: contextvars.ContextVar[HostVars | None] = contextvars.ContextVar(
+#: Brackets a piece of a secret too short to be masked in a template file's output (Unicode
+#: noncharacters: for a program's internal use, never in text).
+_SHORT_OPEN, _SHORT_CLOSE = "\ufdd0", "\ufdd1"
+_SHORT_PIECE = re.compile(f"{_SHORT_OPEN}.*?{_SHORT_CLOSE}", re.S)
+
+
+@dataclass
+class _Rendering:
+    """The template rendering in this thread right now: whose variables, and whether it read a
+    secret."""
+
+    hostvars: HostVars
+    read_secret: bool = False
+
+
+_rendering: contextvars.ContextVar[_Rendering | None] = contextvars.ContextVar(
     "fxkit_rendering", default=None
 )
 
@@ -90,7 +118,8 @@ class _Environment(ImmutableSandboxedEnvironment):
         self.filters[_RECORD] = _record_secret
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
-        tree = _wrap_outputs(super()._parse(source, name, filename))
+        text = not isinstance(self, NativeEnvironment)  # text: a file's lines to mask
+        tree = _wrap_outputs(super()._parse(source, name, filename), mark_short=text)
         tree.set_environment(self)
         return tree
 
@@ -142,8 +171,9 @@ def _local_sources(tree: nodes.Template) -> dict[str, set[str]]:
     return sources
 
 
-def _wrap_outputs(tree: nodes.Template) -> nodes.Template:
-    """``{{ expr }}`` -> ``{{ expr | _RECORD(names) }}``, for every expression reading a name."""
+def _wrap_outputs(tree: nodes.Template, mark_short: bool) -> nodes.Template:
+    """``{{ expr }}`` -> ``{{ expr | _RECORD(names, mark) }}``, for every expression reading a
+    name; ``mark`` when ``mark_short`` and the expression makes something of what it reads."""
     sources = _local_sources(tree)
     for output in tree.find_all(nodes.Output):
         for index, child in enumerate(output.nodes):
@@ -152,23 +182,54 @@ def _wrap_outputs(tree: nodes.Template) -> nodes.Template:
             read = _read_names(child)
             read |= set().union(*(sources.get(name, set()) for name in read))
             if read:
-                names = nodes.Const(tuple(sorted(read)))
+                mark = mark_short and not _as_it_is(child, sources)
+                args = [nodes.Const(tuple(sorted(read))), nodes.Const(mark)]
                 output.nodes[index] = nodes.Filter(
-                    child, _RECORD, [names], [], None, None, lineno=child.lineno
+                    child, _RECORD, args, [], None, None, lineno=child.lineno
                 )
     return tree
 
 
-def _record_secret(value: Any, names: tuple[str, ...]) -> Any:
-    """The filter ``_RECORD``: tell the HostVars rendering when ``value`` came from a secret."""
-    hostvars = _rendering.get()
+def _as_it_is(node: nodes.Node, local: Mapping[str, Any]) -> bool:
+    """True for a variable, or a key or attribute of one, as it is (``a``, ``a.b``,
+    ``a['b']``): not a slice, a filter, a local name..."""
+    while isinstance(node, nodes.Getattr | nodes.Getitem):
+        if isinstance(node, nodes.Getitem) and not (
+            isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str)
+        ):
+            return False
+        node = node.node
+    return isinstance(node, nodes.Name) and node.name not in local
+
+
+def _record_secret(value: Any, names: tuple[str, ...], mark: bool = False) -> Any:
+    """The filter ``_RECORD``: tell the HostVars rendering when ``value`` came from a secret;
+    with ``mark``, bracket it when it is too short to be masked (see :func:`_short_lines`)."""
+    rendering = _rendering.get()
     if (
-        hostvars is not None
-        and not isinstance(value, jinja2.Undefined)
-        and any(hostvars.is_secret(name) for name in names)
+        rendering is None
+        or isinstance(value, jinja2.Undefined)
+        or not any(rendering.hostvars.is_secret(name) for name in names)
     ):
-        hostvars.record_secrets([str(value)])
+        return value
+    rendering.read_secret = True
+    text = str(value)
+    rendering.hostvars.record_secrets([text])
+    if mark and 0 < len(text) < MIN_SECRET_LENGTH:
+        return f"{_SHORT_OPEN}{text}{_SHORT_CLOSE}"
     return value
+
+
+def _short_lines(text: str) -> tuple[str, list[str]]:
+    """A template file's output without the brackets of :func:`_record_secret`, and the lines
+    they were in."""
+    lines = []
+    for piece in _SHORT_PIECE.finditer(text):
+        start = text.rfind("\n", 0, piece.start()) + 1
+        end = text.find("\n", piece.end())
+        lines.append(text[start : end if end >= 0 else len(text)])
+    strip = str.maketrans("", "", _SHORT_OPEN + _SHORT_CLOSE)
+    return text.translate(strip), [line.translate(strip) for line in lines]
 
 
 def _strict(value: Any) -> Any:
@@ -205,12 +266,14 @@ class HostVars(Mapping[str, Any]):
         secret_names: Iterable[str] = (),
         on_secret: Callable[[Iterable[str]], None] | None = None,
     ):
-        """``secret_names``: the play's ``secret_vars``; ``on_secret`` is told of secret values
-        found while rendering (what templates make of secrets)."""
+        """``secret_names``: the play's ``secret_vars``, to which every level's
+        ``fxkit_secret_vars`` adds; ``on_secret`` is told of secret values found while
+        rendering (what templates make of secrets)."""
         self._host = host
         self._raw: dict[str, Any] = {}
         self._source: dict[str, str] = {}
         self._rendered: dict[str, Any] = {}
+        marked = set(secret_names)
         for layer in layers:
             for key, value in layer.values.items():
                 self._raw[key] = value
@@ -219,10 +282,25 @@ class HostVars(Mapping[str, Any]):
                     self._rendered[key] = value
                 else:
                     self._rendered.pop(key, None)
-        self._secret_names = frozenset(secret_names)
+            if SECRET_VARS in layer.values:
+                marked.update(self._marked(layer))
+        self._secret_names = frozenset(marked)
+        #: Variables secret because their values read a secret.
+        self._tainted: set[str] = set()
         self._on_secret = on_secret
         self._rendered_secrets: set[str] = set()
         self._local = threading.local()
+
+    def _marked(self, layer: Layer) -> list[str]:
+        names = listed_names(layer.values[SECRET_VARS])
+        if names is None:
+            raise VarError(
+                f"{SECRET_VARS} must be a list of variable names, not "
+                f"{type_name(layer.values[SECRET_VARS])}",
+                where=f"host {self._host}, variable {SECRET_VARS} ({layer.source})",
+                hint=f"write {SECRET_VARS}: [bmc_login, 'vault_*'] (names or glob patterns)",
+            )
+        return names
 
     @property
     def host(self) -> str:
@@ -295,7 +373,13 @@ class HostVars(Mapping[str, Any]):
             template = environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
             raise _template_error(exc, label, self._host, exc.lineno, secret) from None
-        return self._render(template, label, secret)
+        value, read_secret = self._render(template, label, secret)
+        if read_secret:  # the whole value is secret, and so is the variable it is
+            self.record_secrets(leaves(value))
+            stack = self._local.__dict__.get("stack")
+            if stack:
+                self._tainted.add(stack[-1])
+        return value
 
     def render_template(self, templates_dir: str | Path, name: str) -> str:
         """Render ``templates_dir/name`` (a role's Jinja2 template file)."""
@@ -309,18 +393,24 @@ class HostVars(Mapping[str, Any]):
             ) from None
         except jinja2.TemplateSyntaxError as exc:
             raise _template_error(exc, f"{path}:", self._host, exc.lineno) from None
-        return self._render(template, f"{path}:")
+        text, lines = _short_lines(self._render(template, f"{path}:")[0])
+        self.record_secrets(lines)
+        return text
 
-    def _render(self, template: jinja2.Template, label: str, secret: bool = False) -> Any:
-        """Render with this mapping as the context, so variables render only when used;
-        ``label`` names the template in errors (a file as ``path:``)."""
+    def _render(
+        self, template: jinja2.Template, label: str, secret: bool = False
+    ) -> tuple[Any, bool]:
+        """Render with this mapping as the context, so variables render only when used; the
+        output, and whether it read a secret. ``label`` names the template in errors (a file as
+        ``path:``)."""
         env = template.environment
         # The empty dict takes Jinja2's own writes; the others are only read.
         scope = ChainMap({}, self, env.globals)  # type: ignore[arg-type]
         context = template.new_context(scope, shared=True)  # type: ignore[arg-type]
-        token = _rendering.set(self)
+        rendering = _Rendering(self)
+        token = _rendering.set(rendering)
         try:
-            return env.concat(template.root_render_func(context))
+            return env.concat(template.root_render_func(context)), rendering.read_secret
         except FxkitError:
             raise  # a variable the template reads is wrong: its own error names it
         except Exception as exc:  # Jinja2's errors, and whatever a filter or operator raised
@@ -330,8 +420,9 @@ class HostVars(Mapping[str, Any]):
             _rendering.reset(token)
 
     def is_secret(self, name: str) -> bool:
-        """True when the variable (or key) ``name`` is secret."""
-        return is_secret_name(name, self._secret_names)
+        """True when the variable (or key) ``name`` is secret, by its name or (once rendered)
+        because its value reads a secret."""
+        return name in self._tainted or is_secret_name(name, self._secret_names)
 
     def _holds_secrets(self, name: str) -> bool:
         return self.is_secret(name) or bool(_nested_secrets(self._raw[name], self._secret_names))

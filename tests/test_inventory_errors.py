@@ -186,3 +186,21 @@ def test_bad_group_priority(tmp_path: Path) -> None:
     with pytest.raises(InventoryError, match="ansible_group_priority of group 'gpu'") as err:
         Inventory.load(inv)
     assert err.value.where == f"{inv}:4" and err.value.hint
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[gpu]\ngpu01 ansible_password=hunter2 x9secret\n",  # a password with a space, unquoted
+        "[gpu]\ngpu01 ansible_password='hunter2 x9secret\n",  # no closing quote
+        "[gpu]\ngpu01\n[gpu:vars]\nansible_password hunter2 x9secret\n",  # ':' or ' ' for '='
+    ],
+)
+def test_ini_errors_never_quote_what_may_be_a_secret(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, "hosts.ini", text)
+    with pytest.raises(InventoryError) as err:
+        Inventory.load(path)
+    message = str(err.value)
+    assert "hunter2" not in message and "x9secret" not in message, message
+    assert message.startswith(f"{path}:{len(text.splitlines())}: ")  # the last line
+    assert "not shown" in message and err.value.hint

@@ -12,6 +12,7 @@ The stand-in server is Python's http.server answering /v1/models as vLLM does
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from test_ops_lab import sh
@@ -115,6 +116,51 @@ def test_readiness_times_out_naming_what_it_saw(root: Connection) -> None:
     ready = instance_ready(ctx_of(root), UNIT, "http://127.0.0.1:18003/v1/models", "m1", 2)
     assert ready.failed and ready.msg.startswith(f"{UNIT} was not ready after 2 s")
     assert run(root, env, state="stopped").changed
+
+
+#: A stand-in for setsid (which starts a direct instance): it stops its parent, the shell of
+#: the operation's command, records the command line of every process on the host while that
+#: shell cannot go away, lets the shell go on, then runs the real setsid.
+SNOOP = """#!/bin/sh
+kill -s STOP $PPID
+trap 'kill -s CONT $PPID' EXIT
+for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < "$f"; echo; done > /tmp/fxkit-cmdlines
+kill -s CONT $PPID
+exec /usr/bin/setsid.real "$@"
+"""
+
+
+def test_the_environment_is_in_no_process_s_command_line(root: Connection) -> None:
+    """A secret in the environment (HF_TOKEN) is never in argv, where any user's ps sees it:
+    not in the command sent to the host, nor in any process it starts."""
+    token = f"hf_{os.urandom(8).hex()}"
+    unit, env = "fxlab@secret.service", {"MODEL": "m1", "PORT": "18004", "HF_TOKEN": token}
+    sh(root, "mv /usr/bin/setsid /usr/bin/setsid.real")
+    try:
+        root.put("/usr/bin/setsid", SNOOP.encode())
+        sh(root, "chmod 0755 /usr/bin/setsid; rm -f /tmp/fxkit-cmdlines")
+        started = instance(ctx_of(root), unit, ARGV, env)
+        assert started.changed and started.data["backend"] == "direct", started
+        seen = sh(root, "cat /tmp/fxkit-cmdlines")
+    finally:
+        sh(root, "mv -f /usr/bin/setsid.real /usr/bin/setsid")
+    try:
+        assert f"{unit}.json" in seen  # the operation's shell was there, held
+        assert token not in seen
+        now = sh(root, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+        assert "http.server" in now and token not in now
+        pid = started.data["pid"]
+        assert f"HF_TOKEN={token}" in sh(root, f"tr '\\0' '\\n' < /proc/{pid}/environ")
+        # The environment file and the record (its digest): root's alone; the file goes with
+        # the instance.
+        for path in (
+            f"/var/lib/fxkit/instances/{unit}.env",
+            f"/var/lib/fxkit/instances/{unit}.json",
+        ):
+            assert sh(root, f"stat -c '%a %U' {path}").split() == ["600", "root"]
+    finally:
+        assert instance(ctx_of(root), unit, ARGV, env, state="stopped").changed
+    assert not root.run(f"test -e /var/lib/fxkit/instances/{unit}.env").ok
 
 
 def test_load_lines_of_vllm_and_the_probe() -> None:

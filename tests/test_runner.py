@@ -32,6 +32,7 @@ from fxkit.playbook import Playbook
 from fxkit.report import Reporter
 from fxkit.results import Outcome, PlaybookResult
 from fxkit.role import Host, TagFilter, operation
+from fxkit.rollout import rollout
 from fxkit.runner import Runner, RunOptions
 
 
@@ -1024,3 +1025,49 @@ def test_a_missing_device_is_skipped_with_its_reason_on_lab_hosts_only(tmp_path:
     failure = next(e for e in out.events if e["host"] == "real" and e["status"] == "failed")
     assert "verify GPUs: no GPU (amd-smi not found)" in failure["msg"]
     assert out.file("real_gpu", "/gpu") == "seen"
+
+
+def test_errors_before_any_host_is_touched_never_quote_a_secret(tmp_path: Path) -> None:
+    """A role's validate() quotes the value it rejects (as fxkit.rolevars does): the error
+    leaves the run masked, as everything the run prints."""
+    files = {
+        "roles/first/role.py": """
+            from fxkit.rolevars import var_error
+
+            def validate(v):
+                raise var_error(v, "registry_auth_key", f"{v.registry_auth_key!r} is too short")
+
+            def apply(host, v):
+                pass
+            """
+    }
+    inventory = f"all:\n  hosts:\n    h1: {{registry_auth_key: '{SECRET}'}}\n"
+    fleet = Fleet()
+    with pytest.raises(VarError) as err:
+        play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, files, fleet)
+    assert SECRET not in str(err.value) and err.value.message.endswith("******** is too short")
+    assert err.value.where == "h1: registry_auth_key" and fleet.hosts == {}
+
+
+def test_a_rollout_s_plan_never_quotes_a_secret(tmp_path: Path) -> None:
+    """fxkit rollout asks the role for its instances before any host is touched: its errors
+    are masked too."""
+    write(
+        tmp_path,
+        {
+            "site.yml": "- hosts: all\n  roles: [svc]\n",
+            "hosts.yml": f"all:\n  hosts:\n    h1: {{registry_auth_key: '{SECRET}'}}\n",
+            "roles/svc/role.py": """
+                from fxkit.rolevars import var_error
+
+                def instance_specs(v):
+                    raise var_error(v, "registry_auth_key", f"{v.registry_auth_key} is wrong")
+
+                def apply(host, v):
+                    pass
+                """,
+        },
+    )
+    with pytest.raises(VarError) as err:
+        rollout(tmp_path / "site.yml", tmp_path / "hosts.yml", RunOptions(), Reporter)
+    assert SECRET not in str(err.value) and err.value.message == "******** is wrong"

@@ -8,13 +8,22 @@ import base64
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from fxkit.cli import cli
-from fxkit.errors import FxkitError, TemplateError
-from fxkit.redaction import MIN_SECRET_LENGTH, REDACTED, maskable, masked, redact
+from fxkit.errors import FxkitError, TemplateError, masked_errors
+from fxkit.redaction import (
+    MIN_SECRET_LENGTH,
+    REDACTED,
+    Masker,
+    is_secret_name,
+    maskable,
+    masked,
+    redact,
+)
 from fxkit.variables import HostVars, Layer, parse_extra_vars
 
 
@@ -24,7 +33,7 @@ def shown(text: str, v: HostVars) -> str:
 
 
 def test_short_secret_values_are_masked_nowhere() -> None:
-    extra = parse_extra_vars(['{"password_min_length": 8}', "pin_password=MI3 db_password=MI308"])
+    extra = parse_extra_vars(['{"admin_pin_password": 8}', "pin_password=MI3 db_password=MI308"])
     v = HostVars("gpu01", [Layer("extra vars", extra)])
     assert v.secret_values() == {"8", "MI3", "MI308"}  # secret by name, all too short
     assert MIN_SECRET_LENGTH == 6
@@ -32,7 +41,7 @@ def test_short_secret_values_are_masked_nowhere() -> None:
     assert shown("+gpu: MI308X (8 of them)\n", v) == "+gpu: MI308X (8 of them)\n"
     assert maskable(["8", "MI3", "12345"]) == []  # nor their base64 (the SSH layer's too)
     assert masked(extra) == {
-        "password_min_length": 8,
+        "admin_pin_password": 8,
         "pin_password": "MI3",
         "db_password": "MI308",
     }
@@ -103,14 +112,15 @@ def test_what_templates_make_of_secrets_is_recorded_as_they_render(tmp_path: Pat
     text = v.render_template(tmp_path, "app.conf.j2")
     assert "upper=HUNTER-TWO-X9\n" in text and "url=pg://app:HUNTER-TWO-X9@db\n" in text
     rendered = {"HUNTER-TWO-X9", "adm_pass_77", "user:9x-owt-retnuh", "Hunter-Two-X9"}
-    rendered |= {"HUNTER", "TWO", "X9"}  # from a loop over its parts (the short ones stay)
+    rendered |= {"HUNTER", "TWO", "X9"}  # from a loop over its parts
     assert rendered <= set(told) and set(told) <= v.secret_values()
     # Expressions that read no secret are not recorded (an address stays visible).
     assert not {"GPU01.LAB", "10.1.0.1"} & set(told)
+    # Parts too short to be masked alone mask their lines; db_url reads a secret: all secret.
     assert shown(text, v) == (
         "upper=********\nreplaced=********\njoined=********\n"
-        "set=********\npart=********\npart=TWO\npart=X9\n"
-        "plain=GPU01.LAB 10.1.0.1\nurl=pg://app:********@db\n"
+        "set=********\npart=********\n********\n********\n"
+        "plain=GPU01.LAB 10.1.0.1\nurl=********\n"
     )
 
 
@@ -197,3 +207,201 @@ def test_inventory_masks_the_secret_vars_of_a_play(tmp_path: Path) -> None:
     assert inventory("--host", "gpu01", "--secret-vars", "bmc_login,nvme_key") == expected
     listed = inventory("--list", "--playbook", str(tmp_path / "site.yml"))
     assert listed["_meta"]["hostvars"]["gpu01"] == expected
+
+
+# -- issue 27, item 3 --------------------------------------------------------------------------
+
+SECRET_NAMES = [
+    "nvme_dhchap_key",  # the value is a key: the last word says what it is
+    "nvme_dhchap_ctrl_key",
+    "registry_auth_key",
+    "private_key",
+    "ssh_private_key_passphrase",
+    "tls_key",
+    "ssh_key",
+    "aws_secret_access_key",
+    "credentials",
+    "registry_credential",
+    "apikey",
+    "apiKey",  # camelCase words
+    "HF_TOKEN",
+    "dbPassword",
+    "wifi_psk",
+    "session_cookie",
+    "http_authorization",
+    "ansible_ssh_pass",
+    "password_hash",  # a password's hash can be cracked: only reference words lift the mark
+    "vault_secrets",
+]
+VISIBLE_NAMES = [
+    "rocm_host_key_sha256",  # a digest of a public key: the last word says what the value is
+    "num_key_value_heads",  # a model's config.json
+    "ssh_strict_host_key_checking",
+    "key_filename",
+    "rocm_host_key_url",
+    "rocm_host_key_file",
+    "rocm_host_keyring",
+    "ansible_ssh_private_key_file",  # a path to the key, not the key
+    "vault_password_file",
+    "password_min_length",
+    "token_ttl",
+    "secret_name",  # e.g. a Kubernetes secret's name
+    "ssh_public_key",  # public
+    "ssh_pub_key",
+    "key",  # alone: a mapping's key as often as a cryptographic one
+    "keyboard_layout",
+    "max_tokens",
+    "tokenizer_mode",
+    "passthrough_mode",
+    "fxkit_secret_vars",  # the list of names, not a secret
+    "dhchap_hash",
+]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_secret_names_by_the_usual_conventions(name: str) -> None:
+    assert is_secret_name(name), name
+    assert masked({name: "s3cret-value-42"}) == {name: REDACTED}
+
+
+@pytest.mark.parametrize("name", VISIBLE_NAMES)
+def test_names_that_only_refer_to_or_describe_a_secret_stay_visible(name: str) -> None:
+    assert not is_secret_name(name), name
+    assert masked({name: "/etc/apt/keyrings/rocm.gpg"}) == {name: "/etc/apt/keyrings/rocm.gpg"}
+
+
+def test_fxkit_secret_vars_marks_more_names_at_every_level() -> None:
+    v = HostVars(
+        "gpu01",
+        [
+            Layer("role x defaults", {"site_pin": "pin-31337-x", "other": "plain-text"}),
+            Layer(
+                "inventory",
+                {
+                    "fxkit_secret_vars": ["bmc_*", "site_pin"],
+                    "bmc_login": "bmc-login-0451",
+                    "fleet": {"gpu01": {"bmc_user": "bmc-admin-11"}},  # nested keys too
+                },
+            ),
+            Layer("extra vars", {"fxkit_secret_vars": "lmcache_remote"}),  # one name; adds
+            Layer("extra vars", {"lmcache_remote": "lm://user:pw-9911@cache"}),
+        ],
+    )
+    assert v.is_secret("bmc_login") and v.is_secret("site_pin") and v.is_secret("lmcache_remote")
+    assert not v.is_secret("other") and not v.is_secret("fxkit_secret_vars")
+    assert v.secret_values() == {
+        "pin-31337-x",
+        "bmc-login-0451",
+        "bmc-admin-11",
+        "lm://user:pw-9911@cache",
+    }
+    # fxkit inventory masks them too (the variables' own list).
+    shown = masked({"fxkit_secret_vars": ["bmc_*"], "bmc_login": "bmc-login-0451"})
+    assert shown == {"fxkit_secret_vars": ["bmc_*"], "bmc_login": REDACTED}
+
+
+@pytest.mark.parametrize("bad", [{"a": 1}, ["ok", 3], 7])
+def test_a_malformed_fxkit_secret_vars_is_a_clear_error(bad: object) -> None:
+    with pytest.raises(FxkitError) as err:
+        HostVars("gpu01", [Layer("inventory", {"fxkit_secret_vars": bad})])
+    assert "fxkit_secret_vars" in str(err.value) and "inventory" in str(err.value)
+    assert err.value.hint and "glob" in err.value.hint
+
+
+TOKEN = "hunter2-xyz-4471"
+
+
+def tainted_vars(**more: Any) -> HostVars:
+    return HostVars(
+        "gpu01",
+        [
+            Layer(
+                "inventory",
+                {
+                    "registry_token": TOKEN,
+                    "prefix": "{{ registry_token[0:4] }}",
+                    "auth_line": "Bearer {{ prefix }}-{{ registry_token[4:7] }}",
+                    "shouted": "{{ registry_token | upper }}",
+                    "turned": "{{ ('user:' ~ registry_token) | reverse | join }}",
+                    "model": "{{ gpu }}-tp8",
+                    "gpu": "MI308X",
+                    "pin_password": "MI3",  # a short secret: masked nowhere, by rule
+                    **more,
+                },
+            )
+        ],
+    )
+
+
+def test_what_is_rendered_from_a_secret_is_secret_whole() -> None:
+    """Taint through rendering: a value whose template reads a secret is secret, whole, and so
+    is every variable whose value reads one (``auth_line`` reads ``prefix``)."""
+    v = tainted_vars()
+    assert v["auth_line"] == "Bearer hunt-er2"
+    for name in ("prefix", "auth_line", "shouted", "turned"):
+        v[name]
+        assert v.is_secret(name), name
+    assert not v.is_secret("model") and v["model"] == "MI308X-tp8"
+    rendered = {
+        "Bearer hunt-er2",  # a slice and a slice of a slice, concatenated
+        TOKEN.upper(),
+        f"user:{TOKEN}"[::-1],
+    }
+    assert rendered <= v.secret_values()
+    line = f"login with {v['auth_line']} as {v['turned']}; gpu {v['model']} ({TOKEN.upper()})"
+    assert shown(line, v) == "login with ******** as ********; gpu MI308X-tp8 (********)"
+    # A gate's rule or parameter, rendered on its own, is secret whole too.
+    command = v.render_string("echo {{ registry_token[0:3] }}:{{ 7 * 6 }}", "check c, measure")
+    assert command == "echo hun:42" and shown(f"ran {command}", v) == "ran ********"
+    assert v.render_string("{{ gpu | lower }}", "check c, rule") == "mi308x"
+    assert shown("mi308x", v) == "mi308x"
+
+
+SLICES = """\
+gpu: {{ gpu }}
+pin: {{ pin_password }}
+prefix: {{ registry_token[0:4] }}
+first: {{ registry_token | first }}
+{% set head = registry_token[:3] %}head={{ head }}
+length: {{ registry_token | length }}
+url: https://r.lab/{{ registry_token }}/x
+"""
+
+
+def test_short_pieces_of_a_secret_in_a_template_file_mask_their_line(tmp_path: Path) -> None:
+    (tmp_path / "slices.j2").write_text(SLICES)
+    v = tainted_vars()
+    text = v.render_template(tmp_path, "slices.j2")
+    assert text == SLICES.replace("{% set head = registry_token[:3] %}", "").replace(
+        "{{ registry_token[0:4] }}", "hunt"
+    ).replace("{{ registry_token | first }}", "h").replace("{{ head }}", "hun").replace(
+        "{{ registry_token | length }}", str(len(TOKEN))
+    ).replace("{{ registry_token }}", TOKEN).replace("{{ gpu }}", "MI308X").replace(
+        "{{ pin_password }}", "MI3"
+    )
+    diff = "".join(f"+{line}\n" for line in text.splitlines())
+    assert shown(diff, v) == (
+        "+gpu: MI308X\n"
+        "+pin: MI3\n"  # the secret as it is, too short: the rule for short secrets holds
+        "+********\n"  # pieces too short to mask alone: their whole line
+        "+********\n"
+        "+********\n"
+        "+********\n"
+        "+url: https://r.lab/********/x\n"  # long enough: masked where it stands
+    )
+
+
+def test_errors_leave_fxkit_with_secrets_masked() -> None:
+    """``undefined variable 'hunter2xyz'``: Jinja2 names a missing key by the secret that
+    looked it up; the error's message, place and hint are masked like everything printed."""
+    v = tainted_vars(expected={"a": 1})
+    with pytest.raises(TemplateError) as err:
+        v.render_string("{{ expected[registry_token] }}", "check c, rule")
+    assert TOKEN in str(err.value)  # what Jinja2 says; masked on the way out
+    mask = Masker()
+    mask.add(v.secret_values())
+    out = err.value.masked(mask.text)
+    assert TOKEN not in str(out) and "undefined variable '********'" in str(out)
+    assert type(out) is type(err.value) and out.where == err.value.where
+    with pytest.raises(TemplateError, match=r"'\*{8}'"), masked_errors(mask.text):
+        raise err.value

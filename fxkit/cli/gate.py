@@ -14,11 +14,12 @@ from rich.markup import escape
 
 from fxkit import paths
 from fxkit.cli.play import CONNECT_OPTIONS, TARGET_OPTIONS, connect_options_from, with_options
-from fxkit.errors import FxkitError
+from fxkit.errors import FxkitError, masked_errors
 from fxkit.gate import spec
-from fxkit.gate.report import STYLES, table, value_text, write_reports
+from fxkit.gate.report import STYLES, masked, table, value_text, write_reports
 from fxkit.gate.results import CheckResult, GateResult, load_results, reevaluate
 from fxkit.gate.run import GateOptions, GateRun, rule_renderer
+from fxkit.redaction import Masker
 from fxkit.runner import load_inventory
 from fxkit.variables import parse_extra_vars
 
@@ -116,7 +117,7 @@ def _run_command(name: str) -> click.Command:
             result = runner.run(plans)
         finally:
             signal.signal(signal.SIGINT, previous)
-        _finish(result, out, runner.secrets)
+        _finish(result, out, runner.masker)
 
     return run
 
@@ -147,14 +148,16 @@ def evaluate(
     they are never rendered again, and the gate file it names is opened only by --gate."""
     earlier = load_results(results)
     judged_by = spec.load(gate_file) if gate_file else _builtin_gate(earlier, results)
-    result = reevaluate(
-        earlier,
-        judged_by,
-        rule_renderer(judged_by, parse_extra_vars(extra_vars)),
-        load_results(baseline) if baseline else None,
-    )
+    masker = Masker()
+    with masked_errors(masker.text):
+        result = reevaluate(
+            earlier,
+            judged_by,
+            rule_renderer(judged_by, parse_extra_vars(extra_vars), on_secret=masker.add),
+            load_results(baseline) if baseline else None,
+        )
     result.reevaluated_from = str(results)
-    _finish(result, out or results.parent / f"reevaluated-{_stamp()}", ())
+    _finish(result, out or results.parent / f"reevaluated-{_stamp()}", masker)
 
 
 def _builtin_gate(earlier: GateResult, results: Path) -> spec.Gate:
@@ -182,10 +185,12 @@ def _about(name: str) -> str:
     return f"{gate_file.spec.title}: {gate_file.spec.about}\n\n{generic}".strip()
 
 
-def _finish(result: GateResult, out: Path | None, secrets: Any) -> None:
+def _finish(result: GateResult, out: Path | None, masker: Masker) -> None:
+    """The table, the reports and the verdict, every secret of ``masker`` masked."""
+    result = masked(result, masker.masks)
     console.print(table(result))
     folder = out or Path("gate-results") / f"{result.gate}-{_stamp()}"
-    written = write_reports(result, folder, secrets)
+    written = write_reports(result, folder, masker.values)
     summary = ", ".join(f"{n} {s}" for s, n in result.summary.items() if n)
     style = STYLES[result.verdict]
     console.print(f"[{style}]{result.gate.upper()} {result.verdict}[/]: {summary}")

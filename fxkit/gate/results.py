@@ -25,7 +25,7 @@ from fxkit.errors import FxkitError
 from fxkit.gate import rules
 from fxkit.gate.spec import CheckSpec, Gate, GateError
 from fxkit.localfile import write_whole
-from fxkit.redaction import redact
+from fxkit.redaction import redact_data
 
 SCHEMA = "fxkit-gate-result/1"
 STATUSES = ("PASS", "FAIL", "WARN", "ERROR", "SKIP")
@@ -127,7 +127,7 @@ class GateResult:
         hosts = data["hosts"]
         for name, host in self.hosts.items():
             hosts[name]["verdict"] = host.verdict
-        masked: dict[str, Any] = _redacted(data, sorted(set(secrets), key=len, reverse=True))
+        masked: dict[str, Any] = redact_data(data, sorted(set(secrets), key=len, reverse=True))
         return masked
 
     def save(self, path: Path, secrets: Iterable[str] = ()) -> None:
@@ -307,18 +307,6 @@ def _finite_json(value: Any) -> Any:
         return {k: _finite_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_finite_json(v) for v in value]
-    return value
-
-
-def _redacted(value: Any, secrets: list[str]) -> Any:
-    if not secrets:
-        return value
-    if isinstance(value, str):
-        return redact(value, secrets)
-    if isinstance(value, dict):
-        return {_redacted(k, secrets): _redacted(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_redacted(v, secrets) for v in value]
     return value
 
 

@@ -9,6 +9,9 @@ Ctrl-C (:meth:`GateRun.interrupt`) stops the hosts before their next measurement
 their next sample); a second Ctrl-C cuts off the measurements still running: their commands are
 killed on the hosts with all they started (fio, a benchmark), then the connections closed. What
 was measured is reported, the rest is ERROR ("interrupted").
+
+What a run gives out, its results, the checks it reports as they are judged and its errors,
+has every secret masked (:attr:`GateRun.masker`): no caller prints one.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -29,9 +32,10 @@ from jinja2 import meta
 from pydantic import ValidationError
 
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.errors import ConnectionFailed, FxkitError
+from fxkit.errors import ConnectionFailed, FxkitError, masked_errors
 from fxkit.facts.base import FactCache
 from fxkit.gate.measure import KINDS, MeasureError, Params, Probe
+from fxkit.gate.report import masked
 from fxkit.gate.results import (
     CheckResult,
     GateResult,
@@ -44,6 +48,7 @@ from fxkit.gate.results import (
 )
 from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
 from fxkit.inventory.model import Inventory, InventoryHost
+from fxkit.redaction import Masker
 from fxkit.role import RoleLoader, roles_path
 from fxkit.variables import HostVars, Layer, environment, truthy
 
@@ -104,13 +109,18 @@ class GateRun:
         self.stop = threading.Event()
         self.cut = threading.Event()  # the second Ctrl-C
         self._interrupts = itertools.count(1)
-        self.secrets: set[str] = set()
+        #: The run's secrets: every host's, and what its templates made of them.
+        self.masker = Masker()
         if options.connect.become_password:
-            self.secrets.add(options.connect.become_password)
+            self.masker.add([options.connect.become_password])
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
         #: The variables the rules name: their values are kept in the results.
         self._referenced = sorted(referenced(gate))
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        return self.masker.values
 
     def interrupt(self) -> int:
         """Ctrl-C: the first stops hosts before their next measurement, the second cuts off the
@@ -143,6 +153,10 @@ class GateRun:
     def plan(self) -> list[_Plan]:
         """Every host's checks, and the variables its connection reads (``ansible_*``),
         rendered; all mistakes at once, before any host is touched."""
+        with masked_errors(self.masker.text):
+            return self._plan()
+
+    def _plan(self) -> list[_Plan]:
         defaults = role_defaults(self.gate, self.options.roles_path)
         plans, problems, hints = [], [], set()
 
@@ -155,7 +169,8 @@ class GateRun:
                 return None
 
         for inv in self.hosts():
-            v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.secrets.update)
+            v = host_vars(inv, self.gate, defaults, self.options.extra_vars, self.masker.add)
+            self.masker.add(v.secret_values())
             for name in sorted(n for n in v if n.startswith("ansible_")):
                 attempt(functools.partial(v.__getitem__, name), inv.name)
             checks = []
@@ -211,7 +226,7 @@ class GateRun:
             result.hosts[plan.inv.name] = future.result()
         result.finished_at = _now()
         result.interrupted = self.stop.is_set()
-        return result
+        return masked(result, self.masker.masks)
 
     def _host(self, plan: _Plan) -> HostResult:
         values, sources = snapshot(plan.vars, self._referenced)
@@ -249,12 +264,11 @@ class GateRun:
                     checked = judge(check, rule, host.measurements[index], index, base, where)
                 host.checks.append(checked)
                 if self.progress:
-                    self.progress(plan.inv.name, checked)
+                    self.progress(plan.inv.name, CheckResult(**self.masker.data(asdict(checked))))
         finally:
             with contextlib.suppress(Exception):
                 conn.close()
-        with self._lock:
-            self.secrets.update(plan.vars.secret_values())
+        self.masker.add(plan.vars.secret_values())
         return host
 
     def _measure(self, probe: Probe, name: str, params: Any, host: HostResult) -> Measurement:
@@ -299,7 +313,7 @@ def host_vars(
     gate: Gate,
     defaults: list[Layer],
     extra_vars: Mapping[str, Any],
-    on_secret: Callable[[Any], None] | None = None,
+    on_secret: Callable[[Iterable[str]], None] | None = None,
 ) -> HostVars:
     """A host's variables for a gate, by precedence: the roles' defaults, the gate's ``vars:``
     (its default thresholds), the inventory's (per group, per host), then ``-e``."""
@@ -357,20 +371,25 @@ def snapshot(v: HostVars, names: list[str]) -> tuple[dict[str, Any], dict[str, s
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name in names:
-        if name in v and not v.is_secret(name):
-            with contextlib.suppress(FxkitError):
-                values[name] = v[name]
+        with contextlib.suppress(FxkitError):
+            value = v[name]
+            if not v.is_secret(name):  # after rendering: a value reading a secret is one
+                values[name] = value
                 sources[name] = v.source(name)
     return values, sources
 
 
 def rule_renderer(
-    gate: Gate, extra_vars: Mapping[str, Any], roles_paths: list[str] | None = None
+    gate: Gate,
+    extra_vars: Mapping[str, Any],
+    roles_paths: list[str] | None = None,
+    on_secret: Callable[[Iterable[str]], None] | None = None,
 ) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
     """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``): the
     roles' defaults, the run's values from them, the gate file's current ``vars:`` (not the
     run's), the run's values from the inventory and -e, then this ``-e``. The run's values are
-    data, as they were rendered in the run: never rendered again."""
+    data, as they were rendered in the run: never rendered again. ``on_secret`` is told of the
+    secrets among them, and of what the rules make of them."""
     defaults = role_defaults(gate, roles_paths or [])
 
     def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
@@ -389,10 +408,11 @@ def rule_renderer(
             Layer("the run's variables", kept(False), rendered=True),
             Layer("extra vars", extra_vars),
         ]
+        v = HostVars(host.name, layers, on_secret=on_secret)
+        if on_secret:
+            on_secret(v.secret_values())
         try:
-            rendered: dict[str, Any] = render(
-                HostVars(host.name, layers), check.rule, f"check {check.id}, rule"
-            )
+            rendered: dict[str, Any] = render(v, check.rule, f"check {check.id}, rule")
         except FxkitError as exc:
             error = GateError(problem(exc, host.name), where=gate.where(check.id), hint=exc.hint)
             raise error from None

@@ -112,7 +112,9 @@ def _tokens(line: str, where: str) -> list[str]:
         return shlex.split(line, comments=True)
     except ValueError as exc:
         raise InventoryError(
-            f"cannot parse {line!r}: {exc}", where=where, hint="close the quote"
+            f"cannot parse the line: {exc} (not shown: it may hold a secret)",
+            where=where,
+            hint="close the quote",
         ) from None
 
 
@@ -125,11 +127,12 @@ def _host_line(line: str, where: str) -> tuple[str, dict[str, Any]]:
             hint="write the port after the colon (gpu01:2222), or remove the colon",
         )
     hostvars = {}
-    for token in assignments:
+    for number, token in enumerate(assignments, 1):
         key, sep, value = token.partition("=")
         if not sep or not key:
             raise InventoryError(
-                f"expected key=value after host {pattern!r}, got {token!r}",
+                f"expected key=value after host {pattern!r}: word {number} after it is not "
+                "(not shown: it may be a secret)",
                 where=where,
                 hint="one host per line, then key=value variables (quote values with spaces)",
             )
@@ -152,7 +155,7 @@ def _assignment(line: str, where: str) -> tuple[str, Any]:
     key, sep, value = line.partition("=")
     if not sep or not key.strip():
         raise InventoryError(
-            f"expected key=value in a :vars section, got {line!r}",
+            "expected key=value in a :vars section (the line is not shown: it may hold a secret)",
             where=where,
             hint="write one variable per line as name=value",
         )

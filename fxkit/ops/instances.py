@@ -8,6 +8,11 @@ directly, in a session of its own, with exactly that environment, its output in 
 Either way the operation records, on the host, a digest of the command and environment and when
 it started (``STATE_DIR/<unit>.json``): a run restarts the instance only when that digest
 differs or it is not running, and :func:`instance_ready` measures the time to ready from it.
+
+The environment holds secrets (``HF_TOKEN``), and every user's ``ps`` shows every process's
+command line: no value of it, nor its digest, is ever in one. They go on the command's stdin;
+a direct instance reads its environment from ``STATE_DIR/<unit>.env`` (root's alone, 0600,
+written whole; removed when it stops), the record is 0600 too.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ STOP_TIMEOUT = 90
 #: Lines of the instance's log shown when it fails.
 TAIL = 20
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: What a POSIX shell adds to its environment on its own (dash: PWD; bash: SHLVL and _ too).
+_SHELL_ADDS = ("PWD", "SHLVL", "_")
+#: Reads an environment file ($0), then runs the command ("$@") with just that.
+_RUN_WITH = '. "$0" && exec env {unset} -- "$@"'
 #: How long the weights took to load, as the servers log it: fxkit's probe, then vLLM
 #: (vllm/v1/worker/gpu_model_runner.py and gpu/model_runner.py: "Model loading took %s GiB
 #: memory and %.6f seconds"; model_loader/default_loader.py: "Loading weights took %.2f seconds").
@@ -97,11 +106,20 @@ def _check(unit: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
         raise OpError(f"{unit}: bad command {argv!r}", hint="a list of strings, the program first")
     for name, value in env.items():
         if not _ENV_NAME.fullmatch(name) or "\0" in str(value) or "\n" in str(value):
-            raise OpError(f"{unit}: bad environment variable {name!r}={value!r}")
+            raise OpError(
+                f"{unit}: bad environment variable {name!r} (not shown: it may be a secret)",
+                hint="names are letters, digits and _; values hold no newline or NUL",
+            )
 
 
 def _paths(unit: str, state_dir: str, log_dir: str) -> tuple[str, str]:
     return f"{state_dir}/{unit}.json", f"{log_dir}/{unit}.log"
+
+
+def _private(path: str, write: str) -> str:
+    """``write``'s output into ``path``, 0600 and whole (a temporary file, renamed)."""
+    q = quote(path)
+    return f"rm -f -- {q}.tmp && (umask 077 && {write} > {q}.tmp) && mv -f -- {q}.tmp {q}"
 
 
 def _alive_command(unit: str, record: Record | None) -> str:
@@ -145,6 +163,7 @@ def instance(
     check_state(state, ("started", "restarted", "stopped"))
     _check(unit, argv, env)
     record_path, log = _paths(unit, state_dir, log_dir)
+    env_path = f"{state_dir}/{unit}.env"
     backend = "direct" if systemd_missing(ctx) else "systemd"
     record = Record.parse(ctx.get(record_path))
     alive = ctx.read(_alive_command(unit, record)).stdout.strip() == "alive"
@@ -154,7 +173,7 @@ def instance(
         if not alive:
             return ok(f"{unit} is stopped")
         return ctx.change(
-            f"{_stop(unit, record)}; rm -f -- {quote(record_path)}",
+            f"{_stop(unit, record)}; rm -f -- {quote(record_path)} {quote(env_path)}",
             would=f"stop {unit}",
             done=f"stopped {unit}",
             diff=f"{unit}: running -> stopped\n",
@@ -171,14 +190,18 @@ def instance(
         )
     why = "restart" if state == "restarted" else "configuration changed" if alive else "stopped"
     old = "running" if alive else "stopped"
-    start = _start_systemd(unit) if backend == "systemd" else _start_direct(argv, env, log)
+    start = (
+        _start_systemd(unit) if backend == "systemd" else _start_direct(argv, env, env_path, log)
+    )
+    record_json = (
+        f'printf \'{{"digest": "%s", "backend": "%s", "started_at": %s, "pid": %s, '
+        f'"ticks": "%s"}}\\n\' "$d" {backend} "$t" "${{p:-0}}" "${{k:-}}"'
+    )
     command = (
+        "IFS= read -r d; "  # the digest, first on stdin (the environment file follows)
         f"{_stop(unit, record) if alive and backend == 'direct' else 'true'}; "
         f"mkdir -p -- {quote(state_dir)} {quote(log_dir)} && t=$(date +%s.%N) && {start} && "
-        f'printf \'{{"digest": "%s", "backend": "%s", "started_at": %s, "pid": %s, '
-        f'"ticks": "%s"}}\\n\' {wanted} {backend} "$t" "${{p:-0}}" "${{k:-}}" '
-        f"> {quote(record_path)}.tmp && mv -f -- {quote(record_path)}.tmp {quote(record_path)} "
-        '&& echo "$t ${p:-0}"'
+        f'{_private(record_path, record_json)} && echo "$t ${{p:-0}}"'
     )
     verb = "restart" if alive else "start"
     result = ctx.change(
@@ -186,6 +209,7 @@ def instance(
         would=f"{verb} {unit} {how} ({why})",
         done=f"{verb}ed {unit} {how} ({why})",
         diff=f"{unit}: {old} -> started ({why})\n",
+        stdin=f"{wanted}\n{_env_file(env) if backend == 'direct' else ''}".encode(),
     )
     result.data.update(backend=backend, restarted=True)
     if result.changed and "stdout" in result.data:
@@ -199,14 +223,23 @@ def _start_systemd(unit: str) -> str:
     return f"systemctl enable -q -- {q} && systemctl restart -- {q}"
 
 
-def _start_direct(argv: Sequence[str], env: Mapping[str, str], log: str) -> str:
+def _env_file(env: Mapping[str, str]) -> str:
+    """``env`` (and systemd's PATH, unless it has one) as a shell script of exports."""
+    return "".join(f"export {k}={quote(str(v))}\n" for k, v in {"PATH": PATH, **env}.items())
+
+
+def _start_direct(argv: Sequence[str], env: Mapping[str, str], env_path: str, log: str) -> str:
     """Start ``argv`` in a session of its own with only ``env`` (and systemd's PATH), output to
-    ``log`` (the previous one kept as ``.1``); sets ``p`` (its PID) and ``k`` (its start time)."""
-    words = [f"PATH={PATH}", *(f"{k}={v}" for k, v in env.items()), *argv]
+    ``log`` (the previous one kept as ``.1``); sets ``p`` (its PID) and ``k`` (its start time).
+    The environment comes on stdin (see :func:`_env_file`), kept in ``env_path``."""
+    unset = " ".join(f"-u {name}" for name in _SHELL_ADDS if name not in env)
+    run_with = quote(_RUN_WITH.format(unset=unset))
     q = quote(log)
     return (
+        f"{_private(env_path, 'cat')} && "
         f"{{ [ ! -e {q} ] || mv -f -- {q} {q}.1; }} && cd / && "
-        f"{{ setsid env -i {' '.join(quote(w) for w in words)} </dev/null >{q} 2>&1 & }} && "
+        f"{{ setsid env -i /bin/sh -c {run_with} {quote(env_path)} "
+        f"{' '.join(map(quote, argv))} </dev/null >{q} 2>&1 & }} && "
         "p=$! && k=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f20)"
     )
 
