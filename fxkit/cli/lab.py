@@ -54,7 +54,7 @@ def lab() -> None:
     type=Size(),
     default=None,
     help="Memory of each host: its processes and what it writes in its tmpfs mounts, each of "
-    "which holds half of it (e.g. 4GiB; default 2GiB, or the fleet's).",
+    "which holds half of it (e.g. 8GiB; default 6GiB, or the fleet's).",
 )
 @click.option(
     "--pids",

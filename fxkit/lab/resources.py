@@ -39,7 +39,7 @@ class Limits:
     """A host's limits: ``memory`` in bytes (what its processes and tmpfs files hold), ``pids``
     (processes and threads); each of its tmpfs mounts holds half its memory at most."""
 
-    memory: int = 2 * GiB
+    memory: int = 6 * GiB  # a venv with torch (1.4 GB in /opt) and two serving instances fit
     pids: int = 2000
 
     @property
