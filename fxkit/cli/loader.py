@@ -58,6 +58,11 @@ def load_options(command: Callable[..., None], **defaults: Any) -> Callable[...,
                 flag, type=click.Choice(DIRECT_IO_CHOICES), default=default,
                 show_default=True, help=help_text,
             )  # fmt: skip
+        elif isinstance(default, float):
+            decorator = click.option(
+                flag, type=click.FloatRange(min=0, min_open=True), default=default,
+                show_default=True, help=help_text,
+            )  # fmt: skip
         elif option.name == "chunk_size":
             shown = f"{default >> 20}MiB"
             decorator = click.option(
