@@ -42,7 +42,7 @@ import logging
 import os
 import stat
 import struct
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,8 +56,6 @@ logger = logging.getLogger(__name__)
 _FLOCK = "hhxxxxqqi4x"
 USERS = 0  # the state file's byte that every user holds a shared lock on
 DONE = b"\x01"
-#: Seconds between two looks at a chunk another process is reading (its claim and its byte).
-CLAIM_POLL = 0.001
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -228,7 +226,7 @@ class Share:
                 os.ftruncate(self._state, 0)  # new (or not this geometry): nothing read yet
                 os.ftruncate(self._state, 1 + len(plan.chunks))
         except BaseException:
-            os.close(self._state)
+            self._let_go()
             raise
 
     def done(self, index: int) -> bool:
@@ -239,7 +237,7 @@ class Share:
         did. False if another process is reading it now and ``wait`` is off."""
         if self.done(index):
             return True
-        claimed = self._claim(index)
+        claimed = _lock(self._state, fcntl.F_WRLCK, 1 + index, wait=False)
         if not claimed:
             if not wait:
                 return False
@@ -254,30 +252,60 @@ class Share:
                 _lock(self._state, fcntl.F_UNLCK, 1 + index, wait=False)
         return True
 
-    def _claim(self, index: int) -> bool:
-        return _lock(self._state, fcntl.F_WRLCK, 1 + index, wait=False)
-
     def _wait(self, index: int) -> bool:
-        """Wait for another process's claim on chunk ``index``: True once this process holds it,
-        False once it is read, or once the claim has outlasted the claim timeout (this process
-        then reads it unclaimed)."""
-        logger.debug("fxkit: %s: waiting for chunk %d", self.plan.header.path, index)
-        deadline = time.monotonic() + self.shares.claim_timeout
-        while not self.done(index):
-            if self._claim(index):
+        """Wait for another process's claim on chunk ``index``: True once this process holds it;
+        False once the claim has outlasted the claim timeout (this process then reads the chunk
+        unclaimed) or, after one has, at once."""
+        if not self.shares.stalled:
+            logger.debug("fxkit: %s: waiting for chunk %d", self.plan.header.path, index)
+            if _Claim(self._state, 1 + index).granted(self.shares.claim_timeout):
                 return True
-            if self.shares.stalled or time.monotonic() >= deadline:
-                self.shares.stall(self.plan, index)
-                return False
-            time.sleep(CLAIM_POLL)
+        self.shares.stall(self.plan, index)
         return False
 
     def close(self) -> None:
         """Let go of the file; the last process holding it removes its state file."""
         with self.shares.locked():
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Give up this process's hold on the state file (under the directory lock)."""
+        try:
             _lock(self._state, fcntl.F_UNLCK, USERS, wait=False)
-            try:
-                if _lock(self._state, fcntl.F_WRLCK, USERS, wait=False):
-                    os.unlink(self.name, dir_fd=self.shares.fd)
-            finally:
-                os.close(self._state)
+            if _lock(self._state, fcntl.F_WRLCK, USERS, wait=False):
+                os.unlink(self.name, dir_fd=self.shares.fd)
+        finally:
+            os.close(self._state)
+
+
+class _Claim:
+    """A blocking claim of one byte of a state file, made by a thread of its own on a duplicate of
+    the descriptor (the same open file, so the claim is the caller's), that the caller waits for
+    no longer than it wants: one granted after the caller has given up is let go of at once."""
+
+    def __init__(self, fd: int, start: int) -> None:
+        self.fd, self.start = os.dup(fd), start
+        self.mutex = threading.Lock()
+        self.got = threading.Event()
+        self.wanted = True
+        threading.Thread(target=self._claim, name="fxkit-claim", daemon=True).start()
+
+    def _claim(self) -> None:
+        try:
+            _lock(self.fd, fcntl.F_WRLCK, self.start, wait=True)
+            with self.mutex:
+                if self.wanted:
+                    self.got.set()
+                    return
+            _lock(self.fd, fcntl.F_UNLCK, self.start, wait=False)
+        finally:
+            os.close(self.fd)
+
+    def granted(self, timeout: float) -> bool:
+        """Whether the claim is granted within ``timeout`` seconds (if not, it never is)."""
+        try:
+            self.got.wait(timeout)
+        finally:
+            with self.mutex:
+                self.wanted = self.got.is_set()
+        return self.wanted
