@@ -165,11 +165,10 @@ class MappedFile:
             raise LoaderError(f"{path}: cannot map: {exc.strerror or exc}") from None
         except RuntimeError as exc:  # torch's own open or mmap
             raise LoaderError(f"{path}: cannot map: {exc}") from None
-        self._view = writable_view(self.buffer)
 
     def read(self, view: memoryview, offset: int, need: int) -> None:
         """Copy ``need`` bytes at file ``offset`` out of the mapping (for staged sinks)."""
-        view[:need] = self._view[offset : offset + need]
+        view[:need] = writable_view(self.buffer[offset : offset + need])
 
     def close(self, drop_cache: bool = False) -> None:
         """Nothing to close: the mapping lives as long as its tensors."""
