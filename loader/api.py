@@ -6,6 +6,7 @@ queued behind the current one's; tensors are handed out in file order as soon as
 
 from __future__ import annotations
 
+import resource
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,7 +23,7 @@ from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
 from .options import DirectIO, LoadOptions
 from .plan import FilePlan, normalise_chunk_size, plan_file
 from .read import FileReader, MappedFile
-from .shared import Share, open_shares
+from .shared import Share, Shares, open_shares
 from .sinks import HostSink, StagedSink, make_sink
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ DIRECT_BELOW = 0.5
 MAP_FROM = 0.99
 #: How many spread-out windows of a file mincore() is asked about to choose its read mode.
 RESIDENCY_WINDOWS = 64
+#: With ``share``, the files in flight at once (their chunks all queued, so that the readers run
+#: ahead of the consumer): each holds two descriptors (the file, its state file), together at most
+#: a quarter of RLIMIT_NOFILE, whatever the number of files.
+SHARED_IN_FLIGHT = 64
 
 __all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
 
@@ -159,20 +164,30 @@ class _Progress:
 @dataclass
 class _File:
     """A file being read: its plan and buffer, the chunks read for it (``needed``, with one future
-    each) and the tensors to hand out."""
+    each), the tensors to hand out, and what closes what it holds (its reader, its share)."""
 
     plan: FilePlan
     buffer: Any
-    reader: FileReader | MappedFile
     tensors: list[TensorInfo]
     needed: list[int]
     futures: list[Future]
+    opened: ExitStack
     cached: _CachedFile | None = None
 
 
 def _close_all(in_flight: deque[_File]) -> None:
-    for file in in_flight:
-        file.reader.close()
+    with ExitStack() as closing:
+        for file in in_flight:
+            closing.push(file.opened)
+
+
+def _shared_in_flight() -> int:
+    """How many files a ``share`` load has in flight: :data:`SHARED_IN_FLIGHT`, or fewer under a
+    low RLIMIT_NOFILE."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return SHARED_IN_FLIGHT
+    return max(2, min(SHARED_IN_FLIGHT, soft // 8))
 
 
 def iter_tensors(
@@ -193,7 +208,7 @@ def iter_tensors(
     share with kept ones. How the files are read is ``options``, with keyword arguments
     (``threads=16``...) set over it: see :class:`fxkit.loader.options.LoadOptions`.
     At most two files' buffers are in flight at a time (with ``share``, the files are the page
-    cache's and all of them are queued at once).
+    cache's and up to :data:`SHARED_IN_FLIGHT` are queued at once).
     """
     opts = LoadOptions.from_mapping(overrides, options, where="iter_tensors")
     checkpoint = path if isinstance(path, Checkpoint) else open_checkpoint(path)
@@ -206,51 +221,60 @@ def iter_tensors(
     files = [h for h in checkpoint.files if wanted[h.path]]
     with ExitStack() as stack:
         bar = _Progress(stack, sum(t.nbytes for h in files for t in wanted[h.path]), opts.progress)
+        # With ``share``, a file's share is held while the file is in flight (closed with it).
+        shared: Shares | None = None
+        if opts.share and any(h.data_size for h in files):
+            shared = open_shares(opts.claim_timeout)
+        if shared is not None:
+            stack.callback(shared.close)
         in_flight: deque[_File] = deque()
         stack.callback(_close_all, in_flight)  # runs after the pool has stopped
         # Also when the caller stops early: no buffer goes back to the allocator while the side
         # stream may still copy into it (the consumer's stream waits for every issued copy).
         stack.callback(sink.publish)
-        # With ``share``, this process holds every file's share from the start to the end (a
-        # process still on an early file keeps the later ones going); let go after the pool.
-        plans = [plan_file(h, chunk, whole_file=True) for h in files if opts.share and h.data_size]
-        shares: dict[Path, Share] = {}
-        for share in open_shares(plans) if plans else ():
-            shares[share.plan.header.path] = share
-            stack.callback(share.close)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
         can_map = isinstance(sink, HostSink) and not drop_cache
 
         def start(header: FileHeader) -> _File:
-            share = shares.get(header.path)
-            mode = "cache" if share else _read_mode(direct_io, header.path, can_map)
-            plan = share.plan if share else plan_file(header, chunk, mode in ("map", "cache"))
+            """Open ``header``'s file and queue its reads; on failure, close what it opened."""
+            sharing = opts.share and header.data_size > 0
+            mode = "cache" if sharing else _read_mode(direct_io, header.path, can_map)
+            plan = plan_file(header, chunk, mode in ("map", "cache"))
             tensors = wanted[header.path]
             needed = plan.holding(tensors) if keep else list(range(len(plan.chunks)))
-            if mode == "cache":  # a process that keeps a part reads no more than that part
-                disk = FileReader(header.path, direct=False, random=keep is not None)
-                mapped = MappedFile(header.path, header.file_size)
-                cached = _CachedFile(plan, share, disk, mapped, sink)
-                fetches = [pool.submit(cached.fetch, k, False) for k in needed]
-                return _File(plan, cached.buffer, disk, tensors, needed, fetches, cached)
-            if mode == "map":  # nothing to read: no thread needs to wake up for it
-                mapped = MappedFile(header.path, header.file_size)
-                futures = [_ready() for _ in needed]
-                return _File(plan, mapped.buffer, mapped, tensors, needed, futures)
-            reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
-            buffer = sink.allocate(plan.buffer_size)
-            futures = [
-                pool.submit(sink.fill, reader, buffer, c, plan.needed_end(c))
-                for c in map(plan.chunks.__getitem__, needed)
-            ]
-            return _File(plan, buffer, reader, tensors, needed, futures)
+            with ExitStack() as opened:
+                if mode == "cache":  # a process that keeps a part reads no more than that part
+                    share = shared.share(plan) if sharing and shared is not None else None
+                    if share is not None:
+                        opened.callback(share.close)
+                    disk = FileReader(header.path, direct=False, random=keep is not None)
+                    opened.callback(disk.close, drop_cache)
+                    mapped = MappedFile(header.path, header.file_size)
+                    cached = _CachedFile(plan, share, disk, mapped, sink)
+                    fetches = [pool.submit(cached.fetch, k, False) for k in needed]
+                    return _File(
+                        plan, cached.buffer, tensors, needed, fetches, opened.pop_all(), cached
+                    )
+                if mode == "map":  # nothing to read: no thread needs to wake up for it
+                    mapped = MappedFile(header.path, header.file_size)
+                    futures = [_ready() for _ in needed]
+                    return _File(plan, mapped.buffer, tensors, needed, futures, opened.pop_all())
+                reader = FileReader(header.path, direct=mode == "direct" and sink.aligned)
+                opened.callback(reader.close, drop_cache)
+                buffer = sink.allocate(plan.buffer_size)
+                futures = [
+                    pool.submit(sink.fill, reader, buffer, c, plan.needed_end(c))
+                    for c in map(plan.chunks.__getitem__, needed)
+                ]
+                return _File(plan, buffer, tensors, needed, futures, opened.pop_all())
 
-        # Two files in flight bound the memory of private buffers; with ``share`` every file is
-        # queued at once (they are the page cache's), so the readers never wait for the consumer.
+        # Two files in flight bound the memory of private buffers; with ``share`` more are
+        # queued (their buffers are the page cache's), so the readers run ahead of the consumer,
+        # and the descriptors they hold stay bounded, however many files the model has.
         waiting = iter(files)
-        in_flight.extend(map(start, islice(waiting, len(files) if opts.share else 2)))
+        in_flight.extend(map(start, islice(waiting, _shared_in_flight() if opts.share else 2)))
         while in_flight:
             file = in_flight[0]
             plan, buffer = file.plan, file.buffer
@@ -274,7 +298,7 @@ def iter_tensors(
             for tensor in pending:  # empty tensors at the very end of a file
                 yield tensor.name, _tensor(plan, buffer, tensor, dtype)
             in_flight.popleft()
-            file.reader.close(drop_cache=drop_cache)
+            file.opened.close()
             following = next(waiting, None)
             if following is not None:
                 in_flight.append(start(following))

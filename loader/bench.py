@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import cache
+from .checkpoint import write_atomic
 from .errors import LoaderError
 from .files import model_files
 
@@ -673,12 +674,7 @@ class _Json(Protocol):
 
 def save_json(report: _Json, path: str | os.PathLike[str]) -> None:
     """Write the report as JSON, atomically (temp file in the same directory, then rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.fchmod(fd, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(report.to_json() + "\n")
-    os.replace(tmp, path)
+    write_atomic(Path(path), lambda tmp: tmp.write_text(report.to_json() + "\n"))
 
 
 def _gib(n: int | None) -> str:

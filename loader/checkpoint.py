@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -102,11 +103,16 @@ def _fill(pool: torch.Tensor, spec: Spec, rotation: int) -> torch.Tensor:
     return flat.reshape(spec.shape).clone()
 
 
-def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """``path`` whole or not at all: ``write`` fills a new temporary file beside it (made
+    exclusively, so a link planted at some name is never followed), which then replaces it; on
+    any failure or interrupt the temporary file goes and ``path`` is as it was."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
         write(tmp)
-        os.chmod(tmp, 0o644)  # readable like any model directory (writers may create 0600)
+        tmp.chmod(0o644)  # readable like any model directory (mkstemp makes it 0600)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -140,10 +146,10 @@ def make_checkpoint(
             s.name: _fill(pool, s, (number * 7919 + i * 104729) % POOL_ELEMENTS)
             for i, s in enumerate(group)
         }
-        _write_atomic(directory / name, partial(save_file, tensors, metadata={"format": "pt"}))
+        write_atomic(directory / name, partial(save_file, tensors, metadata={"format": "pt"}))
         weight_map.update(dict.fromkeys(tensors, name))
         del tensors
     index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": weight_map}
     text = json.dumps(index, indent=2) + "\n"
-    _write_atomic(directory / INDEX_NAME, lambda p: p.write_text(text))
+    write_atomic(directory / INDEX_NAME, lambda p: p.write_text(text))
     return directory

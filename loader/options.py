@@ -8,6 +8,7 @@ plugin's ``--model-loader-extra-config`` check their keys and values with :meth:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -43,6 +44,13 @@ class LoadOptions:
             "help": "Read each file once per node: the processes loading it at the same time "
             "split its chunks into the page cache, which all of them map (direct_io and "
             "drop_cache do not apply)."
+        },
+    )
+    claim_timeout: float = field(
+        default=60.0,
+        metadata={
+            "help": "With share: seconds to wait for a chunk another process is reading before "
+            "reading it here too, with a warning (a stopped or hung process holds it)."
         },
     )
     progress: bool = field(default=False, metadata={"help": "Show a progress bar with GB/s."})
@@ -83,6 +91,13 @@ def _check(name: str, value: Any) -> None:
     if name in ("threads", "chunk_size"):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise LoaderError(f"{name} must be a positive integer, got {value!r}")
+    elif name == "claim_timeout":
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf
+        ):
+            raise LoaderError(f"{name} must be a positive number of seconds, got {value!r}")
     elif name == "direct_io":
         if not isinstance(value, bool) and value not in DIRECT_IO_CHOICES:
             raise LoaderError(f"direct_io must be 'auto', 'on' or 'off', got {value!r}")

@@ -137,6 +137,9 @@ class MappedFile:
     write).
     Like any mapping, it shows later changes to the file, and truncating the file under it makes
     access fail (SIGBUS): use ``direct_io="off"`` for files that may change while in use.
+    The mapping holds no file descriptor (Python's ``mmap`` keeps one per mapping, so a loaded
+    model of many files would hold as many): torch maps the opened file again through
+    ``/proc/self/fd``, the very file checked, and closes what it opened.
     """
 
     direct = False
@@ -153,16 +156,19 @@ class MappedFile:
                         f"{path}: file is {os.fstat(fd).st_size} bytes, expected {size} "
                         "(was it truncated while loading?)"
                     )
-                self.mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE)
+                self.buffer = torch.from_file(
+                    f"/proc/self/fd/{fd}", shared=False, size=size, dtype=torch.uint8
+                )
             finally:
                 os.close(fd)
         except OSError as exc:
             raise LoaderError(f"{path}: cannot map: {exc.strerror or exc}") from None
-        self.buffer = torch.frombuffer(self.mapping, dtype=torch.uint8)
+        except RuntimeError as exc:  # torch's own open or mmap
+            raise LoaderError(f"{path}: cannot map: {exc}") from None
 
     def read(self, view: memoryview, offset: int, need: int) -> None:
         """Copy ``need`` bytes at file ``offset`` out of the mapping (for staged sinks)."""
-        view[:need] = memoryview(self.mapping)[offset : offset + need]
+        view[:need] = writable_view(self.buffer[offset : offset + need])
 
     def close(self, drop_cache: bool = False) -> None:
         """Nothing to close: the mapping lives as long as its tensors."""

@@ -289,3 +289,18 @@ def test_cli_bench_load_prints_the_table_and_writes_json(model: Path, tmp_path: 
         "baseline",
         "prefetch",
     ]
+
+
+class _Unfinished:
+    """A report whose JSON fails half-way (as a full disk or Ctrl-C would)."""
+
+    def to_json(self) -> str:
+        raise KeyboardInterrupt
+
+
+def test_a_report_that_fails_to_write_leaves_the_old_one_and_no_temp_file(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    out.write_text("{}\n")
+    with pytest.raises(KeyboardInterrupt):
+        bench.save_json(_Unfinished(), out)
+    assert list(tmp_path.iterdir()) == [out] and out.read_text() == "{}\n"

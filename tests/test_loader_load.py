@@ -414,6 +414,22 @@ def test_make_checkpoint_is_llama_shaped_deterministic_and_loads(tmp_path: Path)
     assert loaded["lm_head.weight"].float().std() > 0.01
 
 
+def test_make_checkpoint_never_writes_through_a_planted_link(tmp_path: Path) -> None:
+    """A symlink at a temporary file's name (``.NAME.tmp`` beside the file) is neither followed
+    nor left behind: the temporary files are new ones, made exclusively."""
+    outside = tmp_path / "outside"
+    outside.write_text("keep me")
+    model = tmp_path / "m"
+    model.mkdir()
+    names = ["model-00001-of-00001.safetensors", "model.safetensors.index.json"]
+    for name in names:
+        (model / f".{name}.tmp").symlink_to(outside)
+    make_checkpoint(model, 100_000, shards=1)
+    assert outside.read_text() == "keep me"
+    assert sorted(p.name for p in model.iterdir() if not p.is_symlink()) == sorted(names)
+    assert load(model).keys() == open_checkpoint(model).tensors.keys()
+
+
 def test_make_checkpoint_rejects_unknown_layout(tmp_path: Path) -> None:
     with pytest.raises(LoaderError, match="unknown layout"):
         make_checkpoint(tmp_path, 1000, layout="gpt")

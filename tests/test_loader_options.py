@@ -56,3 +56,12 @@ def test_bench_and_vllm_check_keys_against_load_options(tmp_path: Path) -> None:
     assert (ours, rest) == ({"threads": 2}, {"enable_weights_track": True})
     with pytest.raises(ValueError, match="model_loader_extra_config: direct_io must be"):
         split_extra_config({"direct_io": "sometimes"})
+
+
+@pytest.mark.parametrize("value", [0, -1.5, True, "5", float("nan"), float("inf")])
+def test_claim_timeout_is_a_positive_number_of_seconds(value: object) -> None:
+    with pytest.raises(LoaderError, match="claim_timeout must be a positive number of seconds"):
+        LoadOptions(claim_timeout=value)  # type: ignore[arg-type]
+    assert LoadOptions.from_mapping({"claim_timeout": 2}).claim_timeout == 2
+    result = CliRunner().invoke(cli, ["load", ".", "--claim-timeout", "0"])
+    assert result.exit_code == 2 and "--claim-timeout" in result.output

@@ -6,8 +6,10 @@ torch is imported inside the commands, so ``fxkit --help`` stays fast.
 from __future__ import annotations
 
 import re
+import signal
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import click
@@ -58,6 +60,11 @@ def load_options(command: Callable[..., None], **defaults: Any) -> Callable[...,
                 flag, type=click.Choice(DIRECT_IO_CHOICES), default=default,
                 show_default=True, help=help_text,
             )  # fmt: skip
+        elif isinstance(default, float):
+            decorator = click.option(
+                flag, type=click.FloatRange(min=0, min_open=True), default=default,
+                show_default=True, help=help_text,
+            )  # fmt: skip
         elif option.name == "chunk_size":
             shown = f"{default >> 20}MiB"
             decorator = click.option(
@@ -72,6 +79,11 @@ def load_options(command: Callable[..., None], **defaults: Any) -> Callable[...,
     return command
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM: exit (128 + signal) through the loader's clean-up, which removes its share state."""
+    raise SystemExit(128 + signum)
+
+
 @click.command()
 @click.argument("model", type=click.Path(exists=True))
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N (ROCm too).")
@@ -83,6 +95,7 @@ def load(model: str, device: str, **options: Any) -> None:
     from fxkit.loader import LoadOptions, open_checkpoint
     from fxkit.loader import load as load_model
 
+    signal.signal(signal.SIGTERM, _terminated)
     checkpoint = open_checkpoint(model)
     started = time.perf_counter()
     tensors = load_model(checkpoint, device, options=LoadOptions(**options))
