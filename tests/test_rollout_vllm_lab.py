@@ -119,6 +119,8 @@ def get(lab: dict[str, Any], host: str, url: str) -> str:
     return done.stdout
 
 
+# Several rollouts of venvs with torch: 7 min here at a load of 6-9, past the 600 s default.
+@pytest.mark.timeout(1800)
 def test_rollout_end_to_end(lab: dict[str, Any]) -> None:
     inv = inventory(lab, "inventory.yml")
     code, out, report = rollout(lab, inv, "--canary", "--serial", "2")
