@@ -7,6 +7,8 @@
   meeting point (the connection's clock is held until then).
 - :class:`Transcript`: what a process or a Console prints, with a wait for a piece of it (the
   state a program announces, e.g. "interrupted: hosts stop...").
+- :func:`stopped`: a process that stopped itself at a fixed point (tests/upload_paused.py);
+  :func:`when`: a state to reach where nothing announces it (polled).
 
 Deadlines here (:data:`SAFETY`) are safety nets that end a broken test, never the thing waited for.
 """
