@@ -98,12 +98,12 @@ class Changing(LocalConnection):
 
 def test_http_status_and_json_subset(server: str) -> None:
     ctx = make_ctx()
-    health = wait_for(ctx, url=f"{server}/health", timeout=5)
+    health = wait_for(ctx, url=f"{server}/health", timeout=SAFETY)
     assert health.status is Status.OK and health.msg.startswith(
         f"{server}/health to answer HTTP 200: HTTP 200 after "
     )
     models = wait_for(
-        ctx, url=f"{server}/v1/models", json={"data": [{"id": "Qwen/Qwen3-8B"}]}, timeout=5
+        ctx, url=f"{server}/v1/models", json={"data": [{"id": "Qwen/Qwen3-8B"}]}, timeout=SAFETY
     )
     assert models.status is Status.OK, models
     wrong = wait_for(
@@ -113,7 +113,7 @@ def test_http_status_and_json_subset(server: str) -> None:
     assert '"id": "Qwen/Qwen3-8B"' in wrong.msg  # what was last seen
     missing = wait_for(ctx, url=f"{server}/nothing", timeout=1, interval=0.3)
     assert missing.failed and missing.msg.endswith("last seen: HTTP 404 not found")
-    assert wait_for(ctx, url=f"{server}/nothing", status=404, timeout=1).status is Status.OK
+    assert wait_for(ctx, url=f"{server}/nothing", status=404, timeout=SAFETY).status is Status.OK
 
 
 @pytest.mark.parametrize("tool", HTTP_TOOLS)
