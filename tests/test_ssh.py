@@ -11,7 +11,7 @@ import time
 
 import paramiko
 import pytest
-from sync_helpers import SAFETY, Meeting, run_past_timeout
+from sync_helpers import SAFETY, Meeting, run_past_timeout, when
 
 from fxkit.connection import ConnectOptions, connect
 from fxkit.connection.base import TIMEOUT_RC
@@ -81,6 +81,31 @@ def test_command_timeout(lab_fleet):
         assert result.rc == 124 and result.stdout == "started\n"
         assert "timed out after 0.5 s" in result.stderr
         assert conn.run("echo still usable").ok
+
+
+def test_an_eof_made_as_the_command_ends_never_follows_the_channels_close(lab_fleet, monkeypatch):
+    """paramiko makes a message under the channel's lock and sends it after: the EOF of a
+    command's stdin, made as the command ends, could go out after the channel's CLOSE, and OpenSSH
+    then drops the whole connection ("ieof packet referred to nonexistent channel"). Here every
+    EOF waits until its channel has closed (the worst order), at a fixed point."""
+    send = paramiko.Transport._send_user_message
+
+    def eof_after_close(transport, data):
+        raw = data.asbytes()
+        if (
+            raw[0] == paramiko.common.MSG_CHANNEL_EOF
+            and threading.current_thread() is not transport  # not its own, with its CLOSE
+        ):
+            remote = int.from_bytes(raw[1:5], "big")
+            [chan] = [c for c in transport._channels.values() if c.remote_chanid == remote]
+            when(lambda: chan.closed, "the command ended and its channel closed")
+        send(transport, data)
+
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        monkeypatch.setattr(paramiko.Transport, "_send_user_message", eof_after_close)
+        for _ in range(3):
+            assert conn.run("echo done").stdout == "done\n"  # ends without reading its stdin
 
 
 # -- host keys --------------------------------------------------------------------------------
