@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sync_helpers import SAFETY
 
-WAIT = 10.0  # seconds: far more than a refusal takes, far less than "hangs"
+#: A safety net: far more than a refusal takes, also on a loaded machine; a hang never returns.
+WAIT = SAFETY
 
 
 def returns_at_once(call: Callable[[], Any], fifo: Path | None = None) -> Any:

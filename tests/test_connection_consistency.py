@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from sync_helpers import Meeting, run_past_timeout
 
 from fxkit.connection import ConnectOptions, connect
 from fxkit.connection.base import TIMEOUT_RC, Connection
@@ -48,7 +49,8 @@ def test_reading_a_directory_is_a_failed_step(conn: Connection) -> None:
 
 
 def test_a_timeout_is_rc_124_and_the_command_is_killed(conn: Connection) -> None:
-    result = conn.run("echo started; sleep 30", timeout=0.5)
+    meeting = Meeting(conn)
+    result = run_past_timeout(conn, f"echo started; {meeting.reach}; sleep 300", meeting, 0.5)
     assert (result.rc, result.stdout) == (TIMEOUT_RC, "started\n")
     assert result.stderr.endswith("fxkit: timed out after 0.5 s; it was killed")
 

@@ -12,16 +12,17 @@ results against an edited band without touching the hosts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sync_helpers import SAFETY, Meeting
 from test_gate_serving_fidelity import vllm_result
 from test_play_lab import FXKIT
 
@@ -35,6 +36,9 @@ FIO = (
     "fio --name=g4 --filename=/var/tmp/g4.fio --size=8M --rw=read --bs=1M --ioengine=psync "
     "--output-format=terse"
 )
+#: A latency tolerance no run reaches: the check is of the measurement, not of the speed of this
+#: shared machine (its load changes in the middle of a soak).
+ANY = 1000000
 
 
 def gate(*args: str) -> tuple[int, str]:
@@ -66,7 +70,7 @@ def with_host_vars(fleet: Any, path: Path, **host_vars: dict[str, Any]) -> Path:
 def test_g4_soak_on_plain_lab_hosts(lab_fleet: Any, tmp_path: Path) -> None:
     fleet = lab_fleet(2, name="gates")
     flaky = "n=$(($(cat /var/tmp/g4.n 2>/dev/null || echo 0) + 1)); echo $n > /var/tmp/g4.n; "
-    flaky += f"[ $((n % 4)) -ne 0 ] && {FIO}"  # every fourth iteration fails
+    flaky += f"[ $((n % 2)) -ne 0 ] && {FIO}"  # every second iteration fails
     inv = with_host_vars(
         fleet, tmp_path / "inv.yml", lab01={"g4_workload": FIO}, lab02={"g4_workload": flaky}
     )
@@ -74,9 +78,7 @@ def test_g4_soak_on_plain_lab_hosts(lab_fleet: Any, tmp_path: Path) -> None:
         conn.run("rm -f /var/tmp/g4.n")
     code, out = gate(
         "g4", "-i", str(inv), "--out", str(tmp_path / "g4"),
-        "-e", "g4_duration=20s", "-e", "g4_interval=5s",
-        # the machine is shared with other work: the check is of the measurement, not of it
-        "-e", "g4_latency_tolerance=1.0",
+        "-e", "g4_duration=20s", "-e", "g4_interval=5s", "-e", f"g4_latency_tolerance={ANY}",
     )  # fmt: skip
     assert code == 1, out
     checks = results(tmp_path / "g4")
@@ -95,13 +97,18 @@ def test_g4_soak_on_plain_lab_hosts(lab_fleet: Any, tmp_path: Path) -> None:
     assert failed["status"] == "FAIL" and failed["value"] >= 1
     data = json.loads((tmp_path / "g4/result.json").read_text())
     soak = data["hosts"]["lab01"]["measurements"][0]["data"]
-    assert soak["iterations"] >= 5 and 19 <= soak["duration_s"] <= 60
+    # On until 20 s had passed, then ended (the last iteration may run over: a bound far off).
+    assert soak["iterations"] >= 2 and 20 <= soak["duration_s"] <= 120
     assert soak["latency"]["source"] == "wall" and soak["latency"]["first_ms"] > 0
-    assert 4 <= len(soak["samples"]) <= 10  # every 5 s, and at the start and the end
+    # At the start, after the first iteration past each 5 s from the last sample, at the end.
+    times = [sample["t_s"] for sample in soak["samples"]]
+    assert times[0] == 0 and times[-1] == soak["duration_s"] and len(times) >= 3
+    between = times[:-1]  # the end comes at any time
+    assert all(later - earlier >= 4.9 for earlier, later in itertools.pairwise(between))
     with fleet.connect("lab02") as conn:
         runs = int(conn.run("cat /var/tmp/g4.n").stdout)
     lab02 = data["hosts"]["lab02"]["measurements"][0]["data"]
-    assert lab02["iterations"] == runs and lab02["workload_errors"] == runs // 4
+    assert lab02["iterations"] == runs and lab02["workload_errors"] == runs // 2
 
 
 def put_json(fleet: Any, host: str, path: str, data: dict[str, Any]) -> None:
@@ -180,17 +187,18 @@ def test_g2_baseline_then_g3_inside_and_outside_the_band(lab_fleet: Any, tmp_pat
 
 def test_g4_on_the_mi308x_profile_counts_a_gpu_fault(lab_fleet: Any, tmp_path: Path) -> None:
     """The profile's RDMA ports have their error counters (all 0: PASS) and its amd-smi answers
-    ``metric --ecc --json``; the workload injects an uncorrectable ECC error on GPU 3 at its third
-    iteration (the stand-in's state), which the soak counts: gpu_errors FAILs, naming it."""
+    ``metric --ecc --json``; the workload injects an uncorrectable ECC error on GPU 3 in its first
+    iteration, after the soak's first reading (the stand-in's state), which the soak counts:
+    gpu_errors FAILs, naming it."""
     fleet = lab_fleet(1, name="g4-mi308x", profile="mi308x")
     with fleet.connect("lab01") as conn:
         conn.run(f"rm -f /var/tmp/g4.n {profile.STATE_DIR}/ecc.json; mkdir -p {profile.STATE_DIR}")
     fault = json.dumps({"3": {"total_uncorrectable_count": 1}})
     work = "n=$(($(cat /var/tmp/g4.n 2>/dev/null || echo 0) + 1)); echo $n > /var/tmp/g4.n; "
-    work += f"if [ $n -eq 3 ]; then echo '{fault}' > {profile.STATE_DIR}/ecc.json; fi; {FIO}"
+    work += f"if [ $n -eq 1 ]; then echo '{fault}' > {profile.STATE_DIR}/ecc.json; fi; {FIO}"
     code, out = gate(
         "g4", "-i", str(fleet.inventory), "--out", str(tmp_path / "g4"),
-        "-e", "g4_duration=12s", "-e", "g4_interval=4s", "-e", "g4_latency_tolerance=1.0",
+        "-e", "g4_duration=12s", "-e", "g4_interval=4s", "-e", f"g4_latency_tolerance={ANY}",
         "-e", json.dumps({"g4_workload": work}),
     )  # fmt: skip
     assert code == 1, out
@@ -211,24 +219,32 @@ def test_g4_on_the_mi308x_profile_counts_a_gpu_fault(lab_fleet: Any, tmp_path: P
 
 def test_ctrl_c_ends_a_long_soak_with_what_it_measured(lab_fleet: Any, tmp_path: Path) -> None:
     fleet = lab_fleet(2, name="gates")
-    command = [
-        str(FXKIT), "gate", "g4", "-i", str(fleet.inventory), "--limit", "lab01",
-        "--out", str(tmp_path / "g4"), "-e", "g4_duration=72h", "-e", "g4_interval=2s",
-        "-e", json.dumps({"g4_workload": FIO}),
-    ]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        time.sleep(8)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    with fleet.connect("lab01") as conn:
+        conn.run("rm -f /var/tmp/g4.n")
+        meeting = Meeting(conn)
+        # The third iteration tells the test it runs (then goes on): Ctrl-C comes in it.
+        work = "n=$(($(cat /var/tmp/g4.n 2>/dev/null || echo 0) + 1)); echo $n > /var/tmp/g4.n; "
+        work += f"if [ $n -eq 3 ]; then {meeting.reach}; fi; {FIO}"
+        command = [
+            str(FXKIT), "gate", "g4", "-i", str(fleet.inventory), "--limit", "lab01",
+            "--out", str(tmp_path / "g4"), "-e", "g4_duration=72h", "-e", "g4_interval=2s",
+            "-e", json.dumps({"g4_workload": work}),
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            meeting.wait()
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=SAFETY)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert proc.returncode == 130, out
     data = json.loads((tmp_path / "g4/result.json").read_text())
     assert data["interrupted"] is True
     soak = data["hosts"]["lab01"]["measurements"][0]["data"]
-    assert soak["interrupted"] is True and soak["iterations"] >= 2 and soak["duration_s"] < 60
+    assert soak["interrupted"] is True and soak["iterations"] >= 3
     assert soak["planned_s"] == 72 * 3600
     checks = {c["id"]: c for c in data["hosts"]["lab01"]["checks"]}
     assert checks["soak_workload_errors"]["status"] == "PASS"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -183,8 +184,40 @@ def test_a_source_absent_at_the_start_is_missing_with_the_reason() -> None:
 # -- the driver, on this machine over a local connection ---------------------------------------
 
 
-def probe(stop: threading.Event | None = None) -> Probe:
-    conn = LocalConnection("localhost")
+class Workload(LocalConnection):
+    """This machine, on the soak's own clock (patched in by :func:`soak_clock`): each command
+    takes ``step`` seconds of it, so a soak's counts do not depend on how loaded the machine is;
+    ``then(n)`` runs after the n-th command (what happens meanwhile, e.g. Ctrl-C)."""
+
+    def __init__(self, step: float, then: Callable[[int], object] = lambda n: None):
+        super().__init__("localhost")
+        self.step, self.then = step, then
+        self.now, self.runs = 0.0, 0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def execute(self, command, *, become, timeout, stdin):  # type: ignore[no-untyped-def]
+        result = super().execute(command, become=become, timeout=timeout, stdin=stdin)
+        self.now, self.runs = self.now + self.step, self.runs + 1
+        self.then(self.runs)
+        return result
+
+
+@pytest.fixture
+def soak_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Workload]:
+    """``soak_clock(step, then)``: a :class:`Workload` whose clock the soak reads."""
+
+    def make(step: float, then: Callable[[int], object] = lambda n: None) -> Workload:
+        workload = Workload(step, then)
+        monkeypatch.setattr(soak_kind, "time", workload)
+        return workload
+
+    return make
+
+
+def probe(conn: LocalConnection | None = None, stop: threading.Event | None = None) -> Probe:
+    conn = conn or LocalConnection("localhost")
     return Probe("localhost", conn, FactCache(conn), HostVars("localhost", []), timeout=30,
                  stop=stop or threading.Event())  # fmt: skip
 
@@ -194,44 +227,50 @@ def measure(p: Probe, **params: object) -> dict:
     return data
 
 
-def test_the_soak_counts_failed_iterations_and_goes_on(tmp_path: Path) -> None:
+def test_the_soak_counts_failed_iterations_and_goes_on(tmp_path: Path, soak_clock) -> None:
     count = tmp_path / "n"
     # every third iteration fails
     work = (
         f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}; [ $((n % 3)) -ne 0 ]"
     )
-    data = measure(probe(), run=work, duration="2s", interval="1s", sources=())
-    runs = int(count.read_text())
-    assert data["iterations"] == runs >= 6
-    assert data["workload_errors"] == runs // 3
+    data = measure(
+        probe(soak_clock(0.25)), run=work, duration="2s", interval="1s", sources=()
+    )  # fmt: skip
+    assert data["iterations"] == int(count.read_text()) == 8  # 2 s, 0.25 s each
+    assert data["workload_errors"] == 2
     assert data["last_failure"].startswith("exit 1")
-    assert data["latency"]["source"] == "wall" and data["latency"]["measured"] == runs - runs // 3
-    assert 1.9 <= data["duration_s"] <= 5 and not data["interrupted"]
-    assert data["samples"][0]["t_s"] == 0 and len(data["samples"]) >= 3
+    assert data["latency"]["source"] == "wall" and data["latency"]["measured"] == 6
+    assert data["latency"]["first_ms"] == 250.0
+    assert data["duration_s"] == 2.0 and not data["interrupted"]
+    # at the start, every second, and at the end
+    assert [(s["t_s"], s["iterations"]) for s in data["samples"]] == [
+        (0, 0), (1.0, 4), (2.0, 8), (2.0, 8)
+    ]  # fmt: skip
 
 
-def test_latency_from_the_workloads_output_and_its_degradation(tmp_path: Path) -> None:
+def test_latency_from_the_workloads_output_and_its_degradation(tmp_path: Path, soak_clock) -> None:
     count = tmp_path / "n"
     # the workload prints a latency that grows from 10 ms by 1 ms an iteration
     work = (f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}; "
             "echo \"lat: $((9 + n)).0 ms\"")  # fmt: skip
     data = measure(
-        probe(), run=work, duration="1.5s", interval="1s", sources=(),
+        probe(soak_clock(0.25)), run=work, duration="1.5s", interval="1s", sources=(),
         latency_pattern=r"lat: ([\d.]+) ms", window=3,
     )  # fmt: skip
-    runs = int(count.read_text())
+    assert data["iterations"] == int(count.read_text()) == 6
     latency = data["latency"]
     assert latency["source"] == "output" and latency["first_ms"] == 11.0  # 10, 11, 12
-    assert latency["last_ms"] == 9 + runs - 1
-    assert latency["degradation"] == pytest.approx((runs - 1 - 2) / 11)
+    assert latency["last_ms"] == 14.0  # 13, 14, 15
+    assert latency["degradation"] == pytest.approx(3 / 11)
 
 
-def test_ctrl_c_stops_the_soak_with_what_it_has() -> None:
+def test_ctrl_c_stops_the_soak_with_what_it_has(soak_clock) -> None:
     stop = threading.Event()
-    threading.Timer(0.5, stop.set).start()
-    data = measure(probe(stop), run="sleep 0.05", duration="1h", interval="10m", sources=())
-    assert data["interrupted"] and data["duration_s"] < 5 and data["iterations"] >= 2
-    assert data["samples"][-1]["iterations"] == data["iterations"]
+    # Ctrl-C in the middle of the third iteration: it ends, and no other starts.
+    workload = soak_clock(1, then=lambda n: n == 3 and stop.set())
+    data = measure(probe(workload, stop), run="true", duration="1h", interval="10m", sources=())
+    assert data["interrupted"] and data["iterations"] == 3 and data["duration_s"] == 3
+    assert data["samples"][-1]["iterations"] == 3
 
 
 def test_counters_absent_here_are_missing_with_the_reason() -> None:
@@ -253,10 +292,13 @@ def test_a_missing_tool_is_an_error_before_the_soak() -> None:
         measure(probe(), run="true", duration="1h", tool="fio-that-is-not-here")
 
 
-def test_samples_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_samples_stay_bounded(monkeypatch: pytest.MonkeyPatch, soak_clock) -> None:
     monkeypatch.setattr(soak_kind, "MAX_SAMPLES", 8)
-    data = measure(probe(), run="true", duration="1s", interval="0.01s", sources=())
-    assert 4 <= len(data["samples"]) <= 9
+    # 16 iterations, each followed by a sample: more than 8, halved (every other one kept)
+    data = measure(
+        probe(soak_clock(1 / 16)), run="true", duration="1s", interval="0.01s", sources=()
+    )  # fmt: skip
+    assert data["iterations"] == 16 and 4 <= len(data["samples"]) <= 9
     assert (
         data["samples"][0]["t_s"] == 0 and data["samples"][-1]["iterations"] == data["iterations"]
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
+from sync_helpers import Meeting, run_past_timeout
 
 from fxkit.connection.base import TIMEOUT_RC
 from fxkit.connection.local import LocalConnection
@@ -30,13 +30,16 @@ def test_run_passes_stdin_bytes(conn: LocalConnection) -> None:
 
 
 def test_timeout_kills_the_whole_process_group(conn: LocalConnection, tmp_path: Path) -> None:
-    marker = tmp_path / "late"
-    start = time.monotonic()
-    result = conn.run(f"(sleep 2; touch {marker}) & sleep 5", timeout=0.5)
+    meeting = Meeting(conn)
+    pid = tmp_path / "pid"
+    # A child in the background, then the timeout: it runs out once both are under way.
+    command = f"sleep 300 & echo $! > {pid}; {meeting.reach}; sleep 300"
+    result = run_past_timeout(conn, command, meeting, timeout=0.5)
     assert result.rc == TIMEOUT_RC and "timed out after 0.5 s; it was killed" in result.stderr
-    assert time.monotonic() - start < 2
-    time.sleep(2.2)
-    assert not marker.exists()
+    # The run returned at the end of the output, once the child had closed it too: it is gone
+    # (or a zombie an instant before it is reaped), not sleeping on.
+    state = Path(f"/proc/{pid.read_text().strip()}/stat")
+    assert not state.exists() or state.read_text().split(") ")[1][0] in "ZX"
 
 
 def test_get_and_put(conn: LocalConnection, tmp_path: Path) -> None:

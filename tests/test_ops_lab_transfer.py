@@ -11,11 +11,11 @@ import hashlib
 import os
 import re
 import shlex
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sync_helpers import when
 
 from fxkit.connection.base import Connection
 from fxkit.facts import FactCache
@@ -113,12 +113,8 @@ def served(root: Connection) -> Iterator[str]:
         "</dev/null & echo $!; }",
     ).strip()
     try:
-        for _ in range(100):
-            log = root.get("/tmp/fxkit-http.log") or b""
-            found = re.search(r"port (\d+)", log.decode())
-            if found:
-                break
-            time.sleep(0.1)
+        when(lambda: b"port " in (root.get("/tmp/fxkit-http.log") or b""), "the server listened")
+        found = re.search(r"port (\d+)", (root.get("/tmp/fxkit-http.log") or b"").decode())
         assert found, root.get("/tmp/fxkit-http.log")
         yield f"http://127.0.0.1:{found[1]}"
     finally:

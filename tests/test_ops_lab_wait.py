@@ -9,6 +9,7 @@ import json
 import socket
 
 import pytest
+from sync_helpers import SAFETY
 from test_ops_lab import sh
 
 from fxkit.connection.base import Connection
@@ -51,23 +52,25 @@ def test_wait_for_a_server_coming_up_in_the_host(fleet: Fleet, root: Connection)
         "> /tmp/http.log 2>&1 < /dev/null & echo $!",
     ).strip()
     try:
-        up = wait_for(ctx(root), port=port, host=address, timeout=30, interval=0.2)
+        up = wait_for(ctx(root), port=port, host=address, timeout=SAFETY, interval=0.2)
         assert up.status is Status.OK and up.msg.startswith(f"TCP {address}:{port} to open: open")
-        logged = wait_for(ctx(root), path="/tmp/http.log", regex="^Serving HTTP on", timeout=10)
+        logged = wait_for(ctx(root), path="/tmp/http.log", regex="^Serving HTTP on", timeout=SAFETY)
         assert logged.status is Status.OK, logged
-        assert wait_for(ctx(root), url=f"{base}/health", timeout=10).status is Status.OK
+        assert wait_for(ctx(root), url=f"{base}/health", timeout=SAFETY).status is Status.OK
         models = wait_for(
             ctx(root), url=f"{base}/v1/models", json={"data": [{"id": "Qwen/Qwen3-8B"}]}
         )
         assert models.status is Status.OK and models.data["seen"].startswith("HTTP 200 {")
         missing = wait_for(ctx(root), url=f"{base}/v2", timeout=1.5, interval=0.5)
         assert missing.failed and "; last seen: HTTP 404 " in missing.msg, missing
-        running = wait_for(ctx(root), command=f"kill -0 {pid}", timeout=5)
+        running = wait_for(ctx(root), command=f"kill -0 {pid}", timeout=SAFETY)
         assert running.status is Status.OK
         assert wait_for(ctx(root, check=True), url=f"{base}/health").status is Status.OK
     finally:
         root.run(f"kill {pid}")
-    down = wait_for(ctx(root), port=port, host=address, state="stopped", timeout=10, interval=0.2)
+    down = wait_for(
+        ctx(root), port=port, host=address, state="stopped", timeout=SAFETY, interval=0.2
+    )
     assert down.status is Status.OK, down
     gone = wait_for(ctx(root), url=f"{base}/health", timeout=1, interval=0.5)
     assert gone.failed, gone

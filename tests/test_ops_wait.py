@@ -9,14 +9,16 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from sync_helpers import SAFETY
 
 from fxkit.connection.local import LocalConnection
 from fxkit.facts import FactCache
+from fxkit.facts.tools import Executables
 from fxkit.ops.base import OpContext, OpError, Status
 from fxkit.ops.wait import (
     HTTP_TOOLS,
@@ -68,14 +70,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Changing(LocalConnection):
+    """This machine, where ``change()`` happens right after the first command from :meth:`arm`
+    on (wait_for's first probe, which finds the condition false): what wait_for waits for comes
+    about while it waits, at a fixed point."""
+
+    def __init__(self) -> None:
+        super().__init__("localhost")
+        self.change: Callable[[], object] | None = None
+        self.commands = 0
+
+    def arm(self, change: Callable[[], object], *tools: str) -> OpContext:
+        """A context for wait_for, the Executables fact of ``tools`` already gathered."""
+        ctx = OpContext(self, FactCache(self))
+        if tools:
+            ctx.fact(Executables, *tools)
+        self.change, self.commands = change, 0
+        return ctx
+
+    def execute(self, command, *, become, timeout, stdin):  # type: ignore[no-untyped-def]
+        result = super().execute(command, become=become, timeout=timeout, stdin=stdin)
+        self.commands += 1
+        if self.change is not None and self.commands == 1:
+            self.change()
+        return result
+
+
 def test_http_status_and_json_subset(server: str) -> None:
     ctx = make_ctx()
-    health = wait_for(ctx, url=f"{server}/health", timeout=5)
+    health = wait_for(ctx, url=f"{server}/health", timeout=SAFETY)
     assert health.status is Status.OK and health.msg.startswith(
         f"{server}/health to answer HTTP 200: HTTP 200 after "
     )
     models = wait_for(
-        ctx, url=f"{server}/v1/models", json={"data": [{"id": "Qwen/Qwen3-8B"}]}, timeout=5
+        ctx, url=f"{server}/v1/models", json={"data": [{"id": "Qwen/Qwen3-8B"}]}, timeout=SAFETY
     )
     assert models.status is Status.OK, models
     wrong = wait_for(
@@ -85,7 +113,7 @@ def test_http_status_and_json_subset(server: str) -> None:
     assert '"id": "Qwen/Qwen3-8B"' in wrong.msg  # what was last seen
     missing = wait_for(ctx, url=f"{server}/nothing", timeout=1, interval=0.3)
     assert missing.failed and missing.msg.endswith("last seen: HTTP 404 not found")
-    assert wait_for(ctx, url=f"{server}/nothing", status=404, timeout=1).status is Status.OK
+    assert wait_for(ctx, url=f"{server}/nothing", status=404, timeout=SAFETY).status is Status.OK
 
 
 @pytest.mark.parametrize("tool", HTTP_TOOLS)
@@ -116,31 +144,24 @@ def test_each_tcp_tool_sees_open_and_closed_ports(server: str, tool: str) -> Non
 
 
 def test_port_opens_while_waiting_and_a_closed_one_times_out() -> None:
-    port = free_port()
-    listener = socket.socket()
-
-    def listen_later() -> None:
-        time.sleep(1.0)
-        listener.bind(("127.0.0.1", port))
-        listener.listen()
-
-    threading.Thread(target=listen_later, daemon=True).start()
-    try:
-        start = time.monotonic()
-        result = wait_for(make_ctx(), port=port, timeout=10, interval=0.2)
+    with socket.socket() as listener, socket.socket() as closed:
+        for sock in (listener, closed):
+            sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        port = listener.getsockname()[1]
+        conn = Changing()
+        ctx = conn.arm(listener.listen, *TCP_TOOLS)
+        result = wait_for(ctx, port=port, timeout=SAFETY, interval=0.2)
         assert result.status is Status.OK and result.msg.startswith(
             f"TCP 127.0.0.1:{port} to open: open after "
         )
-        assert 0.9 < time.monotonic() - start < 5
-        closed = wait_for(make_ctx(), port=free_port(), timeout=1, interval=0.2)
-        assert closed.failed and "Connection refused" in closed.msg, closed
+        assert conn.commands == 2  # refused, then open
+        refused = wait_for(make_ctx(), port=closed.getsockname()[1], timeout=1, interval=0.2)
+        assert refused.failed and "Connection refused" in refused.msg, refused
         listener.close()
-        down = wait_for(make_ctx(), port=port, state="stopped", timeout=5)
+        down = wait_for(make_ctx(), port=port, state="stopped", timeout=SAFETY)
         assert down.status is Status.OK and down.msg.startswith(
             f"TCP 127.0.0.1:{port} to close: closed"
         )
-    finally:
-        listener.close()
 
 
 def test_file_and_regex_and_absent(tmp_path: Path) -> None:
@@ -152,13 +173,15 @@ def test_file_and_regex_and_absent(tmp_path: Path) -> None:
     )
     assert wait_for(ctx, path=str(log), state="absent", timeout=1).status is Status.OK
     log.write_text("INFO starting\n")
-    threading.Timer(
-        0.5, lambda: log.write_text("INFO starting\nINFO Application startup complete.\n")
-    ).start()
-    ready = wait_for(ctx, path=str(log), regex="startup complete", timeout=5, interval=0.2)
+    conn = Changing()
+    ready = wait_for(
+        conn.arm(lambda: log.write_text("INFO starting\nINFO Application startup complete.\n")),
+        path=str(log), regex="startup complete", timeout=SAFETY, interval=0.2,
+    )  # fmt: skip
     assert ready.status is Status.OK and ready.msg.startswith(
         f"{log} to exist with a line matching startup complete: a line matches startup "
     )
+    assert conn.commands == 2  # no such line, then the line
     never = wait_for(ctx, path=str(log), regex="^ERROR", timeout=1, interval=0.2)
     assert never.failed and never.msg.endswith("last seen: no line matches ^ERROR")
 
@@ -178,7 +201,7 @@ def test_check_mode_probes_once_and_does_not_wait(server: str) -> None:
         f"check mode: would wait up to 600 s for {server}/nothing to answer HTTP 200 "
         "(now: HTTP 404 not found)"
     )
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < SAFETY  # not the 10 minutes it would wait
     assert wait_for(make_ctx(check=True), url=f"{server}/health").status is Status.OK
 
 

@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import yaml
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from sync_helpers import SAFETY, Meeting
 
 from fxkit.cli import cli
 from fxkit.lab import Fleet
@@ -209,7 +209,7 @@ SLOW_ROLE = """\
 def apply(host, v):
     if host.name == v.slow_host:
         # Tells the test it runs, then waits to be cut off (guarded: idempotent).
-        host.command("touch /tmp/slow-started && sleep 60", creates="/srv/slow-done")
+        host.command(v.slow_command, creates="/srv/slow-done")
 """
 
 
@@ -219,31 +219,31 @@ def test_a_host_lost_in_the_middle_of_the_run(lab_fleet, tmp_path: Path) -> None
     book.write_text("- hosts: lab\n  roles: [slow, node_base]\n")
     write_role(tmp_path, "slow", SLOW_ROLE)
     killed = threading.Event()
+    conn = fleet.connect("lab03")
+    meeting = Meeting(conn)
 
     def kill_when_slow_command_runs() -> None:
-        with fleet.connect("lab03") as conn:
-            deadline = time.monotonic() + 60
-            while conn.run("test -e /tmp/slow-started").rc != 0:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+        meeting.wait()
+        conn.close()
         fleet.stop("lab03")  # its sshd, by PID: the host and its sessions go with it
         killed.set()
 
     killer = threading.Thread(target=kill_when_slow_command_runs)
     killer.start()
-    started = time.monotonic()
+    # Had the run waited for the lost host's command, it would end at its timeout (90 s), with
+    # "timed out" (and not "connection lost") as what happened to lab03.
+    slow = {"slow_host": "lab03", "slow_command": f"{meeting.reach} && sleep 3600"}
     run = fxkit_play(
         book, fleet.inventory, tmp_path / "events.json",
-        "-e", "slow_host=lab03", "--command-timeout", "90",
+        "-e", json.dumps(slow), "--command-timeout", "90",
     )  # fmt: skip
-    killer.join(5)
+    killer.join(SAFETY)
     assert killed.is_set()
-    assert time.monotonic() - started < 45, "the run waited for the lost host's command"
     assert run.code == 1, run.output
     lost = [e for e in run.events if e["host"] == "lab03"]
     assert lost[-1]["status"] in ("unreachable", "failed"), lost
     assert "connection lost" in lost[-1]["msg"]
-    assert lost[-1]["role"] == "slow" and lost[-1]["operation"].startswith("command touch")
+    assert lost[-1]["role"] == "slow" and lost[-1]["operation"].startswith("command echo")
     others = ["lab01", "lab02", "lab04"]
     assert {h: run.counts("changed")[h] for h in others} == dict.fromkeys(others, 9)
     assert {h: run.counts("failed")[h] + run.counts("unreachable")[h] for h in others} == {

@@ -14,7 +14,6 @@ import re
 import signal
 import textwrap
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from sync_helpers import SAFETY, Transcript, when
 
 from fxkit.connection import Connection, ConnectOptions, RunResult
 from fxkit.errors import ConnectionFailed, PlaybookError, VarError
@@ -61,7 +61,7 @@ class MemoryConnection(Connection):
             raise ConnectionFailed("connection reset by peer", where=f"host {self.name}")
         if self.hang:
             self.running.set()
-            self.closed.wait(timeout=30)
+            self.closed.wait(timeout=SAFETY)
             raise ConnectionFailed("connection closed", where=f"host {self.name}")
         return RunResult(command, 0, "", "")
 
@@ -142,10 +142,10 @@ def sync(ctx: OpContext, what: str) -> Result:
     if kind == "set":
         SYNC[name].set()
     elif kind == "wait":
-        if not SYNC[name].wait(timeout=10):
+        if not SYNC[name].wait(timeout=SAFETY):
             return failed(f"{name} was never set: hosts did not run independently")
     else:
-        SYNC[name].wait(timeout=10)
+        SYNC[name].wait(timeout=SAFETY)
     return ok(what)
 
 
@@ -198,7 +198,8 @@ def play(
 ) -> Played:
     write(tmp_path, {"site.yml": playbook, "hosts.yml": inventory, **(files or {})})
     fleet = fleet or Fleet()
-    out, log = io.StringIO(), io.StringIO()
+    out, log = Transcript(), io.StringIO()
+    SYNC["output"] = out  # what operations wait for (the runner's notes)
     reporter = Reporter(Console(file=out, width=200), diff=options.get("diff", False), log_json=log)
     runner = Runner(
         Playbook.load(tmp_path / "site.yml"),
@@ -378,7 +379,7 @@ def test_one_connection_per_host_per_run(tmp_path: Path) -> None:
 
 
 def test_hosts_run_concurrently_up_to_forks(tmp_path: Path) -> None:
-    SYNC["meet"] = threading.Barrier(4, timeout=10)
+    SYNC["meet"] = threading.Barrier(4, timeout=SAFETY)
     roles = {"roles/first/role.py": "def apply(host, v):\n    host.sync('barrier:meet')\n"}
     hosts = "all:\n  hosts:\n" + "".join(f"    h{i}: {{}}\n" for i in range(4))
     out = play(tmp_path, "- hosts: all\n  roles: [first]\n", hosts, roles, forks=4)
@@ -387,12 +388,13 @@ def test_hosts_run_concurrently_up_to_forks(tmp_path: Path) -> None:
 
 def test_forks_bounds_how_many_hosts_run_at_once(tmp_path: Path) -> None:
     active, peak, lock = [0], [0], threading.Lock()
+    pair = threading.Barrier(2, timeout=SAFETY)  # two hosts at once, each time
 
     def busy(ctx: OpContext) -> Result:
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
-        time.sleep(0.05)
+        pair.wait()
         with lock:
             active[0] -= 1
         return ok()
@@ -869,10 +871,15 @@ def test_a_bad_host_pattern_stops_before_any_host_is_touched(tmp_path: Path) -> 
     assert fleet.hosts == {}
 
 
+#: What the runner prints once it has acted on a first Ctrl-C.
+STOPPING = "interrupted: hosts stop after their current operation"
+
+
 def interrupt(ctx: OpContext) -> Result:
-    """Ctrl-C (SIGINT, what a terminal sends) while this operation runs."""
+    """Ctrl-C (SIGINT, what a terminal sends) while this operation runs: it ends once the
+    runner has acted on it."""
     signal.raise_signal(signal.SIGINT)
-    time.sleep(1)
+    SYNC["output"].wait_for(STOPPING)
     return ok()
 
 
@@ -918,10 +925,10 @@ def test_a_second_ctrl_c_cuts_off_running_operations_then_the_recap_comes_once(
     fleet = Fleet()
 
     def press_ctrl_c_twice() -> None:
-        while len(fleet.hosts) < 2 or not all(c.running.wait(10) for c in fleet.hosts.values()):
-            time.sleep(0.01)
+        when(lambda: len(fleet.hosts) >= 2, "two hosts started")
+        assert all(c.running.wait(SAFETY) for c in fleet.hosts.values())
         signal.raise_signal(signal.SIGINT)  # hosts stop after their operation: it hangs
-        time.sleep(0.5)  # the runner acts on it; two signals at once would be one
+        SYNC["output"].wait_for(STOPPING)  # counted and acted on: the next press is another
         signal.raise_signal(signal.SIGINT)  # cut off: their connections close
 
     presser = threading.Thread(target=press_ctrl_c_twice)

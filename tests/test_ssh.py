@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import paramiko
 import pytest
+from sync_helpers import SAFETY, Meeting, run_past_timeout, when
 
 from fxkit.connection import ConnectOptions, connect
 from fxkit.connection.base import TIMEOUT_RC
@@ -64,23 +65,51 @@ def test_command_overhead_is_small(lab_fleet):
     fleet = lab_fleet(1)
     with fleet.connect("lab01") as conn:
         conn.run("true")
-        started = time.perf_counter()
-        for _ in range(50):
-            conn.run("true")
-        per_command = (time.perf_counter() - started) / 50
-    # ~3 ms here; 40+ ms would mean Nagle's algorithm holds small packets back (TCP_NODELAY).
-    assert per_command < 0.03, f"{per_command * 1000:.1f} ms per command"
+        fastest = min(_timed(conn.run, "true") for _ in range(50))
+    # ~3 ms here; 40+ ms would mean Nagle's algorithm holds small packets back (TCP_NODELAY):
+    # every command, the fastest of 50 too (a loaded machine slows some of them, not all).
+    assert fastest < 0.03, f"{fastest * 1000:.1f} ms for the fastest command"
+
+
+def _timed(call, *args) -> float:
+    started = time.perf_counter()
+    call(*args)
+    return time.perf_counter() - started
 
 
 def test_command_timeout(lab_fleet):
     fleet = lab_fleet(1)
     with fleet.connect("lab01") as conn:
-        started = time.monotonic()
-        result = conn.run("echo started; sleep 30", timeout=0.5)
-        assert time.monotonic() - started < 5
+        meeting = Meeting(conn)
+        result = run_past_timeout(conn, f"echo started; {meeting.reach}; sleep 300", meeting, 0.5)
         assert result.rc == 124 and result.stdout == "started\n"
         assert "timed out after 0.5 s" in result.stderr
         assert conn.run("echo still usable").ok
+
+
+def test_an_eof_made_as_the_command_ends_never_follows_the_channels_close(lab_fleet, monkeypatch):
+    """paramiko makes a message under the channel's lock and sends it after: the EOF of a
+    command's stdin, made as the command ends, could go out after the channel's CLOSE, and OpenSSH
+    then drops the whole connection ("ieof packet referred to nonexistent channel"). Here every
+    EOF waits until its channel has closed (the worst order), at a fixed point."""
+    send = paramiko.Transport._send_user_message
+
+    def eof_after_close(transport, data):
+        raw = data.asbytes()
+        if (
+            raw[0] == paramiko.common.MSG_CHANNEL_EOF
+            and threading.current_thread() is not transport  # not its own, with its CLOSE
+        ):
+            remote = int.from_bytes(raw[1:5], "big")
+            [chan] = [c for c in transport._channels.values() if c.remote_chanid == remote]
+            when(lambda: chan.closed, "the command ended and its channel closed")
+        send(transport, data)
+
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        monkeypatch.setattr(paramiko.Transport, "_send_user_message", eof_after_close)
+        for _ in range(3):
+            assert conn.run("echo done").stdout == "done\n"  # ends without reading its stdin
 
 
 # -- host keys --------------------------------------------------------------------------------
@@ -160,7 +189,9 @@ def test_a_stopped_host_fails_quickly(lab_fleet):
     started = time.monotonic()
     with pytest.raises(ConnectionFailed, match="cannot connect") as info:
         fleet.connect("lab02", options).open()
-    assert time.monotonic() - started < 5
+    # Refused at once; at worst two connect timeouts and the pause between them (4.5 s): far
+    # from the default's 3 x 10 s.
+    assert time.monotonic() - started < 15
     assert "lab02" in info.value.where
     fleet.up(2)  # restarted for later tests
 
@@ -184,20 +215,20 @@ def test_a_host_lost_in_the_middle_raises_connection_failed(lab_fleet):
     fleet = lab_fleet(2, name="stoppable")
     conn = fleet.connect("lab02")
     conn.open()
-    assert conn.run("true").ok
+    meeting = Meeting(conn)
     outcome: list[BaseException] = []
 
     def long_command() -> None:
         try:
-            conn.run("sleep 30")
+            conn.run(f"{meeting.reach}; sleep 300")
         except BaseException as exc:
             outcome.append(exc)
 
     thread = threading.Thread(target=long_command)
     thread.start()
-    time.sleep(0.3)
+    meeting.wait()  # the command runs on the host
     fleet.stop("lab02")
-    thread.join(10)
+    thread.join(SAFETY)
     assert not thread.is_alive()
     assert outcome and isinstance(outcome[0], ConnectionFailed), outcome
     with pytest.raises(ConnectionFailed):
@@ -354,7 +385,8 @@ def test_a_host_that_never_answers_times_out(tmp_path):
         started = time.monotonic()
         with pytest.raises(ConnectionFailed, match="cannot connect") as info:
             SSHConnection("hung", hostvars, options).open()
-        assert time.monotonic() - started < 5
+        # The connect timeout (1 s) ended the wait, not paramiko's 15 s banner timeout.
+        assert time.monotonic() - started < 10
         assert "connect timeout 1 s" in info.value.hint
 
 
@@ -429,14 +461,15 @@ def test_a_timeout_kills_the_command_and_its_children_on_the_host(sudo_fleet, be
         "lab01", ansible_user=SUDO_USER, ansible_become_password=fleet.become_password()
     ) as conn:
         pids = f"/tmp/timeout-pids-{become}"
-        started = time.monotonic()
-        result = conn.run(
+        meeting = Meeting(conn)
+        result = run_past_timeout(
+            conn,
             f"echo $$ > {pids}; sleep 300 & echo $! >> {pids}; (sleep 301; :) & echo $! >> {pids}; "
-            "echo started; wait",
-            become=become,
+            f"echo started; {meeting.reach}; wait",
+            meeting,
             timeout=1,
+            become=become,
         )
-        assert time.monotonic() - started < 5
         assert result.rc == TIMEOUT_RC and result.stdout == "started\n"
         assert "timed out after 1 s; it was killed" in result.stderr
         listed = conn.run(f"cat {pids}", become=True).stdout.split()

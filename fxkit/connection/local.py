@@ -138,10 +138,8 @@ class _Process:
 
     def pump(self) -> bool:
         while self._selector.get_map():
-            ready = self._selector.select(self.time_left())
-            if not ready:
-                raise _Timeout
-            for key, _ in ready:
+            # Nothing ready: time_left() decides, at the top of the loop, whether time is up.
+            for key, _ in self._selector.select(self.time_left()):
                 data = os.read(key.fd, 65536)
                 if data:
                     key.data.extend(data)
