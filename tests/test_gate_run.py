@@ -7,6 +7,7 @@ edited thresholds without the hosts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sync_helpers import SAFETY, Meeting, Pause, Transcript
 from test_play_lab import FXKIT
 
 pytestmark = pytest.mark.lab
@@ -73,6 +75,28 @@ def inventory(fleet, path: Path, **extra_hosts: dict) -> Path:
     return path
 
 
+#: The gate whose measurement window waits on each host's ``window_wait`` (a sync point).
+WAITING_GATE = GATE.replace("sleep 1", "{{ window_wait | default('sleep 1') }}")
+
+
+def windows_wait(inv: Path, commands: dict[str, str]) -> None:
+    """Per host, what its measurement window waits on (``window_wait``)."""
+    data = yaml.safe_load(inv.read_text())
+    for host, command in commands.items():
+        data["all"]["children"]["lab"]["hosts"][host]["window_wait"] = command
+    inv.write_text(yaml.safe_dump(data))
+
+
+def start_gate(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(FXKIT), "gate", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
 def gate(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(FXKIT), "gate", *args],
@@ -88,14 +112,33 @@ def checks(result: dict, host: str) -> dict[str, dict]:
 
 
 def test_a_gate_on_lab_hosts_then_reevaluated(lab_fleet, tmp_path: Path) -> None:
-    fleet = lab_fleet(2, name="gate")
+    with contextlib.ExitStack() as stack:
+        _a_gate_on_lab_hosts_then_reevaluated(lab_fleet(2, name="gate"), tmp_path, stack)
+
+
+def _a_gate_on_lab_hosts_then_reevaluated(fleet, tmp_path: Path, stack) -> None:
     gate_file = tmp_path / "lab.yml"
-    gate_file.write_text(GATE)
+    gate_file.write_text(WAITING_GATE)
     down = {"ansible_host": "127.0.0.1", "ansible_port": 9}  # nothing listens on port 9
+    # Each host's window stays open until both are open (a Pause on each): proof of parallelism.
+    pauses = {h: Pause(stack.enter_context(fleet.connect(h))) for h in ("lab01", "lab02")}
     inv = inventory(fleet, tmp_path / "inventory.yml", lab03=down)
+    windows_wait(inv, {h: pause.reach for h, pause in pauses.items()})
     out = tmp_path / "run"
 
-    proc = gate(str(gate_file), "-i", str(inv), "--out", str(out), "--connect-retries", "0")
+    running = start_gate(
+        str(gate_file), "-i", str(inv), "--out", str(out), "--connect-retries", "0"
+    )
+    try:
+        for pause in pauses.values():
+            pause.wait()
+    except AssertionError:
+        running.kill()
+        raise AssertionError(running.communicate()) from None
+    for pause in pauses.values():
+        pause.release()
+    stdout, stderr = running.communicate(timeout=SAFETY)
+    proc = subprocess.CompletedProcess(running.args, running.returncode, stdout, stderr)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     text = (out / "result.json").read_text()
     result = json.loads(text)
@@ -118,7 +161,7 @@ def test_a_gate_on_lab_hosts_then_reevaluated(lab_fleet, tmp_path: Path) -> None
     assert result["hosts"]["lab03"]["unreachable"]
     assert result["hosts"]["lab01"]["verdict"] == "ERROR"  # amd-smi: ERROR, nothing FAILed
 
-    # Both hosts were measured at once: their one-second windows overlap.
+    # Both hosts were measured at once: their windows overlap.
     windows = [[float(t) for t in checks(result, h)["window"]["value"]] for h in ("lab01", "lab02")]
     assert max(w[0] for w in windows) < min(w[1] for w in windows)
 
@@ -213,31 +256,31 @@ def test_a_number_that_is_not_finite_is_an_error_in_strict_json(lab_fleet, tmp_p
 def test_ctrl_c_reports_what_was_measured(lab_fleet, tmp_path: Path) -> None:
     fleet = lab_fleet(2, name="gate")
     gate_file = tmp_path / "slow.yml"
-    gate_file.write_text(GATE.replace("sleep 1", "sleep 60").replace("timeout: 600", ""))
+    gate_file.write_text(WAITING_GATE.replace("timeout: 600", ""))
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            str(FXKIT),
-            "gate",
-            str(gate_file),
-            "-i",
-            str(inventory(fleet, tmp_path / "i.yml")),
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    for line in proc.stdout:  # the run has started once the plan is printed
-        if "checks on 2 host(s)" in line:
-            break
-    time.sleep(1)
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)  # the second cuts off the 60 s measurement
-    rest = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 130, rest
+    with contextlib.ExitStack() as stack:
+        meetings = [Meeting(stack.enter_context(fleet.connect(h))) for h in ("lab01", "lab02")]
+        inv = inventory(fleet, tmp_path / "i.yml")
+        windows_wait(inv, {f"lab0{i}": f"{m.reach}; sleep 60" for i, m in enumerate(meetings, 1)})
+        proc = subprocess.Popen(
+            [str(FXKIT), "gate", str(gate_file), "-i", str(inv), "--out", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        try:
+            for meeting in meetings:  # both hosts are in their 60 s window
+                meeting.wait()
+            output = Transcript().follow(proc.stdout)  # type: ignore[arg-type]
+            proc.send_signal(signal.SIGINT)
+            output.wait_for("Ctrl-C again")  # the first is taken: now the second
+            proc.send_signal(signal.SIGINT)  # it cuts off the 60 s measurement
+            proc.wait(SAFETY)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, output.text()
     result = json.loads((out / "result.json").read_text())
     assert result["interrupted"] is True
     for host in ("lab01", "lab02"):
