@@ -702,7 +702,9 @@ def test_what_a_host_holds_in_memory_is_counted_and_limited(root, fleet: Fleet) 
         held = fleet.status()[0].used["memory"] - before
     finally:
         assert root.run("rm /dev/shm/held").ok
-    assert held >= 63 * 2**20, f"64 MiB in the host's /dev/shm, {held >> 20} MiB in its cgroup"
+    # Counted (an uncounted tmpfs shows ~0); a few MiB of the host's other pages may be reclaimed
+    # meanwhile under its 256 MiB limit, so the difference is not exact.
+    assert held >= 48 * 2**20, f"64 MiB in the host's /dev/shm, {held >> 20} MiB in its cgroup"
     # A process that touches twice the host's memory is stopped (by the kernel's OOM killer,
     # in the host's cgroup only); the host itself goes on.
     touch = f"{HOST_PYTHON} -c 'print(len(bytearray(b\"x\") * {2 * LIMITS.memory}))'"

@@ -285,8 +285,9 @@ def test_a_failed_load_leaves_no_state_files(model: Path, tmp_path: Path, shm: P
 
 
 INTERRUPTED = """
-import logging, sys
+import logging, signal, sys
 from fxkit.cli import main
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, whatever the parent ignores
 logging.basicConfig(format="%(message)s")
 logging.getLogger("fxkit.loader.shared").setLevel(logging.DEBUG)  # says when it waits
 sys.argv = ["fxkit", "load", sys.argv[1], "--share", "--chunk-size", "1MiB"]
