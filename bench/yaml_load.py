@@ -12,7 +12,7 @@ and peak RSS (``ru_maxrss``) of each, and its CPU time as a ratio of the first m
 |---|---|
 | ``pyyaml`` | ``yaml.load(text, yaml.SafeLoader)``: pure Python, what fxkit's reader was built on |
 | ``pyyaml-c`` | ``yaml.load(text, yaml.CSafeLoader)``: libyaml, plain dicts, no lines kept |
-| ``fxkit`` | ``fxkit.variables.load_vars_file(path)``: the reader fxkit uses |
+| ``fxkit`` | ``fxkit.engine.variables.load_vars_file(path)``: the reader fxkit uses |
 | ``fxkit-old`` | the same function of the fxkit in ``--old-fxkit DIR`` |
 
 An older fxkit for ``--old-fxkit``: ``git archive COMMIT fxkit | tar -x -C DIR``.
@@ -35,7 +35,7 @@ from pathlib import Path
 method, path = sys.argv[1], Path(sys.argv[2])
 import yaml
 import fxkit
-from fxkit.variables import load_vars_file
+from fxkit.engine.variables import load_vars_file
 usage = resource.getrusage(resource.RUSAGE_SELF)
 cpu_start, start = usage.ru_utime + usage.ru_stime, time.perf_counter()
 if method.startswith("fxkit"):

@@ -25,13 +25,13 @@ from rich.console import Console
 from rich.table import Table
 
 from fxkit import paths
+from fxkit.engine.console import Reporter
+from fxkit.engine.playbook import Play, Playbook, RoleRef
+from fxkit.engine.record import Outcome, PlaybookResult, TaskResult
+from fxkit.engine.role import Role
+from fxkit.engine.runner import Runner, RunOptions, load_inventory
 from fxkit.errors import PlaybookError, masked_errors
 from fxkit.inventory import Inventory
-from fxkit.playbook import Play, Playbook, RoleRef
-from fxkit.report import Reporter
-from fxkit.results import Outcome, PlaybookResult, TaskResult
-from fxkit.role import Role
-from fxkit.runner import Runner, RunOptions, load_inventory
 
 #: The variable that tells the role which instances a batch acts on.
 SELECT = "vllm_lmcache_rollout_instances"

@@ -23,12 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fxkit.engine.runner import load_inventory
 from fxkit.gate import spec
 from fxkit.gate.html import screenshot
 from fxkit.gate.report import write_reports
 from fxkit.gate.run import GateOptions, GateRun
 from fxkit.lab import Fleet
-from fxkit.runner import load_inventory
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = ROOT / "docs" / "img" / "gate-report.png"

@@ -14,10 +14,10 @@ import os
 import signal
 import sys
 
-import fxkit.stage
+import fxkit.staging
 from fxkit.cli import main
 
-_write = fxkit.stage._pwrite_all
+_write = fxkit.staging._pwrite_all
 _pause_at = int(sys.argv.pop(1))
 _paused = False
 
@@ -30,7 +30,7 @@ def _pwrite_then_pause(fd: int, data: memoryview, offset: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
-fxkit.stage._pwrite_all = _pwrite_then_pause
+fxkit.staging._pwrite_all = _pwrite_then_pause
 # Ctrl-C as a terminal delivers it, also under a parent that ignores SIGINT (a job started with
 # '&' by a shell without job control inherits SIG_IGN, and Python then keeps ignoring it).
 signal.signal(signal.SIGINT, signal.default_int_handler)

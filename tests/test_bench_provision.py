@@ -200,7 +200,7 @@ def test_summary_medians_ratios_and_targets() -> None:
 @pytest.mark.lab
 @pytest.mark.skipif(os.geteuid() != 0, reason="the lab fleet needs root")
 def test_benchmark_round_on_lab_fleet(tmp_path: Path) -> None:
-    pytest.importorskip("fxkit.runner", reason="needs the runner (fxkit play)")
+    pytest.importorskip("fxkit.engine.runner", reason="needs the runner (fxkit play)")
     output = tmp_path / "provision.json"
     argv = ["--hosts", "2", "--runs", "1", "--tools", "fxkit", "--json", str(output)]
     argv += ["--lab-dir", str(tmp_path / "lab"), "--prefix", "127.89.7"]

@@ -23,14 +23,14 @@ import yaml
 from test_gate_report import page_of
 from test_play_lab import FXKIT
 
+from fxkit.engine.variables import HostVars
 from fxkit.facts.base import FactCache
 from fxkit.gate import spec
 from fxkit.gate.html import screenshot
-from fxkit.gate.measure import Probe
+from fxkit.gate.measure import MeasuredHost
 from fxkit.gate.measures import facts
-from fxkit.gate.results import SCHEMA, load_results
+from fxkit.gate.verdicts import SCHEMA, load_results
 from fxkit.lab import profile as profiles
-from fxkit.variables import HostVars
 
 pytestmark = pytest.mark.lab
 
@@ -255,8 +255,8 @@ def test_rdma_link_layer_from_sysfs_without_ibv_devinfo(mi308x_runs, lab_fleet) 
     with fleet.connect("lab01") as conn:
         assert conn.run("mv /usr/local/bin/ibv_devinfo /usr/local/bin/ibv_devinfo.away").ok
         try:
-            probe = Probe("lab01", conn, FactCache(conn), HostVars("lab01", []))
-            got = facts.rdma(probe)
+            node = MeasuredHost("lab01", conn, FactCache(conn), HostVars("lab01", []))
+            got = facts.rdma(node)
         finally:
             conn.run("mv /usr/local/bin/ibv_devinfo.away /usr/local/bin/ibv_devinfo")
     assert got["ibv_devinfo"].startswith("ibv_devinfo not found")

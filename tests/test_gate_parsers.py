@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 
 from fxkit.connection.local import LocalConnection
+from fxkit.engine.variables import HostVars
 from fxkit.facts.base import FactCache
 from fxkit.gate import spec
-from fxkit.gate.measure import KINDS, MeasureError, Probe
+from fxkit.gate.measure import KINDS, MeasuredHost, MeasureError
 from fxkit.gate.measures.bench import parse_all_reduce, parse_fio, parse_ib_write_bw
 from fxkit.gate.measures.facts import parse_pcie_links
-from fxkit.variables import HostVars
 
 DATA = Path(__file__).parent / "data" / "gate"
 REFERENCE = Path("/work/shared/reference")
@@ -36,9 +36,9 @@ RCCL = REFERENCE / "rccl_tests_all_reduce_mi308x_2node_rocm720.txt"
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
 
 
-def local_probe() -> Probe:
+def local_probe() -> MeasuredHost:
     conn = LocalConnection("localhost")
-    return Probe("localhost", conn, FactCache(conn), HostVars("localhost", []), timeout=120)
+    return MeasuredHost("localhost", conn, FactCache(conn), HostVars("localhost", []), timeout=120)
 
 
 def measure(kind: str, params: dict) -> object:

@@ -1,10 +1,10 @@
-"""The rules of gate checks (fxkit.gate.rules) and judging a measurement (fxkit.gate.results)."""
+"""The rules of gate checks (fxkit.gate.rules) and judging a measurement (fxkit.gate.verdicts)."""
 
 import pytest
 
 from fxkit.gate import rules
-from fxkit.gate.results import Measurement, judge, select, verdict
 from fxkit.gate.spec import CheckSpec
+from fxkit.gate.verdicts import Measurement, judge, select, verdict
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,10 @@ from safetensors.torch import save_file
 from test_gate_serving_fidelity import vllm_result
 
 from fxkit.connection.local import LocalConnection
+from fxkit.engine.variables import HostVars
 from fxkit.facts.base import FactCache
 from fxkit.gate import spec
-from fxkit.gate.measure import MeasureError, Probe
+from fxkit.gate.measure import MeasuredHost, MeasureError
 from fxkit.gate.measures.serving import (
     LoadBenchParams,
     VllmBenchParams,
@@ -33,15 +34,14 @@ from fxkit.gate.measures.serving import (
     parse_vllm_result,
     vllm_bench,
 )
-from fxkit.variables import HostVars
 
 ROOT = Path(__file__).resolve().parent.parent
 FXKIT = Path(sys.executable).with_name("fxkit")
 
 
-def probe() -> Probe:
+def node() -> MeasuredHost:
     conn = LocalConnection("localhost")
-    return Probe("localhost", conn, FactCache(conn), HostVars("localhost", []), timeout=300,
+    return MeasuredHost("localhost", conn, FactCache(conn), HostVars("localhost", []), timeout=300,
                  stop=threading.Event())  # fmt: skip
 
 
@@ -79,7 +79,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_load_bench_runs_fxkit_bench_load_on_the_host(model: Path) -> None:
     params = LoadBenchParams(model=str(model), runs=1, cold=False, fxkit=str(FXKIT))
-    data = load_bench(probe(), params)
+    data = load_bench(node(), params)
     assert data["nbytes"] == sum(f.stat().st_size for f in model.glob("*.safetensors"))
     assert data["load_time_nfs_s"] > 0 and data["load_time_fxkit_s"] > 0
     assert data["speedup"] > 0 and data["rounds"] == 1 and data["cold"] is False
@@ -92,26 +92,26 @@ def test_load_bench_with_the_baseline_on_another_folder(model: Path, tmp_path: P
         (nfs / f.name).write_bytes(f.read_bytes())
     params = LoadBenchParams(model=str(model), nfs_model=str(nfs), runs=1, cold=False,
                              fxkit=str(FXKIT))  # fmt: skip
-    data = load_bench(probe(), params)
+    data = load_bench(node(), params)
     assert data["speedup"] == pytest.approx(data["load_time_nfs_s"] / data["load_time_fxkit_s"])
 
 
 def test_load_bench_without_fxkit_or_a_model_says_so(model: Path) -> None:
     with pytest.raises(MeasureError, match="fxkit-nowhere not found on localhost"):
-        load_bench(probe(), LoadBenchParams(model=str(model), fxkit="fxkit-nowhere"))
+        load_bench(node(), LoadBenchParams(model=str(model), fxkit="fxkit-nowhere"))
     with pytest.raises(MeasureError, match="no model folder"):
-        load_bench(probe(), LoadBenchParams(model=""))
+        load_bench(node(), LoadBenchParams(model=""))
     with pytest.raises(MeasureError, match="exited"):
-        load_bench(probe(), LoadBenchParams(model="/nonexistent/m", fxkit=str(FXKIT)))
+        load_bench(node(), LoadBenchParams(model="/nonexistent/m", fxkit=str(FXKIT)))
 
 
 def test_vllm_bench_reads_a_result_file(tmp_path: Path) -> None:
     path = tmp_path / "g2.json"
     path.write_text(json.dumps(vllm_result(median_ttft_ms=900.0, output_throughput=1500.0)))
-    data = vllm_bench(probe(), VllmBenchParams(result=str(path)))
+    data = vllm_bench(node(), VllmBenchParams(result=str(path)))
     assert data["ttft_median_ms"] == 900.0 and data["output_throughput"] == 1500.0
     with pytest.raises(MeasureError, match="no vLLM benchmark result"):
-        vllm_bench(probe(), VllmBenchParams(result=str(tmp_path / "none.json")))
+        vllm_bench(node(), VllmBenchParams(result=str(tmp_path / "none.json")))
 
 
 def test_vllm_bench_appended_results_are_read_last_first(tmp_path: Path) -> None:
@@ -125,15 +125,15 @@ def test_vllm_bench_runs_the_command_and_refuses_a_stale_file(tmp_path: Path) ->
     path = tmp_path / "g3.json"
     content = json.dumps(vllm_result(median_ttft_ms=600.0))
     writes = f"printf '%s' {shlex.quote(content)} > {shlex.quote(str(path))}"
-    data = vllm_bench(probe(), VllmBenchParams(result=str(path), run=writes))
+    data = vllm_bench(node(), VllmBenchParams(result=str(path), run=writes))
     assert data["ttft_median_ms"] == 600.0
     old = tmp_path / "old.json"
     old.write_text(content)
     os.utime(old, (1_000_000_000, 1_000_000_000))
     with pytest.raises(MeasureError, match="did not write"):
-        vllm_bench(probe(), VllmBenchParams(result=str(old), run="true"))
+        vllm_bench(node(), VllmBenchParams(result=str(old), run="true"))
     with pytest.raises(MeasureError, match="exited 3"):
-        vllm_bench(probe(), VllmBenchParams(result=str(old), run="echo no server >&2; exit 3"))
+        vllm_bench(node(), VllmBenchParams(result=str(old), run="echo no server >&2; exit 3"))
 
 
 def test_a_run_with_no_completed_request_is_an_error() -> None:

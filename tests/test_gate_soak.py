@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from fxkit.connection.local import LocalConnection
+from fxkit.engine.variables import HostVars
 from fxkit.facts.base import FactCache
-from fxkit.gate.measure import MeasureError, Probe
+from fxkit.gate.measure import MeasuredHost, MeasureError
 from fxkit.gate.measures import soak as soak_kind
 from fxkit.gate.measures.soak import (
     GPU_ERRORS,
@@ -35,7 +36,6 @@ from fxkit.gate.measures.soak import (
     parse_rdma_counters,
     seconds,
 )
-from fxkit.variables import HostVars
 
 SMART_LOG = {
     "critical_warning": 0,
@@ -216,13 +216,13 @@ def soak_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Workload]:
     return make
 
 
-def probe(conn: LocalConnection | None = None, stop: threading.Event | None = None) -> Probe:
+def node(conn: LocalConnection | None = None, stop: threading.Event | None = None) -> MeasuredHost:
     conn = conn or LocalConnection("localhost")
-    return Probe("localhost", conn, FactCache(conn), HostVars("localhost", []), timeout=30,
+    return MeasuredHost("localhost", conn, FactCache(conn), HostVars("localhost", []), timeout=30,
                  stop=stop or threading.Event())  # fmt: skip
 
 
-def measure(p: Probe, **params: object) -> dict:
+def measure(p: MeasuredHost, **params: object) -> dict:
     data: dict = soak_kind.soak(p, SoakParams(**params))  # type: ignore[arg-type]
     return data
 
@@ -234,7 +234,7 @@ def test_the_soak_counts_failed_iterations_and_goes_on(tmp_path: Path, soak_cloc
         f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}; [ $((n % 3)) -ne 0 ]"
     )
     data = measure(
-        probe(soak_clock(0.25)), run=work, duration="2s", interval="1s", sources=()
+        node(soak_clock(0.25)), run=work, duration="2s", interval="1s", sources=()
     )  # fmt: skip
     assert data["iterations"] == int(count.read_text()) == 8  # 2 s, 0.25 s each
     assert data["workload_errors"] == 2
@@ -254,7 +254,7 @@ def test_latency_from_the_workloads_output_and_its_degradation(tmp_path: Path, s
     work = (f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}; "
             "echo \"lat: $((9 + n)).0 ms\"")  # fmt: skip
     data = measure(
-        probe(soak_clock(0.25)), run=work, duration="1.5s", interval="1s", sources=(),
+        node(soak_clock(0.25)), run=work, duration="1.5s", interval="1s", sources=(),
         latency_pattern=r"lat: ([\d.]+) ms", window=3,
     )  # fmt: skip
     assert data["iterations"] == int(count.read_text()) == 6
@@ -268,7 +268,7 @@ def test_ctrl_c_stops_the_soak_with_what_it_has(soak_clock) -> None:
     stop = threading.Event()
     # Ctrl-C in the middle of the third iteration: it ends, and no other starts.
     workload = soak_clock(1, then=lambda n: n == 3 and stop.set())
-    data = measure(probe(workload, stop), run="true", duration="1h", interval="10m", sources=())
+    data = measure(node(workload, stop), run="true", duration="1h", interval="10m", sources=())
     assert data["interrupted"] and data["iterations"] == 3 and data["duration_s"] == 3
     assert data["samples"][-1]["iterations"] == 3
 
@@ -276,7 +276,7 @@ def test_ctrl_c_stops_the_soak_with_what_it_has(soak_clock) -> None:
 def test_counters_absent_here_are_missing_with_the_reason() -> None:
     if Path("/sys/class/infiniband").exists() or Path("/sys/class/nvme").exists():
         pytest.skip("this machine has RDMA or NVMe devices")
-    data = measure(probe(), run="true", duration="0.3s", interval="1s")
+    data = measure(node(), run="true", duration="0.3s", interval="1s")
     assert "(/sys/class/infiniband is empty)" in data["rdma"]["missing"]
     assert "(/sys/class/nvme is empty)" in data["nvme"]["missing"]
     assert "amd-smi not found" in data["gpu"]["missing"]
@@ -284,19 +284,19 @@ def test_counters_absent_here_are_missing_with_the_reason() -> None:
 
 def test_a_workload_that_never_works_is_an_error_not_a_soak() -> None:
     with pytest.raises(MeasureError, match=r"failed its first 3 iterations \(exit 2: nope"):
-        measure(probe(), run="echo nope >&2; exit 2", duration="1h", sources=())
+        measure(node(), run="echo nope >&2; exit 2", duration="1h", sources=())
 
 
 def test_a_missing_tool_is_an_error_before_the_soak() -> None:
     with pytest.raises(MeasureError, match="fio-that-is-not-here not found"):
-        measure(probe(), run="true", duration="1h", tool="fio-that-is-not-here")
+        measure(node(), run="true", duration="1h", tool="fio-that-is-not-here")
 
 
 def test_samples_stay_bounded(monkeypatch: pytest.MonkeyPatch, soak_clock) -> None:
     monkeypatch.setattr(soak_kind, "MAX_SAMPLES", 8)
     # 16 iterations, each followed by a sample: more than 8, halved (every other one kept)
     data = measure(
-        probe(soak_clock(1 / 16)), run="true", duration="1s", interval="0.01s", sources=()
+        node(soak_clock(1 / 16)), run="true", duration="1s", interval="0.01s", sources=()
     )  # fmt: skip
     assert data["iterations"] == 16 and 4 <= len(data["samples"]) <= 9
     assert (

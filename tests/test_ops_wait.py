@@ -23,9 +23,9 @@ from fxkit.ops.base import OpContext, OpError, Status
 from fxkit.ops.wait import (
     HTTP_TOOLS,
     TCP_TOOLS,
-    http_probe,
+    http_condition,
     json_contains,
-    tcp_probe,
+    tcp_condition,
     wait_for,
 )
 
@@ -121,12 +121,12 @@ def test_each_http_tool_reads_status_and_body(server: str, tool: str) -> None:
     if not shutil.which(tool):
         pytest.skip(f"{tool} is not installed here")
     conn = LocalConnection("localhost")
-    probe = http_probe(tool, f"{server}/v1/models", 200, {"object": "list"}, 5)
-    assert probe.judge(conn.run(probe.command)) == (True, f"HTTP 200 {json.dumps(MODELS)}")
-    probe = http_probe(tool, f"{server}/nothing", 200, None, 5)
-    assert probe.judge(conn.run(probe.command)) == (False, "HTTP 404 not found")
-    probe = http_probe(tool, f"http://127.0.0.1:{free_port()}/", 200, None, 5)
-    done, seen = probe.judge(conn.run(probe.command))
+    condition = http_condition(tool, f"{server}/v1/models", 200, {"object": "list"}, 5)
+    assert condition.judge(conn.run(condition.command)) == (True, f"HTTP 200 {json.dumps(MODELS)}")
+    condition = http_condition(tool, f"{server}/nothing", 200, None, 5)
+    assert condition.judge(conn.run(condition.command)) == (False, "HTTP 404 not found")
+    condition = http_condition(tool, f"http://127.0.0.1:{free_port()}/", 200, None, 5)
+    done, seen = condition.judge(conn.run(condition.command))
     assert not done and "connect" in seen.lower(), seen
 
 
@@ -136,9 +136,9 @@ def test_each_tcp_tool_sees_open_and_closed_ports(server: str, tool: str) -> Non
         pytest.skip(f"{tool} is not installed here")
     conn = LocalConnection("localhost")
     port = int(server.rpartition(":")[2])
-    probe = tcp_probe(tool, "127.0.0.1", port, True, 5)
-    assert probe.judge(conn.run(probe.command)) == (True, "open")
-    closed = tcp_probe(tool, "127.0.0.1", free_port(), True, 5)
+    condition = tcp_condition(tool, "127.0.0.1", port, True, 5)
+    assert condition.judge(conn.run(condition.command)) == (True, "open")
+    closed = tcp_condition(tool, "127.0.0.1", free_port(), True, 5)
     done, seen = closed.judge(conn.run(closed.command))
     assert not done and seen  # the tool's own words (e.g. "Connection refused")
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from fxkit.engine.playbook import Playbook
 from fxkit.errors import PlaybookError
-from fxkit.playbook import Playbook
 
 DATA = Path(__file__).parent / "data" / "playbooks"
 

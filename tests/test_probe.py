@@ -27,8 +27,8 @@ import uvicorn
 from fxkit.loader import make_checkpoint, open_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
 
-from fxkit.probe import Loaded, listen, make_app
-from fxkit.probe_guard import ACCEPT_BATCH, HEADER_TIMEOUT, GuardedConfig
+from fxkit.serve_probe import Loaded, listen, make_app
+from fxkit.serve_probe_guard import ACCEPT_BATCH, HEADER_TIMEOUT, GuardedConfig
 
 VLLM = "0.20.1"
 PROTOCOL = f"vllm-{VLLM}/vllm/entrypoints/openai/engine/protocol.py"
@@ -54,7 +54,7 @@ def get(port: int, path: str) -> tuple[int, str, bytes]:
         return response.status, response.headers["content-type"] or "", response.read()
 
 
-class Probe:
+class ServeProbe:
     """``fxkit serve-probe MODEL --port P ARGS`` in a process of its own, stopped by PID;
     ``soft_fds`` sets its soft limit of open files."""
 
@@ -108,9 +108,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def probe(model: Path) -> Iterator[Probe]:
+def probe(model: Path) -> Iterator[ServeProbe]:
     """One probe serving ``model`` as "probe-llama", shared by the read-only tests."""
-    running = Probe(model, "--served-model-name", "probe-llama")
+    running = ServeProbe(model, "--served-model-name", "probe-llama")
     try:
         running.wait_ready()
         yield running
@@ -147,7 +147,7 @@ def literal_defaults(fields: dict[str, ast.expr | None]) -> dict[str, object]:
     }
 
 
-def test_models_has_vllm_model_list_shape(probe: Probe, model: Path) -> None:
+def test_models_has_vllm_model_list_shape(probe: ServeProbe, model: Path) -> None:
     vllm = vllm_fields()
     status, kind, body = get(probe.port, "/v1/models")
     assert status == 200 and kind == "application/json"
@@ -169,11 +169,11 @@ def test_models_has_vllm_model_list_shape(probe: Probe, model: Path) -> None:
     assert permission["id"].startswith("modelperm-")
 
 
-def test_health_is_200_and_empty(probe: Probe) -> None:
+def test_health_is_200_and_empty(probe: ServeProbe) -> None:
     assert get(probe.port, "/health")[0::2] == (200, b"")
 
 
-def test_metrics_count_the_checkpoint(probe: Probe, model: Path) -> None:
+def test_metrics_count_the_checkpoint(probe: ServeProbe, model: Path) -> None:
     checkpoint = open_checkpoint(model)
     metrics = probe.metrics()
     assert metrics["fxkit_load_bytes"][1] == checkpoint.total_bytes
@@ -184,7 +184,7 @@ def test_metrics_count_the_checkpoint(probe: Probe, model: Path) -> None:
 
 
 def test_logs_one_load_line_that_agrees_with_metrics(model: Path) -> None:
-    probe = Probe(model)
+    probe = ServeProbe(model)
     probe.wait_ready()
     metrics = probe.metrics()
     status, err = probe.stop()
@@ -200,7 +200,7 @@ def test_logs_one_load_line_that_agrees_with_metrics(model: Path) -> None:
 
 
 def test_baseline_loader_serves_the_same(model: Path) -> None:
-    probe = Probe(model, "--load-format", "safetensors")
+    probe = ServeProbe(model, "--load-format", "safetensors")
     try:
         probe.wait_ready()
         metrics = probe.metrics()
@@ -216,7 +216,7 @@ def test_baseline_loader_serves_the_same(model: Path) -> None:
 
 def test_port_opens_only_after_the_weights_are_in(model: Path) -> None:
     # Small O_DIRECT reads stretch the load (2048 reads) so a port bound early would be seen.
-    probe = Probe(
+    probe = ServeProbe(
         model, "--no-share", "--direct-io", "on", "--threads", "1", "--chunk-size", "4KiB"
     )
     first = None
@@ -233,7 +233,7 @@ def test_port_opens_only_after_the_weights_are_in(model: Path) -> None:
 
 
 def test_sigterm_stops_it_cleanly(model: Path) -> None:
-    own = Probe(model)
+    own = ServeProbe(model)
     own.wait_ready()
     status, err = own.stop()
     assert status == 0, err
@@ -264,7 +264,7 @@ def test_bad_model_exits_2_without_binding(
         target.mkdir()
     elif case == "corrupt":
         _corrupt(target, model)
-    probe = Probe(target)
+    probe = ServeProbe(target)
     seen_open = False
     while probe.proc.poll() is None:
         seen_open = seen_open or port_open(probe.port)
@@ -378,7 +378,7 @@ HEALTH_WITHIN = 2.0  # seconds: what a liveness probe waits
 def test_health_answers_while_1100_clients_trickle(model: Path) -> None:
     """At the usual default soft limit of 1024 open files, 1100 clients that trickle their
     request heads took them all and /health went unanswered for 75 s or more."""
-    probe = Probe(model, soft_fds=1024)
+    probe = ServeProbe(model, soft_fds=1024)
     try:
         probe.wait_ready()
         with (

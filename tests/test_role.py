@@ -14,14 +14,14 @@ from rich.console import Console
 
 from fxkit import paths, reference
 from fxkit.connection.local import LocalConnection
+from fxkit.engine.console import Reporter
+from fxkit.engine.role import Host, HostFailed, RoleLoader, TagFilter, roles_path
+from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import PlaybookError
 from fxkit.facts.base import FactCache
 from fxkit.facts.system import Kernel
 from fxkit.ops import OPERATIONS
 from fxkit.ops.base import OpContext, Result, Status
-from fxkit.report import Reporter
-from fxkit.role import Host, HostFailed, RoleLoader, TagFilter, roles_path
-from fxkit.variables import HostVars, Layer
 
 
 def make_role(folder: Path, name: str, code: str, **files: str) -> Path:

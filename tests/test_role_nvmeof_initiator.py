@@ -24,13 +24,13 @@ import pytest
 from nvme_lab import play_role, stand_in_packages
 
 from fxkit.connection.local import LocalConnection
+from fxkit.engine.role import RoleLoader, roles_path
+from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import VarError
 from fxkit.facts.base import FactCache
 from fxkit.facts.nvme import NvmeDevices, NvmeNamespace, NvmeSubsystems, parse_list_subsys
 from fxkit.ops.base import OpContext
 from fxkit.ops.filesystems import filesystem
-from fxkit.role import RoleLoader, roles_path
-from fxkit.variables import HostVars, Layer
 from tests.lab_helpers import changes, events_of, sh, snapshot
 
 REFERENCE = Path(__file__).parent / "data" / "reference"

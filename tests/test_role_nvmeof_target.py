@@ -24,11 +24,11 @@ from nvme_lab import play_role, stand_in_packages
 from test_facts_nvme import write_configfs
 
 from fxkit.connection.local import LocalConnection
+from fxkit.engine.role import RoleLoader, roles_path
+from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import VarError
 from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext
-from fxkit.role import RoleLoader, roles_path
-from fxkit.variables import HostVars, Layer
 from tests.lab_helpers import changes, events_of, sh, snapshot
 
 REFERENCE = Path(__file__).parent / "data" / "reference"

@@ -33,15 +33,15 @@ from rich.console import Console
 
 from fxkit.connection.base import Connection, RunResult
 from fxkit.connection.local import LocalConnection
+from fxkit.engine.console import Reporter
+from fxkit.engine.role import Host, RoleLoader
+from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import VarError
 from fxkit.facts.base import FactCache
 from fxkit.facts.lab import SEPARATOR
 from fxkit.facts.rdma import GidTypes, IbvDevinfo, NetInterface, RdmaLink
 from fxkit.lab import Fleet, calls
 from fxkit.ops.base import OpContext, Status
-from fxkit.report import Reporter
-from fxkit.role import Host, RoleLoader
-from fxkit.variables import HostVars, Layer
 
 ROLES = Path(__file__).resolve().parents[1] / "roles"
 ROLE_DIR = ROLES / "roce_nic"

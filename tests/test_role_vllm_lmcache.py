@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from fxkit.engine.role import RoleLoader, roles_path
+from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import VarError
-from fxkit.role import RoleLoader, roles_path
-from fxkit.variables import HostVars, Layer
 
 ROLE = RoleLoader(roles_path(None)).load("vllm_lmcache")
 CODE = inspect.getmodule(ROLE.apply)

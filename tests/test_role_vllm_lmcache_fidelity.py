@@ -44,8 +44,8 @@ from packaging.version import Version
 from pypi_sdists import fetch, run_file, simple_index
 from test_loader_vllm_contract import latest_version
 
-from fxkit.role import RoleLoader, roles_path
-from fxkit.variables import HostVars, Layer
+from fxkit.engine.role import RoleLoader, roles_path
+from fxkit.engine.variables import HostVars, Layer
 
 ROLE = RoleLoader(roles_path(None)).load("vllm_lmcache")
 CODE = inspect.getmodule(ROLE.apply)

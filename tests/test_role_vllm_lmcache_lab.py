@@ -24,10 +24,10 @@ import yaml
 from nvme_lab import play_role
 from test_role_vllm_lmcache_fidelity import LMCACHE_VERSION, lmcache_config_module
 
+from fxkit.engine.role import RoleLoader, roles_path
+from fxkit.engine.variables import HostVars, Layer
 from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, Status
-from fxkit.role import RoleLoader, roles_path
-from fxkit.variables import HostVars, Layer
 from tests.lab_helpers import changes, events_of, sh, snapshot
 
 ROLE = RoleLoader(roles_path(None)).load("vllm_lmcache")

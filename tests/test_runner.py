@@ -25,15 +25,15 @@ from rich.console import Console
 from sync_helpers import SAFETY, Transcript, when
 
 from fxkit.connection import Connection, ConnectOptions, RunResult
+from fxkit.engine.console import Reporter
+from fxkit.engine.playbook import Playbook
+from fxkit.engine.record import Outcome, PlaybookResult
+from fxkit.engine.role import Host, TagFilter, operation
+from fxkit.engine.runner import Runner, RunOptions
 from fxkit.errors import ConnectionFailed, PlaybookError, VarError
 from fxkit.inventory import Inventory
 from fxkit.ops.base import OpContext, Result, changed, failed, ok
-from fxkit.playbook import Playbook
-from fxkit.report import Reporter
-from fxkit.results import Outcome, PlaybookResult
-from fxkit.role import Host, TagFilter, operation
 from fxkit.rollout import rollout
-from fxkit.runner import Runner, RunOptions
 
 
 class MemoryConnection(Connection):
@@ -1035,11 +1035,11 @@ def test_a_missing_device_is_skipped_with_its_reason_on_lab_hosts_only(tmp_path:
 
 
 def test_errors_before_any_host_is_touched_never_quote_a_secret(tmp_path: Path) -> None:
-    """A role's validate() quotes the value it rejects (as fxkit.rolevars does): the error
+    """A role's validate() quotes the value it rejects (as fxkit.engine.rolevars does): the error
     leaves the run masked, as everything the run prints."""
     files = {
         "roles/first/role.py": """
-            from fxkit.rolevars import var_error
+            from fxkit.engine.rolevars import var_error
 
             def validate(v):
                 raise var_error(v, "registry_auth_key", f"{v.registry_auth_key!r} is too short")
@@ -1065,7 +1065,7 @@ def test_a_rollout_s_plan_never_quotes_a_secret(tmp_path: Path) -> None:
             "site.yml": "- hosts: all\n  roles: [svc]\n",
             "hosts.yml": f"all:\n  hosts:\n    h1: {{registry_auth_key: '{SECRET}'}}\n",
             "roles/svc/role.py": """
-                from fxkit.rolevars import var_error
+                from fxkit.engine.rolevars import var_error
 
                 def instance_specs(v):
                     raise var_error(v, "registry_auth_key", f"{v.registry_auth_key} is wrong")

@@ -14,8 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from fxkit.cli import cli
-from fxkit.errors import FxkitError, TemplateError, masked_errors
-from fxkit.redaction import (
+from fxkit.engine.redaction import (
     MIN_SECRET_LENGTH,
     REDACTED,
     Masker,
@@ -24,7 +23,8 @@ from fxkit.redaction import (
     masked,
     redact,
 )
-from fxkit.variables import HostVars, Layer, parse_extra_vars
+from fxkit.engine.variables import HostVars, Layer, parse_extra_vars
+from fxkit.errors import FxkitError, TemplateError, masked_errors
 
 
 def shown(text: str, v: HostVars) -> str:

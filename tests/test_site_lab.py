@@ -222,11 +222,11 @@ def test_the_example_inventory_passes_every_role_s_validation() -> None:
     variable validates (only the key's digest must be the site's own); no host is contacted."""
     from rich.console import Console
 
+    from fxkit.engine.console import Reporter
+    from fxkit.engine.playbook import Playbook
+    from fxkit.engine.record import Outcome
+    from fxkit.engine.runner import Runner, RunOptions, load_inventory
     from fxkit.errors import ConnectionFailed
-    from fxkit.playbook import Playbook
-    from fxkit.report import Reporter
-    from fxkit.results import Outcome
-    from fxkit.runner import Runner, RunOptions, load_inventory
 
     def unreachable(name: str, *_: object) -> None:
         raise ConnectionFailed("not contacted by this test", where=f"host {name}")

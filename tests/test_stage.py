@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fxkit.stage import parse_source
+from fxkit.staging import parse_source
 
 FXKIT = Path(sys.executable).with_name("fxkit")
 PAUSED = Path(__file__).with_name("stage_paused.py")
@@ -663,7 +663,7 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_refused(tmp_path: Path) 
 def test_destination_names_must_stay_inside_it(tmp_path: Path) -> None:
     """Defence in depth: whatever a source lists, the destination refuses a name that is not
     a path inside it."""
-    from fxkit.stage import Destination, StageError
+    from fxkit.staging import Destination, StageError
 
     with Destination(tmp_path / "dest", create=True) as dest:
         for name in ("../x", "/etc/x", "a/../../x", "", "a//b", "x\0y", "."):

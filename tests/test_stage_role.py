@@ -34,7 +34,7 @@ def fxkit_bundle() -> bytes:
     site-packages that ``import fxkit.cli`` loads."""
     site = next(p for p in sys.path if p.endswith("site-packages"))
     probe = (
-        "import sys, fxkit.cli, fxkit.stage\n"
+        "import sys, fxkit.cli, fxkit.staging\n"
         "for m in list(sys.modules.values()):\n"
         "    f = getattr(m, '__file__', None) or ''\n"
         f"    if f.startswith({site!r}): print(f[{len(site) + 1}:].split('/')[0])\n"

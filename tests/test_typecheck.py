@@ -24,8 +24,8 @@ def mypy(tmp_path: Path, code: str) -> list[str]:
 
 
 HEADER = """
-    from fxkit.role import Host
-    from fxkit.variables import HostVars
+    from fxkit.engine.role import Host
+    from fxkit.engine.variables import HostVars
 
     def apply(host: Host, v: HostVars) -> None:
 """

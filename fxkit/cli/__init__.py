@@ -23,7 +23,7 @@ COMMANDS = {
     "load": "fxkit.cli.loader:load",
     "bench": "fxkit.cli.bench:bench",
     "make-checkpoint": "fxkit.cli.loader:make_checkpoint",
-    "serve-probe": "fxkit.cli.probe:serve_probe",
+    "serve-probe": "fxkit.cli.serve_probe:serve_probe",
     "gate": "fxkit.cli.gate:gate",
     "demo": "fxkit.cli.demo:demo",
     "estimate": "fxkit.cli.estimate:estimate",

@@ -29,11 +29,11 @@ from rich.text import Text
 from fxkit.cli.lab import dir_option, port_option, prefix_option
 from fxkit.cli.loader import Size
 from fxkit.connection import ConnectOptions
+from fxkit.engine.console import Reporter
+from fxkit.engine.record import Outcome, PlaybookResult
+from fxkit.engine.runner import RunOptions, load_inventory, run_playbook
 from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
 from fxkit.lab.fleet import host_name
-from fxkit.report import Reporter
-from fxkit.results import Outcome, PlaybookResult
-from fxkit.runner import RunOptions, load_inventory, run_playbook
 
 console = Console(highlight=False, soft_wrap=True)
 CACHE = ".cache/demo-ckpt"

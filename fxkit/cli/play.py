@@ -12,12 +12,12 @@ import click
 
 from fxkit import paths
 from fxkit.connection import ConnectOptions
-from fxkit.playbook import Playbook
-from fxkit.report import Reporter
-from fxkit.role import TagFilter
-from fxkit.runlock import LOCK_WAIT
-from fxkit.runner import RunOptions, load_inventory, run_playbook
-from fxkit.variables import parse_extra_vars
+from fxkit.engine.console import Reporter
+from fxkit.engine.playbook import Playbook
+from fxkit.engine.role import TagFilter
+from fxkit.engine.runlock import LOCK_WAIT
+from fxkit.engine.runner import RunOptions, load_inventory, run_playbook
+from fxkit.engine.variables import parse_extra_vars
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from fxkit.cli.play import options_from, run_options
+from fxkit.engine.playbook import Play
 from fxkit.localfile import write_whole
-from fxkit.playbook import Play
 from fxkit.rollout import rollout as run_rollout
 from fxkit.rollout import table
 

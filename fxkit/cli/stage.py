@@ -1,4 +1,4 @@
-"""``fxkit stage SRC DEST``: copy a model directory to the fast store (:mod:`fxkit.stage`)."""
+"""``fxkit stage SRC DEST``: copy a model directory to the fast store (:mod:`fxkit.staging`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rich.progress import (
 
 from fxkit.cli.loader import Size
 from fxkit.connection import ConnectOptions
-from fxkit.stage import (
+from fxkit.staging import (
     CHECKSUM,
     CHECKSUMS,
     CHUNK,

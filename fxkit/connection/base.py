@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from fxkit.connection.atomic import content_stream, replace_command
+from fxkit.engine.redaction import redact
 from fxkit.errors import ConnectionFailed, FxkitError
-from fxkit.redaction import redact
 
 #: Exit status of a command that ran past its timeout and was killed (as coreutils' ``timeout``).
 TIMEOUT_RC = 124
@@ -129,7 +129,7 @@ class Connection(ABC):
     become_user: str = "root"
     #: Values masked in every result and error (passwords), longest first.
     secrets: Sequence[str] = ()
-    #: Whether a run takes the host's run lock (:mod:`fxkit.runlock`) over this connection.
+    #: Whether a run takes the host's run lock (:mod:`fxkit.engine.runlock`) over this connection.
     run_lock: bool = False
 
     @abstractmethod

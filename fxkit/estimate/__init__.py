@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fxkit.estimate import from_results as _results
 from fxkit.estimate import inputs as _inputs
-from fxkit.estimate import results as _results
+from fxkit.estimate.from_results import Used
 from fxkit.estimate.inputs import Inputs
-from fxkit.estimate.results import Used
 
 
 def collect(

@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fxkit.estimate.from_results import Used
 from fxkit.estimate.inputs import Inputs
-from fxkit.estimate.results import Used
 from fxkit.estimate.summary import Estimate, Row
 
 TITLES = {

@@ -2,6 +2,6 @@
 
 :mod:`~fxkit.gate.spec` reads gate files, :mod:`~fxkit.gate.measure` and
 :mod:`~fxkit.gate.measures` are what checks measure, :mod:`~fxkit.gate.rules` what they require,
-:mod:`~fxkit.gate.run` runs a gate on hosts and :mod:`~fxkit.gate.results` keeps and judges what
+:mod:`~fxkit.gate.run` runs a gate on hosts and :mod:`~fxkit.gate.verdicts` keeps and judges what
 it measured.
 """

@@ -38,7 +38,7 @@ from fxkit.gate.report import (
     thresholds_source,
     value_text,
 )
-from fxkit.gate.results import STATUSES, CheckResult, GateResult, HostResult
+from fxkit.gate.verdicts import STATUSES, CheckResult, GateResult, HostChecks
 
 CSS = """
 :root { --PASS: #2e7d32; --FAIL: #c62828; --WARN: #d97d00; --ERROR: #8e24aa; --SKIP: #6b6b6b; }
@@ -136,7 +136,7 @@ def _facts(section: ET.Element, result: GateResult) -> None:
             cell.text = value
 
 
-def _host(section: ET.Element, name: str, host: HostResult) -> None:
+def _host(section: ET.Element, name: str, host: HostChecks) -> None:
     h2 = _el(section, "h2", f"{name} ")
     _status(h2, host.verdict)
     if host.unreachable:

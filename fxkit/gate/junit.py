@@ -13,7 +13,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from fxkit.gate.report import full_value_text, printable
-from fxkit.gate.results import CheckResult, GateResult, HostResult
+from fxkit.gate.verdicts import CheckResult, GateResult, HostChecks
 
 
 def render(result: GateResult) -> str:
@@ -35,7 +35,7 @@ def render(result: GateResult) -> str:
 
 
 def _suite(
-    result: GateResult, name: str, host: HostResult, index: int
+    result: GateResult, name: str, host: HostChecks, index: int
 ) -> tuple[ET.Element, dict[str, int], float]:
     statuses = [c.status for c in host.checks]
     counts = {
@@ -71,7 +71,7 @@ def _suite(
     return suite, counts, took
 
 
-def _properties(result: GateResult, host: HostResult) -> list[tuple[str, str]]:
+def _properties(result: GateResult, host: HostChecks) -> list[tuple[str, str]]:
     found = [
         ("gate", result.gate),
         ("gate_title", result.title),

@@ -21,7 +21,7 @@ from fxkit.gate.report import (
     thresholds,
     thresholds_source,
 )
-from fxkit.gate.results import CheckResult, GateResult
+from fxkit.gate.verdicts import CheckResult, GateResult
 
 #: What CommonMark (and GitHub's tables) would read as markup: ``_`` only where it can open or
 #: close emphasis (not inside a word: ``g1_rdma_peer`` stays as it is).

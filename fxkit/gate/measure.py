@@ -2,8 +2,8 @@
 
 A kind is registered with :func:`kind`: a name (the key in a check's ``measure:``), a Pydantic
 model of its parameters (unknown keys refused) and a function that measures one host through a
-:class:`Probe` and returns plain data (numbers, text, lists, mappings) that checks pick values
-from (``value: ports.*.state``). A measurement that cannot be made (the tool is missing, the
+:class:`MeasuredHost` and returns plain data (numbers, text, lists, mappings) that checks pick
+values from (``value: ports.*.state``). A measurement that cannot be made (the tool is missing, the
 command failed, its output does not parse) raises :class:`MeasureError`: its checks are ERROR,
 with that reason, never PASS.
 
@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from fxkit.connection.base import Connection, RunResult
+from fxkit.engine.variables import HostVars
 from fxkit.facts.base import FactCache, FactError
-from fxkit.variables import HostVars
 
 P = TypeVar("P", bound="Params")
 
@@ -48,7 +48,7 @@ def regex(value: str, name: str) -> re.Pattern[str]:
 
 
 @dataclass
-class Probe:
+class MeasuredHost:
     """One host, as a measurement sees it: its connection, facts and variables."""
 
     host: str
@@ -94,7 +94,7 @@ class Probe:
             raise MeasureError(exc.message) from None
 
 
-Measure = Callable[[Probe, Any], Any]
+Measure = Callable[[MeasuredHost, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -120,10 +120,10 @@ KINDS: dict[str, Kind] = {}
 
 def kind(
     name: str, params: type[P]
-) -> Callable[[Callable[[Probe, P], Any]], Callable[[Probe, P], Any]]:
-    """Register a kind of measurement: ``@kind("fio", FioParams)`` over ``def fio(probe, p)``."""
+) -> Callable[[Callable[[MeasuredHost, P], Any]], Callable[[MeasuredHost, P], Any]]:
+    """Register a kind of measurement: ``@kind("fio", FioParams)`` over ``def fio(node, p)``."""
 
-    def register(func: Callable[[Probe, P], Any]) -> Callable[[Probe, P], Any]:
+    def register(func: Callable[[MeasuredHost, P], Any]) -> Callable[[MeasuredHost, P], Any]:
         about = (func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else ""
         KINDS[name] = Kind(name, params, func, about)
         return func

@@ -32,25 +32,25 @@ from jinja2 import meta
 from pydantic import ValidationError
 
 from fxkit.connection import Connection, ConnectOptions, connect
+from fxkit.engine.redaction import Masker
+from fxkit.engine.role import RoleLoader, roles_path
+from fxkit.engine.variables import HostVars, Layer, environment, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, masked_errors
 from fxkit.facts.base import FactCache
-from fxkit.gate.measure import KINDS, MeasureError, Params, Probe
+from fxkit.gate.measure import KINDS, MeasuredHost, MeasureError, Params
 from fxkit.gate.report import masked
-from fxkit.gate.results import (
+from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
+from fxkit.gate.verdicts import (
     CheckResult,
     GateResult,
-    HostResult,
+    HostChecks,
     Measurement,
     baseline_name,
     baseline_value,
     judge,
     skipped,
 )
-from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
 from fxkit.inventory.model import Inventory, InventoryHost
-from fxkit.redaction import Masker
-from fxkit.role import RoleLoader, roles_path
-from fxkit.variables import HostVars, Layer, environment, truthy
 
 #: Called after each check is judged on a host (for progress).
 Progress = Callable[[str, CheckResult], None]
@@ -228,9 +228,9 @@ class GateRun:
         result.interrupted = self.stop.is_set()
         return masked(result, self.masker.masks)
 
-    def _host(self, plan: _Plan) -> HostResult:
+    def _host(self, plan: _Plan) -> HostChecks:
         values, sources = snapshot(plan.vars, self._referenced)
-        host = HostResult(plan.inv.name, vars=values, var_sources=sources)
+        host = HostChecks(plan.inv.name, vars=values, var_sources=sources)
         conn = self.connector(plan.inv.name, plan.vars, self.options.connect)
         with self._lock:
             self._connections.append(conn)
@@ -239,7 +239,7 @@ class GateRun:
                 conn.open()
         except ConnectionFailed as exc:
             host.unreachable = str(exc)
-        probe = Probe(
+        node = MeasuredHost(
             plan.inv.name,
             conn,
             FactCache(conn),
@@ -257,8 +257,8 @@ class GateRun:
                     key = json.dumps([name, params.model_dump(mode="json")], sort_keys=True)
                     if key not in done:
                         done[key] = len(host.measurements)
-                        probe.timeout = check.timeout
-                        host.measurements.append(self._measure(probe, name, params, host))
+                        node.timeout = check.timeout
+                        host.measurements.append(self._measure(node, name, params, host))
                     index = done[key]
                     base = baseline_value(self.options.baseline, plan.inv.name, check)
                     checked = judge(check, rule, host.measurements[index], index, base, where)
@@ -271,7 +271,7 @@ class GateRun:
         self.masker.add(plan.vars.secret_values())
         return host
 
-    def _measure(self, probe: Probe, name: str, params: Any, host: HostResult) -> Measurement:
+    def _measure(self, node: MeasuredHost, name: str, params: Any, host: HostChecks) -> Measurement:
         measurement = Measurement(name, params.model_dump(mode="json"))
         started = time.monotonic()
         if host.unreachable is not None:
@@ -280,7 +280,7 @@ class GateRun:
             measurement.error = "interrupted (Ctrl-C) before it ran"
         else:
             try:
-                measurement.data = KINDS[name].measure(probe, params)
+                measurement.data = KINDS[name].measure(node, params)
             except (MeasureError, FxkitError) as exc:
                 if self.cut.is_set():  # killed, or its connection closed, by the second Ctrl-C
                     measurement.error = "interrupted (Ctrl-C): cut off while it ran"
@@ -384,7 +384,7 @@ def rule_renderer(
     extra_vars: Mapping[str, Any],
     roles_paths: list[str] | None = None,
     on_secret: Callable[[Iterable[str]], None] | None = None,
-) -> Callable[[HostResult, CheckSpec], dict[str, Any]]:
+) -> Callable[[HostChecks, CheckSpec], dict[str, Any]]:
     """Renders a check's rule for a host of earlier results (``fxkit gate evaluate``): the
     roles' defaults, the run's values from them, the gate file's current ``vars:`` (not the
     run's), the run's values from the inventory and -e, then this ``-e``. The run's values are
@@ -392,7 +392,7 @@ def rule_renderer(
     secrets among them, and of what the rules make of them."""
     defaults = role_defaults(gate, roles_paths or [])
 
-    def rule(host: HostResult, check: CheckSpec) -> dict[str, Any]:
+    def rule(host: HostChecks, check: CheckSpec) -> dict[str, Any]:
         def kept(below_gate: bool) -> dict[str, Any]:
             return {
                 name: value

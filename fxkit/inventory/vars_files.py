@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fxkit.engine.variables import load_vars_file
 from fxkit.errors import InventoryError
-from fxkit.variables import load_vars_file
 
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fxkit.ops.apt import apt_pin, apt_repository, package_hold
 from fxkit.ops.base import OpContext, Operation, OpError, Result, Status
 from fxkit.ops.boot import reboot
+from fxkit.ops.checkpoints import stage
 from fxkit.ops.commands import command
 from fxkit.ops.files import directory, file
 from fxkit.ops.filesystems import filesystem
@@ -14,7 +15,6 @@ from fxkit.ops.lines import block, line
 from fxkit.ops.mounts import mount
 from fxkit.ops.packages import packages
 from fxkit.ops.python import git, virtualenv
-from fxkit.ops.stage import stage
 from fxkit.ops.sysfs import attribute
 from fxkit.ops.systemd import dropin, service, unit
 from fxkit.ops.transfer import copy, download

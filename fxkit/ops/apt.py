@@ -354,7 +354,7 @@ def package_hold(ctx: OpContext, names: Words, state: str = "held") -> Result:
     reason = _not_apt(ctx, "package holds")
     if reason:
         return skipped(f"{reason} (dnf: use the versionlock plugin)")
-    held = ctx.probe(HeldPackages)
+    held = ctx.fresh(HeldPackages)
     todo = [n for n in wanted if (n in held) != (state == "held")]
     if not todo:
         return ok(f"packages {state}")

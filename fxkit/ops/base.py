@@ -135,7 +135,7 @@ class OpContext:
         """A fact, gathered once per run and kept until the next change to the host."""
         return self.facts.get(fact, *args, become=self.become)
 
-    def probe(self, fact: type[Fact[T]], *args: Any) -> T:
+    def fresh(self, fact: type[Fact[T]], *args: Any) -> T:
         """Gather ``fact`` now, uncached: for state that operations change (a file, a service)."""
         return self.facts.gather(fact, *args, become=self.become)
 

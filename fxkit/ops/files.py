@@ -159,7 +159,7 @@ def edit_file(
     want_mode = parse_mode(mode)
     attributes = (want_mode, owner, group) != (None, None, None)
     for _ in range(EDIT_ATTEMPTS):
-        info = ctx.probe(FileStat, path) if attributes else None
+        info = ctx.fresh(FileStat, path) if attributes else None
         old = ctx.get(path)
         new = edit(old)
         if isinstance(new, Result):
@@ -253,7 +253,7 @@ def directory(
     check_state(state, ("present", "absent"))
     check_path(path, removing=state == "absent")
     want_mode = parse_mode(mode)
-    info = ctx.probe(FileStat, path)
+    info = ctx.fresh(FileStat, path)
     q = quote(path)
     if info.exists and info.type != "directory":
         return failed(f"{path} exists and is a {info.type}, not a directory")
@@ -293,7 +293,7 @@ def file(
     check_state(state, ("present", "absent"))
     check_path(path)
     want_mode = parse_mode(mode)
-    info = ctx.probe(FileStat, path)
+    info = ctx.fresh(FileStat, path)
     q = quote(path)
     if info.exists and info.type not in ("file", "link"):
         return failed(f"{path} exists and is a {info.type}, not a file")

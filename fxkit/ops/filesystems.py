@@ -42,7 +42,7 @@ def filesystem(
     option, longest = _LABEL[fstype]
     if label is not None and (not re.fullmatch(r"[A-Za-z0-9_.-]+", label) or len(label) > longest):
         raise OpError(f"bad {fstype} label {label!r}", hint=f"up to {longest} of A-Z a-z 0-9 _ . -")
-    found = ctx.probe(BlockSignature, device)
+    found = ctx.fresh(BlockSignature, device)
     if not found.exists:
         return failed(f"{device} does not exist")
     if found.error:
@@ -69,5 +69,5 @@ def filesystem(
         diff=f"{device}: no signature -> {fstype}\n",
     )
     if made.changed and not ctx.check:
-        made.data["uuid"] = ctx.probe(BlockSignature, device).uuid
+        made.data["uuid"] = ctx.fresh(BlockSignature, device).uuid
     return made

@@ -31,7 +31,7 @@ from fxkit.connection.base import RunResult
 from fxkit.facts.tools import Executables
 from fxkit.ops.base import OpContext, OpError, Result, check_state, failed, ok, skipped
 from fxkit.ops.systemd import check_unit_name, systemd_missing
-from fxkit.ops.wait import HTTP_TOOLS, PROBE_TIMEOUT, check_url, http_probe
+from fxkit.ops.wait import HTTP_TOOLS, PROBE_TIMEOUT, check_url, http_condition
 
 P = ParamSpec("P")
 STATE_DIR = "/var/lib/fxkit/instances"
@@ -289,13 +289,13 @@ def instance_ready(
     if not tools:
         return failed(f"cannot probe {url}: the host has none of {', '.join(HTTP_TOOLS)}")
     seconds = max(1.0, min(PROBE_TIMEOUT, timeout))
-    probe = http_probe(tools[0], url, 200, {"data": [{"id": model}]}, seconds)
-    command = f"date +%s.%N; {_alive_command(unit, record)}; {probe.command}"
+    ready = http_condition(tools[0], url, 200, {"data": [{"id": model}]}, seconds)
+    command = f"date +%s.%N; {_alive_command(unit, record)}; {ready.command}"
     deadline = time.monotonic() + timeout
     while True:
         result = ctx.read(command, timeout=seconds + 5)
         now, alive, rest = [*result.stdout.split("\n", 2), "", ""][:3]
-        done, seen = probe.judge(RunResult(result.command, result.rc, rest, result.stderr))
+        done, seen = ready.judge(RunResult(result.command, result.rc, rest, result.stderr))
         if done and record is not None:
             took = float(now) - record.started_at
             load_s, source = _load_time(ctx, unit, url, record, tools[0], log)
@@ -308,7 +308,7 @@ def instance_ready(
                 backend=record.backend,
             )
         if ctx.check:
-            return skipped(f"check mode: would wait up to {timeout:g} s for {probe.what}")
+            return skipped(f"check mode: would wait up to {timeout:g} s for {ready.what}")
         if record is None:
             return failed(f"{unit} was never started by fxkit ({record_path} is missing)")
         if alive.strip() != "alive":
@@ -343,7 +343,7 @@ def _load_time(
 ) -> tuple[float | None, str]:
     """The instance's own account of its weights' load time: ``/metrics``, else its log."""
     metrics = re.sub(r"(https?://[^/]+).*", r"\1/metrics", url)
-    answer = ctx.read(http_probe(tool, metrics, 200, None, PROBE_TIMEOUT).command)
+    answer = ctx.read(http_condition(tool, metrics, 200, None, PROBE_TIMEOUT).command)
     found = _METRIC.search(answer.stdout.rpartition("\n")[0])
     if found:
         return float(found[1]), "metrics"

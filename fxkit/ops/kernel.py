@@ -52,7 +52,7 @@ def sysctl(
     )
     if persisted.failed:
         return persisted
-    live = ctx.probe(SysctlState, name, proc_sys)
+    live = ctx.fresh(SysctlState, name, proc_sys)
     if live.value == want:
         return combine(persisted, ok(f"{name} is {want}"))
     if not live.writable:
@@ -93,7 +93,7 @@ def module(
         steps.append(_config_file(ctx, f"{modprobe_dir}/{name}.conf", content))
     if any(step.failed for step in steps):
         return combine(*steps)
-    state = ctx.probe(ModuleState, name)
+    state = ctx.fresh(ModuleState, name)
     if state.loaded:
         note = "; new options apply when it is next loaded" if steps[-1].changed and options else ""
         return combine(*steps, ok(f"{name} is loaded{note}"))

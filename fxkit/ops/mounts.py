@@ -132,7 +132,7 @@ def _live(ctx: OpContext, path: str, state: str, fstab: str, remount: bool) -> R
     """Mount or unmount ``path`` now, as ``state`` wants (mount reads the entry from ``fstab``)."""
     if state == "present":
         return ok("")
-    mounted = any(m.path == path for m in ctx.probe(Mounts))
+    mounted = any(m.path == path for m in ctx.fresh(Mounts))
     q = quote(path)
     table = "" if fstab == "/etc/fstab" else f"--fstab {quote(fstab)} "
     if state == "mounted":

@@ -57,7 +57,7 @@ def packages(
     if os_info.family not in MANAGERS:
         return failed(f"no package manager support for {os_info.id} (apt or dnf families only)")
     refresh, install, remove, pin = MANAGERS[os_info.family]
-    installed = ctx.probe(InstalledPackages, *(name for name, _ in specs))
+    installed = ctx.fresh(InstalledPackages, *(name for name, _ in specs))
 
     if state == "absent":
         todo = [name for name, _ in specs if name in installed]

@@ -43,7 +43,7 @@ def virtualenv(
         host.virtualenv("/opt/vllm", {"vllm": "0.20.1+rocm721"}, pip_args=["--index-url", url])
     """
     pins = _pins(packages)
-    installed = ctx.probe(VenvPackages, path)
+    installed = ctx.fresh(VenvPackages, path)
     have = installed or {}
     todo = [
         (name, version)

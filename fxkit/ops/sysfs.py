@@ -32,7 +32,7 @@ def attribute(ctx: OpContext, path: str, value: str | int) -> Result:
     want = ("1" if value else "0") if isinstance(value, bool) else str(value).strip()
     if not want or "\n" in want:
         raise OpError(f"bad value {value!r} for {path}", hint="one line, not empty")
-    info = ctx.probe(Attribute, path)
+    info = ctx.fresh(Attribute, path)
     if not info.exists:
         return skipped(f"{path} does not exist on this host (no such device, driver or object)")
     current = info.value
@@ -52,7 +52,7 @@ def attribute(ctx: OpContext, path: str, value: str | int) -> Result:
     )
     if not result.changed or ctx.check:
         return result
-    now = ctx.probe(Attribute, path)
+    now = ctx.fresh(Attribute, path)
     if now.text is None:  # a write-only attribute (an "apply" trigger): written every run
         result.msg += "; it cannot be read back"
     elif now.value != want:

@@ -140,7 +140,7 @@ def copy(
                 f"{src} on the controller has sha256 {digest}, not the expected {expected}: "
                 f"nothing copied to {dest}; fetch the artifact again or fix the digest"
             )
-        info = ctx.probe(FileStat, dest)
+        info = ctx.fresh(FileStat, dest)
         done = _as_wanted(ctx, dest, info, digest, mode, owner, group)
         if done is not None:
             return done
@@ -214,7 +214,7 @@ def download(
     digest = check_sha256(sha256)
     if not _URL.fullmatch(url):
         raise OpError(f"bad URL {url!r}", hint="http://, https://, ftp:// or file://, no spaces")
-    info = ctx.probe(FileStat, dest)
+    info = ctx.fresh(FileStat, dest)
     done = _as_wanted(ctx, dest, info, digest, mode, owner, group)
     if done is not None:
         return done

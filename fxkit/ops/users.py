@@ -50,7 +50,7 @@ def group(
     check_state(state, ("present", "absent"))
     _check_name(name, "group")
     _check_id(gid, "gid")
-    current = ctx.probe(Group, name)
+    current = ctx.fresh(Group, name)
     q = quote(name)
     if state == "absent":
         if current is None:
@@ -111,7 +111,7 @@ def user(
         _check_name(other, "group")
     if isinstance(group, str):
         _check_name(group, "group")
-    current = ctx.probe(User, name)
+    current = ctx.fresh(User, name)
     q = quote(name)
     if state == "absent":
         if current is None:
@@ -171,7 +171,7 @@ def group_member(ctx: OpContext, user: str, groups: str | list[str]) -> Result:
         host.group_member("vllm", ["render", "video"])
     """
     wanted = [groups] if isinstance(groups, str) else list(groups)
-    current = ctx.probe(GroupMembership, user)
+    current = ctx.fresh(GroupMembership, user)
     if current is None:
         return failed(f"no such user: {user}")
     missing = [g for g in wanted if g not in current]

@@ -42,7 +42,7 @@ _PY_HTTP = (
 
 
 @dataclass(frozen=True)
-class Probe:
+class Condition:
     """What is awaited (``what``), the host's command testing it, and ``judge``: the command's
     result -> whether the condition holds and what was seen."""
 
@@ -84,33 +84,33 @@ def wait_for(
     """
     if timeout <= 0 or interval <= 0:
         raise OpError(f"bad timeout {timeout!r} or interval {interval!r}", hint="seconds > 0")
-    probe = _probe(ctx, port, host, url, status, json, path, regex, command, state, timeout)
-    if isinstance(probe, Result):
-        return probe
+    condition = _condition(ctx, port, host, url, status, json, path, regex, command, state, timeout)
+    if isinstance(condition, Result):
+        return condition
     start = time.monotonic()
     deadline = start + timeout
     while True:
         left = deadline - time.monotonic()
-        result = ctx.read(probe.command, timeout=max(1.0, min(PROBE_TIMEOUT, left)) + 5)
-        done, seen = probe.judge(result)
+        result = ctx.read(condition.command, timeout=max(1.0, min(PROBE_TIMEOUT, left)) + 5)
+        done, seen = condition.judge(result)
         elapsed = time.monotonic() - start
         if done:
-            return ok(f"{probe.what}: {seen} after {elapsed:.1f} s", seen=seen)
+            return ok(f"{condition.what}: {seen} after {elapsed:.1f} s", seen=seen)
         if ctx.check:
             return skipped(
-                f"check mode: would wait up to {timeout:g} s for {probe.what} (now: {seen})",
+                f"check mode: would wait up to {timeout:g} s for {condition.what} (now: {seen})",
                 seen=seen,
             )
         left = deadline - time.monotonic()
         if left <= 0:
             return failed(
-                f"timed out after {timeout:g} s waiting for {probe.what}; last seen: {seen}",
+                f"timed out after {timeout:g} s waiting for {condition.what}; last seen: {seen}",
                 seen=seen,
             )
         time.sleep(min(interval, left))
 
 
-def _probe(
+def _condition(
     ctx: OpContext,
     port: int | None,
     host: str,
@@ -122,8 +122,8 @@ def _probe(
     command: str | None,
     state: str | None,
     timeout: float,
-) -> Probe | Result:
-    """The probe for the one condition given (a failed Result when the host has no tool)."""
+) -> Condition | Result:
+    """The condition asked for (a failed Result when the host has no tool)."""
     given = [
         k
         for k, v in {"port": port, "url": url, "path": path, "command": command}.items()
@@ -140,9 +140,9 @@ def _probe(
     check_state(state, _STATES.get(kind, (None,)))
     seconds = max(1.0, min(PROBE_TIMEOUT, timeout))
     if command is not None:
-        return Probe(f"`{command}` to succeed", f"sh -c {quote(command)}", _command_judge)
+        return Condition(f"`{command}` to succeed", f"sh -c {quote(command)}", _command_judge)
     if path is not None:
-        return file_probe(path, regex, state != "absent")
+        return file_condition(path, regex, state != "absent")
     if port is not None:
         check_address(host, port)
         tools = ctx.fact(Executables, *TCP_TOOLS)
@@ -150,13 +150,13 @@ def _probe(
             return failed(
                 f"cannot probe TCP {host}:{port}: the host has none of {', '.join(TCP_TOOLS)}"
             )
-        return tcp_probe(tools[0], host, port, state != "stopped", seconds)
+        return tcp_condition(tools[0], host, port, state != "stopped", seconds)
     assert url is not None
     check_url(url)
     tools = ctx.fact(Executables, *HTTP_TOOLS)
     if not tools:
         return failed(f"cannot probe {url}: the host has none of {', '.join(HTTP_TOOLS)}")
-    return http_probe(tools[0], url, status, json, seconds)
+    return http_condition(tools[0], url, status, json, seconds)
 
 
 #: The commands that probe a TCP port, the first the host has is used; the same for HTTP.
@@ -175,7 +175,7 @@ def check_url(url: str) -> None:
         raise OpError(f"bad URL {url!r}", hint="an http:// or https:// URL")
 
 
-def tcp_probe(tool: str, host: str, port: int, up: bool, seconds: float) -> Probe:
+def tcp_condition(tool: str, host: str, port: int, up: bool, seconds: float) -> Condition:
     """A connection to ``host:port`` with ``tool`` (one of :data:`TCP_TOOLS`)."""
     h, p = quote(host), str(port)
     commands = {
@@ -190,10 +190,10 @@ def tcp_probe(tool: str, host: str, port: int, up: bool, seconds: float) -> Prob
         return result.ok == up, seen
 
     what = f"TCP {host}:{port} to {'open' if up else 'close'}"
-    return Probe(what, f"{commands[tool]} 2>&1", judge)
+    return Condition(what, f"{commands[tool]} 2>&1", judge)
 
 
-def http_probe(tool: str, url: str, status: int, json: Any, seconds: float) -> Probe:
+def http_condition(tool: str, url: str, status: int, json: Any, seconds: float) -> Condition:
     """A GET of ``url`` with ``tool`` (one of :data:`HTTP_TOOLS`); it prints the body, then the
     status on a line of its own (0: no answer)."""
     if tool == "curl":
@@ -217,10 +217,10 @@ def http_probe(tool: str, url: str, status: int, json: Any, seconds: float) -> P
         return json_contains(answer, json), f"{seen} {jsonlib.dumps(answer)[:300]}"
 
     expect = f"HTTP {status}" + (f" with JSON containing {jsonlib.dumps(json)}" if json else "")
-    return Probe(f"{url} to answer {expect}", command, judge)
+    return Condition(f"{url} to answer {expect}", command, judge)
 
 
-def file_probe(path: str, regex: str | None, present: bool) -> Probe:
+def file_condition(path: str, regex: str | None, present: bool) -> Condition:
     """``path`` exists (with a line matching ``regex``) or is absent."""
     check_path(path)
     q = quote(path)
@@ -238,7 +238,7 @@ def file_probe(path: str, regex: str | None, present: bool) -> Probe:
         return word == wanted, seen_as.get(word, word or _tail(result))
 
     what = f"{path} to {'exist' if present else 'be absent'}"
-    return Probe(
+    return Condition(
         what + (f" with a line matching {regex}" if regex and present else ""), command, judge
     )
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from fxkit.role import Host
-from fxkit.rolevars import var_error, whole_number
-from fxkit.variables import HostVars
+from fxkit.engine.role import Host
+from fxkit.engine.rolevars import var_error, whole_number
+from fxkit.engine.variables import HostVars
 
 
 def validate(v: HostVars) -> None:

@@ -3,8 +3,8 @@
 import posixpath
 from shlex import quote
 
-from fxkit.role import Host
-from fxkit.variables import HostVars
+from fxkit.engine.role import Host
+from fxkit.engine.variables import HostVars
 
 
 def apply(host: Host, v: HostVars) -> None:

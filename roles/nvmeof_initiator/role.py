@@ -13,6 +13,9 @@ import uuid
 from shlex import quote
 from typing import Any
 
+from fxkit.engine.role import Host
+from fxkit.engine.rolevars import is_interface_name, mappings, valid_nqn, var_error
+from fxkit.engine.variables import HostVars, truthy
 from fxkit.facts.files import FileStat
 from fxkit.facts.filesystems import BlockSignature
 from fxkit.facts.kernel import ModuleState
@@ -29,9 +32,6 @@ from fxkit.facts.nvme import (
 )
 from fxkit.ops import files
 from fxkit.ops.base import OpContext, Result, combine, failed, ok
-from fxkit.role import Host
-from fxkit.rolevars import is_interface_name, mappings, valid_nqn, var_error
-from fxkit.variables import HostVars, truthy
 
 TRANSPORTS = {"rdma": "nvme-rdma", "tcp": "nvme-tcp"}
 #: nvme-cli's default service ids (fabrics.c get_default_trsvcid): discovery over TCP 8009.
@@ -219,7 +219,7 @@ def nvme_connect(ctx: OpContext, nqn: str, entry: dict[str, Any]) -> Result:
     transport, address and service id already."""
     args = fabric_args(entry)
     transport, address, port = args[1], args[3], args[5]
-    path = ctx.probe(NvmeListSubsys).path_to(nqn, transport, address, port)
+    path = ctx.fresh(NvmeListSubsys).path_to(nqn, transport, address, port)
     if path is not None:
         return ok(f"connected: {path.name} ({path.state or 'state unknown'})")
     where = f"{transport} {address}:{port}"
@@ -250,7 +250,7 @@ def namespaces_of(
 
 def verify(ctx: OpContext, connections: list[dict[str, Any]]) -> Result:
     """Every connection shows its namespaces in ``nvme list -o json`` (count, and size)."""
-    subsystems, devices = ctx.probe(NvmeListSubsys), ctx.probe(NvmeList)
+    subsystems, devices = ctx.fresh(NvmeListSubsys), ctx.fresh(NvmeList)
     seen = []
     for entry in connections:
         found = namespaces_of(entry["nqn"], subsystems, devices)

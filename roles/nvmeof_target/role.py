@@ -15,14 +15,14 @@ import re
 from shlex import quote
 from typing import Any
 
+from fxkit.engine.role import Host
+from fxkit.engine.rolevars import mappings, valid_nqn, var_error, whole_number
+from fxkit.engine.variables import HostVars
 from fxkit.errors import VarError
 from fxkit.facts.kernel import ModuleState
 from fxkit.facts.nvme import UUID
 from fxkit.facts.nvmet import NVMET, NvmetConfig, PathKinds, differences
 from fxkit.ops.base import OpContext, Result, failed, ok
-from fxkit.role import Host
-from fxkit.rolevars import mappings, valid_nqn, var_error, whole_number
-from fxkit.variables import HostVars
 
 TRANSPORTS = ("rdma", "tcp", "loop")
 MAX_ID = 8192  # nvmetcli: Port.MAX_PORTID and Namespace.MAX_NSID
@@ -253,7 +253,7 @@ def nvmet_restore(
 ) -> Result:
     """``nvmetcli restore`` the file when it was just written or configfs differs from it; then
     read configfs back: the step fails unless every key of the file is what configfs holds."""
-    state = ctx.probe(NvmetConfig, configfs)
+    state = ctx.fresh(NvmetConfig, configfs)
     where = " (simulated lab host)" if state.simulated else ""
     before = differences(desired, state.config)
     if not before and not written:
@@ -267,7 +267,7 @@ def nvmet_restore(
     )
     if not restored.changed or ctx.check:
         return restored
-    after = differences(desired, ctx.probe(NvmetConfig, configfs).config)
+    after = differences(desired, ctx.fresh(NvmetConfig, configfs).config)
     if after:
         said = restored.data.get("stdout", "").strip()
         return failed(
@@ -283,7 +283,7 @@ def nvmet_restore(
 def create_file(ctx: OpContext, path: str, size: str) -> Result:
     """A sparse backing file of ``size`` where ``path`` does not exist; an existing file, with
     whatever data it holds, is never touched."""
-    if ctx.probe(PathKinds, path)[path] != "absent":
+    if ctx.fresh(PathKinds, path)[path] != "absent":
         return ok(f"{path} exists")
     return ctx.change(
         f"mkdir -p -- {quote(posixpath.dirname(path))} && "

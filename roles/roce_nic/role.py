@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from shlex import quote
 from typing import Any
 
+from fxkit.engine.role import Host
+from fxkit.engine.rolevars import is_interface_name, var_error, whole_number
+from fxkit.engine.variables import HostVars, environment, truthy
 from fxkit.facts.rdma import (
     BNXT_CC,
     BnxtCc,
@@ -29,9 +32,6 @@ from fxkit.facts.rdma import (
 )
 from fxkit.facts.sysfs import Attribute
 from fxkit.ops.base import OpContext, Result, failed, ok, skipped
-from fxkit.role import Host
-from fxkit.rolevars import is_interface_name, var_error, whole_number
-from fxkit.variables import HostVars, environment, truthy
 
 #: RoCE MTU range: 1280 is the least an IPv6 link carries (RoCEv2 GIDs are IPv4 and IPv6
 #: addresses; it still gives an RDMA MTU of 1024), 9216 the largest jumbo frame data-centre
@@ -351,20 +351,20 @@ def _hex(value: int) -> str:
 def read_state(ctx: OpContext, step: Step) -> str:
     """The step's setting now, in the words of ``step.want``."""
     if step.kind == "mtu":
-        return str(ctx.probe(NetInterface, step.target).mtu)
+        return str(ctx.fresh(NetInterface, step.target).mtu)
     if step.kind == "mlnx_qos":
-        qos = ctx.probe(MlnxQos, step.target)
+        qos = ctx.fresh(MlnxQos, step.target)
         return f"trust {qos.trust}, pfc {','.join(map(str, qos.pfc))}"
     if step.kind == "dcb_pfc":
-        return f"pfc {','.join(map(str, ctx.probe(DcbPfc, step.target).pfc))}"
+        return f"pfc {','.join(map(str, ctx.fresh(DcbPfc, step.target).pfc))}"
     if step.kind == "dcb_app":
-        mapping = ctx.probe(DcbAppDscp, step.target).dscp_prio or {}
+        mapping = ctx.fresh(DcbAppDscp, step.target).dscp_prio or {}
         wanted = [int(pair.split(":")[0]) for pair in step.want.split()[1:]]
         return "dscp-prio " + " ".join(f"{d}:{mapping.get(d, 'unset')}" for d in wanted)
     if step.kind == "bnxt_cc":
-        values = ctx.probe(BnxtCc, step.target).values
+        values = ctx.fresh(BnxtCc, step.target).values
         return "unset" if values is None else ", ".join(f"{k} {_hex(x)}" for k, x in values.items())
-    read = [(label, ctx.probe(Attribute, path)) for label, path in step.attributes]
+    read = [(label, ctx.fresh(Attribute, path)) for label, path in step.attributes]
     return ", ".join(f"{label} {info.value if info.exists else 'unset'}" for label, info in read)
 
 
@@ -455,8 +455,8 @@ def verify(ctx: OpContext, nics: list[Nic], gid_index: int, ibv_devinfo: bool) -
     """
     if ctx.check:
         return skipped("check mode: nothing was changed, so there is nothing to verify")
-    links = ctx.probe(RdmaLink)
-    devinfo = ctx.probe(IbvDevinfo) if ibv_devinfo else None
+    links = ctx.fresh(RdmaLink)
+    devinfo = ctx.fresh(IbvDevinfo) if ibv_devinfo else None
     problems = []
     for nic in nics:
         port = links.by_device(nic.device)
@@ -465,7 +465,7 @@ def verify(ctx: OpContext, nics: list[Nic], gid_index: int, ibv_devinfo: bool) -
             problems.append(
                 f"{nic.device}/1 ({nic.name}): wanted state ACTIVE, found {found} (rdma link)"
             )
-        mtu = ctx.probe(NetInterface, nic.name).mtu
+        mtu = ctx.fresh(NetInterface, nic.name).mtu
         if mtu != nic.mtu:
             problems.append(
                 f"{nic.name}: wanted MTU {nic.mtu}, found {mtu} (/sys/class/net/{nic.name}/mtu)"
@@ -483,7 +483,7 @@ def verify(ctx: OpContext, nics: list[Nic], gid_index: int, ibv_devinfo: bool) -
                 f"{nic.device}: wanted active_mtu {min(ibport.max_mtu, ib_mtu(nic.mtu))} for "
                 f"interface MTU {nic.mtu}, found {ibport.active_mtu} (ibv_devinfo)"
             )
-        gids = ctx.probe(GidTypes, nic.device, 1)
+        gids = ctx.fresh(GidTypes, nic.device, 1)
         if gids.types.get(gid_index) != "RoCE v2":
             found = gids.missing or gids.types.get(gid_index, "no GID")
             problems.append(

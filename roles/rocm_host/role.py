@@ -15,6 +15,9 @@ import posixpath
 import re
 from shlex import quote
 
+from fxkit.engine.role import Host
+from fxkit.engine.rolevars import var_error, words
+from fxkit.engine.variables import HostVars, truthy
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.files import FileStat
 from fxkit.facts.gpu import GpuInventory, Gpus
@@ -23,9 +26,6 @@ from fxkit.facts.packages import InstalledPackages
 from fxkit.facts.system import OsRelease
 from fxkit.ops.base import OpContext, Result, ok, skipped
 from fxkit.ops.packages import version_matches
-from fxkit.role import Host
-from fxkit.rolevars import var_error, words
-from fxkit.variables import HostVars, truthy
 
 #: The Ubuntu releases ROCm 7.2 supports, by codename.
 UBUNTU = {"jammy": "22.04", "noble": "24.04"}

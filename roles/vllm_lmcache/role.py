@@ -27,15 +27,15 @@ from typing import Any
 
 import yaml
 
+from fxkit.engine.role import Host
+from fxkit.engine.rolevars import var_error, whole_number
+from fxkit.engine.variables import HostVars
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.python import VenvPackages
 from fxkit.facts.system import Mount, Mounts
 from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok
 from fxkit.ops.files import file as write_file
 from fxkit.ops.transfer import copy
-from fxkit.role import Host
-from fxkit.rolevars import var_error, whole_number
-from fxkit.variables import HostVars
 
 SERVERS = ("vllm", "serve-probe")
 KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")  # vLLM's KVTransferConfig.kv_role
@@ -612,7 +612,7 @@ def verify_venv(ctx: OpContext, path: str, torch: str | None) -> Result:
     """torch is the version pinned before the later installs, and fxkit's loader imports."""
     if torch is None and ctx.check:
         return ok(f"{path}: not made yet (check mode)")
-    packages = ctx.probe(VenvPackages, path) or {}
+    packages = ctx.fresh(VenvPackages, path) or {}
     now = packages.get("torch")
     if now != torch:
         return failed(

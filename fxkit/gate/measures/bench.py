@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import Field
 
-from fxkit.gate.measure import MeasureError, Params, Probe, kind
+from fxkit.gate.measure import MeasuredHost, MeasureError, Params, kind
 
 # -- fio ------------------------------------------------------------------------------------------
 
@@ -46,14 +46,14 @@ class FioParams(Params):
 
 
 @kind("fio", FioParams)
-def fio(probe: Probe, p: FioParams) -> dict[str, Any]:
+def fio(node: MeasuredHost, p: FioParams) -> dict[str, Any]:
     """fio sequential read of a file or device: GB/s, IOPS, completion latency (mean, p99)."""
-    probe.require("fio")
-    if p.target.startswith("/dev/") and not probe.run(f"test -b {quote(p.target)}").ok:
-        raise MeasureError(f"no block device {p.target} on {probe.host}")
+    node.require("fio")
+    if p.target.startswith("/dev/") and not node.run(f"test -b {quote(p.target)}").ok:
+        raise MeasureError(f"no block device {p.target} on {node.host}")
     folder = p.target.rsplit("/", 1)[0] or "/"
-    if not probe.run(f"test -d {quote(folder)}").ok:
-        raise MeasureError(f"no folder {folder} on {probe.host} for the fio file {p.target}")
+    if not node.run(f"test -d {quote(folder)}").ok:
+        raise MeasureError(f"no folder {folder} on {node.host} for the fio file {p.target}")
     argv = [
         "fio",
         "--name=fxkit-seqread",
@@ -75,7 +75,7 @@ def fio(probe: Probe, p: FioParams) -> dict[str, Any]:
         f"{' '.join(quote(a) for a in argv)} $size; rc=$?; "
         f'[ "$made" = 0 ] || rm -f -- {target}; echo "made=$made"; exit $rc'
     )
-    result = probe.run(script, timeout=p.runtime + 600)
+    result = node.run(script, timeout=p.runtime + 600)
     out, _, made = result.stdout.rpartition("made=")
     if not result.ok:
         tail = (result.stderr or out).strip()[-400:]
@@ -133,9 +133,9 @@ class IbWriteBwParams(Params):
 
 
 @kind("ib_write_bw", IbWriteBwParams)
-def ib_write_bw(probe: Probe, p: IbWriteBwParams) -> dict[str, Any]:
+def ib_write_bw(node: MeasuredHost, p: IbWriteBwParams) -> dict[str, Any]:
     """perftest's ib_write_bw between two RDMA devices of the node: average Gb/s."""
-    probe.require("ib_write_bw")
+    node.require("ib_write_bw")
 
     def command(device: str) -> str:
         return " ".join(
@@ -151,7 +151,7 @@ def ib_write_bw(probe: Probe, p: IbWriteBwParams) -> dict[str, Any]:
         f"timeout {limit} {command(p.server_device)} >/dev/null 2>&1 & server=$!; sleep 1; "
         f"timeout {limit} {command(p.device)} 127.0.0.1; rc=$?; wait $server; exit $rc"
     )
-    result = probe.run(script, timeout=limit + 30)
+    result = node.run(script, timeout=limit + 30)
     if not result.ok:
         tail = (result.stderr or result.stdout).strip()[-400:]
         raise MeasureError(
@@ -234,14 +234,14 @@ class RcclParams(Params):
 
 
 @kind("rccl", RcclParams)
-def rccl(probe: Probe, p: RcclParams) -> dict[str, Any]:
+def rccl(node: MeasuredHost, p: RcclParams) -> dict[str, Any]:
     """rccl-tests all_reduce_perf on the node's GPUs: average and per-size bus bandwidth."""
-    probe.require(p.binary)
+    node.require(p.binary)
     argv = [
         p.binary, "-b", p.min_bytes, "-e", p.max_bytes, "-f", p.step_factor, "-g", p.gpus,
         "-n", p.iterations, "-w", p.warmup,
     ]  # fmt: skip
-    out = probe.output(" ".join(quote(str(a)) for a in argv))
+    out = node.output(" ".join(quote(str(a)) for a in argv))
     data = parse_all_reduce(out)
     row = data["sizes"].get(str(p.size))
     if row is None:

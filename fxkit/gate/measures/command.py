@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
-from fxkit.gate.measure import MeasureError, Params, Probe, kind, regex
+from fxkit.gate.measure import MeasuredHost, MeasureError, Params, kind, regex
 
 
 class CommandParams(Params):
@@ -37,11 +37,11 @@ class CommandParams(Params):
 
 
 @kind("command", CommandParams)
-def command(probe: Probe, p: CommandParams) -> Any:
+def command(node: MeasuredHost, p: CommandParams) -> Any:
     """A command's output: text, a number, lines, JSON, or a regex's named groups."""
     if p.tool:
-        probe.require(p.tool)
-    out = probe.output(p.run)
+        node.require(p.tool)
+    out = node.output(p.run)
     return parse_output(out, p.parse, p.pattern, p.run)
 
 

@@ -26,7 +26,7 @@ from fxkit.facts.lab import marked, split_marked
 from fxkit.facts.nvme import NvmeList, NvmeListSubsys
 from fxkit.facts.rdma import IbvDevinfo, NetInterface, RdmaLink
 from fxkit.facts.system import Kernel, OsRelease
-from fxkit.gate.measure import MeasureError, Params, Probe, kind
+from fxkit.gate.measure import MeasuredHost, MeasureError, Params, kind
 from fxkit.gate.measures.command import parse_output
 
 #: Where ROCm says its version: rocm-core's file (what AMD's CVS reads), else amd-smi.
@@ -43,32 +43,32 @@ class FactParams(Params):
 
 
 @kind("fact", FactParams)
-def fact(probe: Probe, p: FactParams) -> Any:
+def fact(node: MeasuredHost, p: FactParams) -> Any:
     """A fact of the host as plain data: gpus, gpu_pcie, rdma, nvmeof, sysctl, os, kernel, rocm."""
     if p.name == "sysctl":
-        return sysctl(probe, p.names)
-    return _FACTS[p.name](probe)
+        return sysctl(node, p.names)
+    return _FACTS[p.name](node)
 
 
 # -- GPUs ------------------------------------------------------------------------------------------
 
 
-def _gpu_inventory(probe: Probe) -> Any:
-    inventory = probe.fact(Gpus)
+def _gpu_inventory(node: MeasuredHost) -> Any:
+    inventory = node.fact(Gpus)
     if inventory.count:
         return inventory
     if inventory.missing.startswith("no GPU tool found"):
         raise MeasureError(
-            f"amd-smi not found on {probe.host} (nor rocm-smi or rocminfo): is ROCm installed? "
+            f"amd-smi not found on {node.host} (nor rocm-smi or rocminfo): is ROCm installed? "
             "(roles/rocm_host)"
         )
-    raise MeasureError(f"no GPUs on {probe.host}: {inventory.missing}")
+    raise MeasureError(f"no GPUs on {node.host}: {inventory.missing}")
 
 
-def gpus(probe: Probe) -> dict[str, Any]:
+def gpus(node: MeasuredHost) -> dict[str, Any]:
     """``count``, the ``source`` command, and per GPU index: model, device id, gfx target,
     VRAM in GiB (amd-smi's MB are MiB), PCI address, driver version."""
-    inventory = _gpu_inventory(probe)
+    inventory = _gpu_inventory(node)
     return {
         "count": inventory.count,
         "source": inventory.source,
@@ -87,10 +87,10 @@ def gpus(probe: Probe) -> dict[str, Any]:
     }
 
 
-def gpu_pcie(probe: Probe) -> dict[str, Any]:
+def gpu_pcie(node: MeasuredHost) -> dict[str, Any]:
     """Each GPU's PCIe link as the kernel negotiated it: ``/sys/bus/pci/devices/BDF/
     current_link_speed`` (GT/s) and ``current_link_width`` (lanes), with the maximum ones."""
-    inventory = _gpu_inventory(probe)
+    inventory = _gpu_inventory(node)
     unknown = [str(g.index) for g in inventory.gpus if not g.bdf]
     if unknown:
         raise MeasureError(
@@ -105,12 +105,12 @@ def gpu_pcie(probe: Probe) -> dict[str, Any]:
         f"else printf '%s\\tabsent\\n' {quote(g.bdf)}; fi"
         for g in inventory.gpus
     )
-    lab, out = split_marked(probe.run(marked(script)), "PCIe links")
+    lab, out = split_marked(node.run(marked(script)), "PCIe links")
     links = parse_pcie_links(out)
     absent = [bdf for bdf, link in links.items() if link is None]
     if absent:
         raise MeasureError(
-            f"PCIe link unavailable on {probe.host}: no /sys/bus/pci/devices/{absent[0]}/"
+            f"PCIe link unavailable on {node.host}: no /sys/bus/pci/devices/{absent[0]}/"
             f"current_link_speed ({len(absent)} GPU(s); a VM or container may hide it)"
         )
     return {
@@ -153,19 +153,19 @@ def _lanes(text: str) -> int:
 # -- RDMA ------------------------------------------------------------------------------------------
 
 
-def rdma(probe: Probe) -> dict[str, Any]:
+def rdma(node: MeasuredHost) -> dict[str, Any]:
     """Every RDMA port (``rdma link``) with its state, link layer and active MTU
     (``ibv_devinfo``) and its netdev's MTU; ``count`` ports, ``active`` of them ACTIVE."""
-    links = probe.fact(RdmaLink)
+    links = node.fact(RdmaLink)
     if not links.ports:
-        raise MeasureError(f"no RDMA devices on {probe.host}: {links.missing}")
-    hcas = probe.fact(IbvDevinfo)
-    layers = {} if hcas.devices else _sysfs_link_layers(probe)
+        raise MeasureError(f"no RDMA devices on {node.host}: {links.missing}")
+    hcas = node.fact(IbvDevinfo)
+    layers = {} if hcas.devices else _sysfs_link_layers(node)
     ports = {}
     for port in links.ports:
         device = hcas.get(port.device)
         ibv = device.port(port.port) if device else None
-        mtu = probe.fact(NetInterface, port.netdev) if port.netdev else None
+        mtu = node.fact(NetInterface, port.netdev) if port.netdev else None
         ports[port.name] = {
             "state": port.state,
             "physical_state": port.physical_state,
@@ -183,10 +183,10 @@ def rdma(probe: Probe) -> dict[str, Any]:
     }
 
 
-def _sysfs_link_layers(probe: Probe) -> dict[str, str]:
+def _sysfs_link_layers(node: MeasuredHost) -> dict[str, str]:
     """``DEV/PORT`` -> the kernel's ``/sys/class/infiniband/DEV/ports/PORT/link_layer``: where
     ibv_devinfo is not installed."""
-    out = probe.run(
+    out = node.run(
         'for f in /sys/class/infiniband/*/ports/*/link_layer; do [ -r "$f" ] && '
         'printf \'%s %s\\n\' "$f" "$(cat "$f")"; done; true'
     ).stdout
@@ -202,13 +202,13 @@ def _sysfs_link_layers(probe: Probe) -> dict[str, str]:
 # -- NVMe-oF ---------------------------------------------------------------------------------------
 
 
-def nvmeof(probe: Probe) -> dict[str, Any]:
+def nvmeof(node: MeasuredHost) -> dict[str, Any]:
     """The namespaces of NVMe-oF subsystems (paths over rdma or tcp in ``nvme list-subsys``):
     each one's NQN, transport and size (``nvme list``); ``count`` of them."""
-    subsystems, devices = probe.fact(NvmeListSubsys), probe.fact(NvmeList)
+    subsystems, devices = node.fact(NvmeListSubsys), node.fact(NvmeList)
     if subsystems.missing or devices.missing:
         raise MeasureError(
-            f"no NVMe-oF namespaces on {probe.host}: {subsystems.missing or devices.missing}"
+            f"no NVMe-oF namespaces on {node.host}: {subsystems.missing or devices.missing}"
         )
     owners: dict[str, tuple[str, str]] = {}  # the number K of /dev/nvmeKnN -> (NQN, transport)
     for sub in subsystems.subsystems:
@@ -231,7 +231,7 @@ def nvmeof(probe: Probe) -> dict[str, Any]:
     if not namespaces:
         shown = ", ".join(ns.device for ns in devices.namespaces) or "none"
         raise MeasureError(
-            f"no NVMe-oF namespaces on {probe.host}: no namespace of a subsystem connected over "
+            f"no NVMe-oF namespaces on {node.host}: no namespace of a subsystem connected over "
             f"{'/'.join(FABRIC_TRANSPORTS)} (nvme list shows: {shown}); connect them with "
             "roles/nvmeof_initiator"
         )
@@ -241,21 +241,21 @@ def nvmeof(probe: Probe) -> dict[str, Any]:
 # -- kernel, OS, ROCm ---------------------------------------------------------------------------
 
 
-def sysctl(probe: Probe, names: tuple[str, ...]) -> dict[str, Any]:
+def sysctl(node: MeasuredHost, names: tuple[str, ...]) -> dict[str, Any]:
     """``values`` by key (None: not on this kernel), and ``settings``: ``key=value`` lines,
     for a ``contains`` rule over what the roles set."""
     if not names:
         raise MeasureError("fact sysctl needs names: [the keys to read]")
-    values = {name: probe.fact(SysctlState, name).value for name in names}
+    values = {name: node.fact(SysctlState, name).value for name in names}
     return {
         "values": values,
         "settings": [f"{k}={v}" if v is not None else f"{k} (absent)" for k, v in values.items()],
     }
 
 
-def os_release(probe: Probe) -> dict[str, Any]:
+def os_release(node: MeasuredHost) -> dict[str, Any]:
     """``/etc/os-release``: ``release`` (``ubuntu 24.04``), id, version_id, codename."""
-    info = probe.fact(OsRelease)
+    info = node.fact(OsRelease)
     return {
         "release": f"{info.id} {info.version_id}".strip(),
         "id": info.id,
@@ -265,12 +265,12 @@ def os_release(probe: Probe) -> dict[str, Any]:
     }
 
 
-def kernel(probe: Probe) -> dict[str, Any]:
+def kernel(node: MeasuredHost) -> dict[str, Any]:
     """The running kernel's ``release`` (``uname -r``) and its ``cmdline``, word by word."""
-    return {"release": probe.fact(Kernel), "cmdline": list(probe.fact(KernelCmdline).args)}
+    return {"release": node.fact(Kernel), "cmdline": list(node.fact(KernelCmdline).args)}
 
 
-def rocm(probe: Probe) -> dict[str, Any]:
+def rocm(node: MeasuredHost) -> dict[str, Any]:
     """ROCm's ``version``: rocm-core's /opt/rocm/.info/version (``7.2.0-43``), else the
     ``rocm_version`` of ``amd-smi version --json``; ``source`` says which."""
     script = (
@@ -278,11 +278,11 @@ def rocm(probe: Probe) -> dict[str, Any]:
         "elif command -v amd-smi >/dev/null 2>&1; then echo amd-smi; amd-smi version --json; "
         "else echo none; fi"
     )
-    result = probe.run(script)
+    result = node.run(script)
     how, _, out = result.stdout.partition("\n")
     if how == "none":
         raise MeasureError(
-            f"ROCm not found on {probe.host}: no {ROCM_VERSION_FILE} and amd-smi not found "
+            f"ROCm not found on {node.host}: no {ROCM_VERSION_FILE} and amd-smi not found "
             "(roles/rocm_host installs it)"
         )
     if how == "file":
@@ -296,11 +296,11 @@ def rocm(probe: Probe) -> dict[str, Any]:
     else:
         raise MeasureError(f"`amd-smi version --json` exited {result.rc}: {result.stderr[-300:]}")
     if not version or version == "N/A":
-        raise MeasureError(f"{source} on {probe.host} gives no ROCm version")
+        raise MeasureError(f"{source} on {node.host} gives no ROCm version")
     return {"version": version, "source": source}
 
 
-_FACTS: dict[str, Callable[[Probe], Any]] = {
+_FACTS: dict[str, Callable[[MeasuredHost], Any]] = {
     "gpus": gpus,
     "gpu_pcie": gpu_pcie,
     "rdma": rdma,

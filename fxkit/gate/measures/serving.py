@@ -19,7 +19,7 @@ import json
 import shlex
 from typing import Any
 
-from fxkit.gate.measure import MeasureError, Params, Probe, kind
+from fxkit.gate.measure import MeasuredHost, MeasureError, Params, kind
 
 #: fxkit's name -> the key ``vllm bench serve`` writes (vllm/benchmarks/serve.py, 0.20.1+).
 VLLM_KEYS = {
@@ -48,22 +48,22 @@ class VllmBenchParams(Params):
 
 
 @kind("vllm_bench", VllmBenchParams)
-def vllm_bench(probe: Probe, p: VllmBenchParams) -> dict[str, Any]:
+def vllm_bench(node: MeasuredHost, p: VllmBenchParams) -> dict[str, Any]:
     """vLLM's ``vllm bench serve`` result: TTFT, TPOT (ms) and throughput (tok/s, req/s)."""
     path = shlex.quote(p.result)
     if p.run:
-        started = int(probe.output("date +%s").strip())
-        probe.output(p.run)
-        mtime = probe.run(f"stat -c %Y {path}")
+        started = int(node.output("date +%s").strip())
+        node.output(p.run)
+        mtime = node.run(f"stat -c %Y {path}")
         if not mtime.ok or int(mtime.stdout.strip() or 0) < started:
             raise MeasureError(
                 f"the benchmark command did not write {p.result} (give it --save-result "
                 f"--result-dir and --result-filename naming that file)"
             )
-    found = probe.run(f"cat {path}")
+    found = node.run(f"cat {path}")
     if not found.ok:
         why = found.stderr.strip()[-200:]
-        raise MeasureError(f"no vLLM benchmark result {p.result} on {probe.host}: {why}")
+        raise MeasureError(f"no vLLM benchmark result {p.result} on {node.host}: {why}")
     return parse_vllm_result(found.stdout, p.result)
 
 
@@ -106,20 +106,20 @@ class LoadBenchParams(Params):
 
 
 @kind("load_bench", LoadBenchParams)
-def load_bench(probe: Probe, p: LoadBenchParams) -> dict[str, Any]:
+def load_bench(node: MeasuredHost, p: LoadBenchParams) -> dict[str, Any]:
     """Model load time, NFS baseline vs fxkit's loader (``fxkit bench load``), and the speedup."""
     if not p.model:
         raise MeasureError("no model folder to load (the gate's model variable is empty)")
-    probe.require(shlex.split(p.fxkit)[0])
+    node.require(shlex.split(p.fxkit)[0])
     if not p.nfs_model:
-        return parse_load_report(_bench(probe, p, p.model, "baseline,fxkit"), p.model)
-    nfs = parse_load_report(_bench(probe, p, p.nfs_model, "baseline"), p.nfs_model, ("baseline",))
-    fast = parse_load_report(_bench(probe, p, p.model, "fxkit"), p.model, ("fxkit",))
+        return parse_load_report(_bench(node, p, p.model, "baseline,fxkit"), p.model)
+    nfs = parse_load_report(_bench(node, p, p.nfs_model, "baseline"), p.nfs_model, ("baseline",))
+    fast = parse_load_report(_bench(node, p, p.model, "fxkit"), p.model, ("fxkit",))
     nfs_s, fxkit_s = nfs["load_time_nfs_s"], fast["load_time_fxkit_s"]
     return {**nfs, **fast, "speedup": nfs_s / fxkit_s, "nbytes": fast["nbytes"]}
 
 
-def _bench(probe: Probe, p: LoadBenchParams, model: str, methods: str) -> str:
+def _bench(node: MeasuredHost, p: LoadBenchParams, model: str, methods: str) -> str:
     """``fxkit bench load``'s JSON report (written to a temporary file on the host, removed)."""
     argv = [*shlex.split(p.fxkit), "bench", "load", model, "--methods", methods]
     argv += ["--runs", str(p.runs), "--cold" if p.cold else "--hot"]
@@ -128,7 +128,7 @@ def _bench(probe: Probe, p: LoadBenchParams, model: str, methods: str) -> str:
         f'f=$(mktemp) && {command} --json "$f" >/dev/null; rc=$?; '
         '[ $rc -eq 0 ] && cat "$f"; rm -f "$f"; exit $rc'
     )
-    return probe.output(script)
+    return node.output(script)
 
 
 def parse_load_report(

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from pydantic import field_validator
 
 from fxkit.errors import FxkitError
-from fxkit.gate.measure import MeasureError, Params, Probe, kind, regex
+from fxkit.gate.measure import MeasuredHost, MeasureError, Params, kind, regex
 
 Source = Literal["nvme", "rdma", "gpu"]
 #: The key of a source (or a value) that could not be measured: why (see results.judge).
@@ -196,19 +196,19 @@ class _Watch:
 
 
 @kind("soak", SoakParams)
-def soak(probe: Probe, p: SoakParams) -> dict[str, Any]:
+def soak(node: MeasuredHost, p: SoakParams) -> dict[str, Any]:
     """A workload repeated for a duration: its failures, latency drift and error counters."""
     if p.tool:
-        probe.require(p.tool)
+        node.require(p.tool)
     duration, interval = seconds(p.duration), seconds(p.interval)
-    limit = seconds(p.iteration_timeout) if p.iteration_timeout else probe.timeout
+    limit = seconds(p.iteration_timeout) if p.iteration_timeout else node.timeout
     pattern = re.compile(p.latency_pattern) if p.latency_pattern else None
     readers = {
         "nvme": (_nvme_reader, p.nvme_counters),
         "rdma": (_rdma_reader, p.rdma_counters),
         "gpu": (_gpu_reader, p.gpu_counters),
     }
-    watches = [_Watch(s, reader(probe, names)) for s in p.sources for reader, names in [readers[s]]]
+    watches = [_Watch(s, reader(node, names)) for s in p.sources for reader, names in [readers[s]]]
     latency = _Latency(p.window)
     samples: list[dict[str, Any]] = []
     iterations = failures = unparsed = 0
@@ -233,10 +233,10 @@ def soak(probe: Probe, p: SoakParams) -> dict[str, Any]:
     started = time.monotonic()
     sample(0.0)
     next_sample = interval
-    while not probe.stop.is_set() and time.monotonic() - started < duration:
+    while not node.stop.is_set() and time.monotonic() - started < duration:
         begin = time.monotonic()
         try:
-            result = probe.run(p.run, timeout=limit)
+            result = node.run(p.run, timeout=limit)
         except FxkitError as exc:  # the host went away: count it and keep what was measured
             failures, last_failure, aborted = failures + 1, str(exc), str(exc)
             break
@@ -266,7 +266,7 @@ def soak(probe: Probe, p: SoakParams) -> dict[str, Any]:
     return {
         "duration_s": round(elapsed, 1),
         "planned_s": duration,
-        "interrupted": probe.stop.is_set(),
+        "interrupted": node.stop.is_set(),
         "aborted": aborted,
         "iterations": iterations,
         "workload_errors": failures,
@@ -336,18 +336,18 @@ def _latency(out: str, pattern: re.Pattern[str]) -> float | None:
 # -- the counter sources ------------------------------------------------------------------------
 
 
-def _nvme_reader(probe: Probe, names: tuple[str, ...]) -> Callable[[], Counters]:
+def _nvme_reader(node: MeasuredHost, names: tuple[str, ...]) -> Callable[[], Counters]:
     script = (
         'for c in /sys/class/nvme/nvme*; do [ -e "$c" ] || continue; n=${c##*/}; '
         'echo "== $n"; nvme smart-log "/dev/$n" -o json 2>&1 || echo "== $n failed"; done'
     )
 
     def read() -> Counters:
-        out = _output(probe, script, "nvme")
+        out = _output(node, script, "nvme")
         if not out.strip():
-            raise Missing(f"no NVMe controllers on {probe.host} (/sys/class/nvme is empty)")
-        if not probe.run("command -v nvme >/dev/null 2>&1").ok:
-            raise Missing(f"nvme not found on {probe.host} (install nvme-cli)")
+            raise Missing(f"no NVMe controllers on {node.host} (/sys/class/nvme is empty)")
+        if not node.run("command -v nvme >/dev/null 2>&1").ok:
+            raise Missing(f"nvme not found on {node.host} (install nvme-cli)")
         return parse_nvme_smart_logs(out, names)
 
     return read
@@ -370,7 +370,7 @@ def parse_nvme_smart_logs(out: str, names: tuple[str, ...]) -> Counters:
     return counters
 
 
-def _rdma_reader(probe: Probe, names: tuple[str, ...]) -> Callable[[], Counters]:
+def _rdma_reader(node: MeasuredHost, names: tuple[str, ...]) -> Callable[[], Counters]:
     script = (
         'for d in /sys/class/infiniband/*; do [ -e "$d" ] || continue; echo "dev ${d##*/}"; '
         'for f in "$d"/ports/*/counters/* "$d"/ports/*/hw_counters/*; do [ -f "$f" ] && '
@@ -378,13 +378,13 @@ def _rdma_reader(probe: Probe, names: tuple[str, ...]) -> Callable[[], Counters]
     )
 
     def read() -> Counters:
-        out = _output(probe, script, "rdma")
+        out = _output(node, script, "rdma")
         if not out.strip():
-            raise Missing(f"no RDMA devices on {probe.host} (/sys/class/infiniband is empty)")
+            raise Missing(f"no RDMA devices on {node.host} (/sys/class/infiniband is empty)")
         counters = parse_rdma_counters(out, names)
         if not counters:
             raise Missing(
-                f"the RDMA devices of {probe.host} have none of the error counters watched "
+                f"the RDMA devices of {node.host} have none of the error counters watched "
                 "under /sys/class/infiniband/*/ports/*/{counters,hw_counters}"
             )
         return counters
@@ -406,11 +406,11 @@ def parse_rdma_counters(out: str, names: tuple[str, ...]) -> Counters:
     return counters
 
 
-def _gpu_reader(probe: Probe, names: tuple[str, ...]) -> Callable[[], Counters]:
+def _gpu_reader(node: MeasuredHost, names: tuple[str, ...]) -> Callable[[], Counters]:
     def read() -> Counters:
-        if not probe.run("command -v amd-smi >/dev/null 2>&1").ok:
-            raise Missing(f"amd-smi not found on {probe.host} (install ROCm's amd-smi)")
-        return parse_amd_smi_ecc(_output(probe, "amd-smi metric --ecc --json", "gpu"), names)
+        if not node.run("command -v amd-smi >/dev/null 2>&1").ok:
+            raise Missing(f"amd-smi not found on {node.host} (install ROCm's amd-smi)")
+        return parse_amd_smi_ecc(_output(node, "amd-smi metric --ecc --json", "gpu"), names)
 
     return read
 
@@ -437,8 +437,8 @@ def parse_amd_smi_ecc(out: str, names: tuple[str, ...]) -> Counters:
     return counters
 
 
-def _output(probe: Probe, command: str, source: str) -> str:
-    result = probe.run(f"sh -c {shlex.quote(command)}", timeout=60)
+def _output(node: MeasuredHost, command: str, source: str) -> str:
+    result = node.run(f"sh -c {shlex.quote(command)}", timeout=60)
     if not result.ok:
         tail = (result.stderr or result.stdout).strip()[-200:]
         raise Missing(f"reading the {source} counters failed (exit {result.rc}): {tail}")

@@ -2,8 +2,8 @@
 
 import base64
 
-from fxkit.role import Host
-from fxkit.variables import HostVars
+from fxkit.engine.role import Host
+from fxkit.engine.variables import HostVars
 
 
 def apply(host: Host, v: HostVars) -> None:

@@ -9,8 +9,8 @@ A role is a folder ``roles/<name>/``::
 
 ``role.py`` reads like a checklist::
 
-    from fxkit.role import Host
-    from fxkit.variables import HostVars
+    from fxkit.engine.role import Host
+    from fxkit.engine.variables import HostVars
 
     def restart_nvmet(host: Host, v: HostVars) -> None:
         host.service("nvmet.service", state="restarted")
@@ -48,14 +48,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from fxkit import ops, paths
+from fxkit.engine.variables import HostVars, load_vars_file, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.ops.base import OpContext, Operation, Result, Status
 from fxkit.ops.files import Mode, Owner
-from fxkit.variables import HostVars, load_vars_file, truthy
 
 if TYPE_CHECKING:
+    from fxkit.engine.console import Reporter
     from fxkit.facts.base import Fact
-    from fxkit.report import Reporter
 
 T = TypeVar("T")
 P = ParamSpec("P")

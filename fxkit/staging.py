@@ -30,7 +30,7 @@
   compared. A manifest that cannot be read (not a regular file, not JSON, records of the wrong
   shape) is a warning, and every file it cannot vouch for is checked against the source.
 - **Nothing is written outside** ``dest``: it is reached only through descriptors, and a link
-  planted in it is replaced, never followed (:mod:`fxkit.stagedest`).
+  planted in it is replaced, never followed (:mod:`fxkit.staging_dest`).
 - **Only the model's files are read.** A source's names must be names of files inside it (a
   remote one is refused otherwise, naming the source). Links are followed as the loader follows
   them (to a regular file, never a FIFO or a device), and only where the model's own files are:
@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import blake3
 
-from fxkit.stagedest import (
+from fxkit.staging_dest import (
     LOCK,
     PARTIAL_SUFFIX,
     Destination,

@@ -1,7 +1,7 @@
 """What a run shows and logs: live progress, one line per change or failure, diffs, the recap
-and a JSON event log; and the run's record, :class:`~fxkit.results.PlaybookResult`. Every text
+and a JSON event log; and the run's record, :class:`~fxkit.engine.record.PlaybookResult`. Every text
 passes through :meth:`Reporter.redact` first, so the values of secret variables (see
-:mod:`fxkit.redaction`) never reach the terminal, the log or the results.
+:mod:`fxkit.engine.redaction`) never reach the terminal, the log or the results.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from fxkit.engine.record import UNREACHABLE, Counts, HostResult, Outcome, PlaybookResult, TaskResult
+from fxkit.engine.redaction import Masker
 from fxkit.ops.base import Result, Status
-from fxkit.redaction import Masker
-from fxkit.results import UNREACHABLE, Counts, HostResult, Outcome, PlaybookResult, TaskResult
 
 STYLE = {
     "ok": "green",
@@ -69,7 +69,8 @@ class Reporter:
     # -- secrets ---------------------------------------------------------------------------
 
     def add_secrets(self, values: Iterable[str]) -> None:
-        """Secret values to redact from now on (with their variants: :mod:`fxkit.redaction`)."""
+        """Secret values to redact from now on (with their variants:
+        :mod:`fxkit.engine.redaction`)."""
         self.masker.add(values)
 
     def redact(self, text: str) -> str:

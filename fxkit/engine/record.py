@@ -1,8 +1,9 @@
-"""What a run did, host by host: the object :func:`fxkit.runner.run_playbook` returns.
+"""What a run did, host by host: the object :func:`fxkit.engine.runner.run_playbook` returns.
 
 The reporter records every operation's outcome into a :class:`PlaybookResult` as host threads
-report, redacted the way everything it prints is (:mod:`fxkit.redaction`), so the recap, the JSON
-log's summary events, the demo, and whatever writes reports from it never see a secret value.
+report, redacted the way everything it prints is (:mod:`fxkit.engine.redaction`), so the
+recap, the JSON log's summary events, the demo, and whatever writes reports from it never see
+a secret value.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ Ctrl-C stops every host before its next operation; a second Ctrl-C cuts off the 
 running (their connections close). Either way the run ends once every host thread has reported,
 and only then comes the recap.
 
-Before its first change to a host the run takes the host's run lock (:mod:`fxkit.runlock`), and
-holds it to the end: two runs never change one host at once.
+Before its first change to a host the run takes the host's run lock
+(:mod:`fxkit.engine.runlock`), and holds it to the end: two runs never change one host at once.
 """
 
 from __future__ import annotations
@@ -30,14 +30,10 @@ from typing import Any
 
 from fxkit import paths
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
-from fxkit.facts.base import FactCache
-from fxkit.inventory import Inventory, InventoryHost
-from fxkit.ops.base import OpContext, failed
-from fxkit.playbook import Play, Playbook, RoleRef
-from fxkit.report import Reporter
-from fxkit.results import Outcome, PlaybookResult
-from fxkit.role import (
+from fxkit.engine.console import Reporter
+from fxkit.engine.playbook import Play, Playbook, RoleRef
+from fxkit.engine.record import Outcome, PlaybookResult
+from fxkit.engine.role import (
     Host,
     HostFailed,
     HostUnreachable,
@@ -48,8 +44,12 @@ from fxkit.role import (
     UnknownOperation,
     roles_path,
 )
-from fxkit.runlock import LOCK_WAIT, RunLock, RunLockError, holder
-from fxkit.variables import HostVars, Layer, truthy
+from fxkit.engine.runlock import LOCK_WAIT, RunLock, RunLockError, holder
+from fxkit.engine.variables import HostVars, Layer, truthy
+from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
+from fxkit.facts.base import FactCache
+from fxkit.inventory import Inventory, InventoryHost
+from fxkit.ops.base import OpContext, failed
 
 Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
 
@@ -406,8 +406,8 @@ class Runner:
     def _vars(
         self, play: Play, inv: InventoryHost, role: Role | None = None, ref: RoleRef | None = None
     ) -> HostVars:
-        """The host's variables, by precedence (see :mod:`fxkit.variables`); their secrets are
-        the reporter's from here on."""
+        """The host's variables, by precedence (see :mod:`fxkit.engine.variables`); their secrets
+        are the reporter's from here on."""
         layers = [
             Layer(f"role {role.name} defaults", role.defaults) if role else None,
             Layer("inventory", inv.vars),

@@ -34,8 +34,8 @@ from pydantic import (
     field_validator,
 )
 
+from fxkit.engine.variables import load_vars_file
 from fxkit.errors import FxkitError, PlaybookError
-from fxkit.variables import load_vars_file
 from fxkit.yamlfile import line_at, plain, read_yaml, type_name
 
 T = TypeVar("T")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from fxkit.engine.variables import HostVars
 from fxkit.errors import VarError
 from fxkit.facts.nvme import nqn_problem
-from fxkit.variables import HostVars
 
 #: The kernel's dev_valid_name(): 1-15 bytes (IFNAMSIZ 16), no '/', ':' or white space.
 _IFNAME = re.compile(r"[^\s/:]{1,15}")

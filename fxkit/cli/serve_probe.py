@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from fxkit.cli.loader import load_options
-from fxkit.probe import LOAD_FORMATS
+from fxkit.serve_probe import LOAD_FORMATS
 
 
 @click.command("serve-probe")
@@ -40,6 +40,6 @@ def serve_probe(
     A model that cannot be loaded exits with status 2 before the port is ever bound.
     """
     from fxkit.loader import LoadOptions
-    from fxkit.probe import serve_probe as serve
+    from fxkit.serve_probe import serve_probe as serve
 
     serve(model, host, port, served_model_name or model, load_format, LoadOptions(**options))

@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fxkit.engine.redaction import redact_data
 from fxkit.errors import FxkitError
 from fxkit.gate import rules
 from fxkit.gate.spec import CheckSpec, Gate, GateError
 from fxkit.localfile import write_whole
-from fxkit.redaction import redact_data
 
 SCHEMA = "fxkit-gate-result/1"
 STATUSES = ("PASS", "FAIL", "WARN", "ERROR", "SKIP")
@@ -67,7 +67,7 @@ class CheckResult:
 
 
 @dataclass
-class HostResult:
+class HostChecks:
     name: str
     checks: list[CheckResult] = field(default_factory=list)
     measurements: list[Measurement] = field(default_factory=list)
@@ -94,7 +94,7 @@ class GateResult:
     gate_sha256: str
     started_at: str
     finished_at: str = ""
-    hosts: dict[str, HostResult] = field(default_factory=dict)
+    hosts: dict[str, HostChecks] = field(default_factory=dict)
     inventory: list[str] = field(default_factory=list)
     limit: str | None = None
     #: The results file ``change`` rules were judged against.
@@ -146,7 +146,7 @@ class GateResult:
             )
         try:
             hosts = {
-                name: HostResult(
+                name: HostChecks(
                     name=host["name"],
                     checks=[CheckResult(**c) for c in host["checks"]],
                     measurements=[Measurement(**m) for m in host["measurements"]],
@@ -340,7 +340,7 @@ def reevaluate(
         interrupted=results.interrupted,
     )
     for name, host in results.hosts.items():
-        new = HostResult(name, [], host.measurements, host.unreachable, host.vars, host.var_sources)
+        new = HostChecks(name, [], host.measurements, host.unreachable, host.vars, host.var_sources)
         for check in gate.spec.checks:
             old = host.check(check.id)
             where = gate.where(check.id)

@@ -193,10 +193,10 @@ def serve_probe(
     model: str, host: str, port: int, served_name: str, load_format: str, options: LoadOptions
 ) -> None:
     """Load ``model``, then serve until SIGTERM or SIGINT, its connections bounded
-    (:mod:`fxkit.probe_guard`)."""
+    (:mod:`fxkit.serve_probe_guard`)."""
     import uvicorn
 
-    from fxkit.probe_guard import ACCEPT_BATCH, GuardedConfig, max_connections
+    from fxkit.serve_probe_guard import ACCEPT_BATCH, GuardedConfig, max_connections
 
     signal.signal(signal.SIGTERM, _stop)
     loaded = load_weights(model, load_format, options)
