@@ -5,7 +5,7 @@ FXKIT := $(VENV)/bin/fxkit
 # torch 2.13.0 is the CPU build on this machine's disk; an unpinned torch would pull a CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint bench bench-load system clean
+.PHONY: demo test lint docs bench bench-load system clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,6 +29,10 @@ test: system $(VENV)/.installed
 bench-load: system $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[loader,dev,bench]"
 	$(PY) bench/load.py
+
+# The generated parts of the docs (role README tables); tests fail when they are stale.
+docs: $(VENV)/.installed
+	$(PY) scripts/gen_docs.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

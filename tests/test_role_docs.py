@@ -1,5 +1,6 @@
-"""Every role's README table of variables (``| variable | default | meaning |``) names exactly the
-variables of its defaults.yml, each with the default that file gives it."""
+"""Every role's README table of variables is the one its role.py ``Vars`` generates
+(``make docs`` rewrites it); a role without ``Vars`` (a defaults.yml) has a hand-written table
+that names exactly the variables of its defaults.yml, each with the default that file gives it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
+
+from fxkit.engine.role import RoleLoader
+from fxkit.engine.rolevars import BEGIN
+from fxkit.engine.rolevars import readme_table as generated_table
 
 ROLES = Path(__file__).resolve().parent.parent / "roles"
 HEADER = re.compile(r"\|\s*variable\s*\|\s*default\s*\|\s*meaning\s*\|")
@@ -44,6 +49,18 @@ def same_default(text: str, value: Any) -> bool:
 
 
 @pytest.mark.parametrize("role", sorted(p.name for p in ROLES.iterdir() if p.is_dir()))
+def test_the_readme_table_is_generated_from_the_declaration(role: str) -> None:
+    readme = (ROLES / role / "README.md").read_text()
+    model = RoleLoader([ROLES]).load(role).vars_model
+    if model is None:
+        pytest.skip(f"{role} has no Vars yet: its defaults.yml is checked below")
+    assert readme.count(BEGIN) == 1, f"{role}: README.md has no generated table"
+    assert generated_table(model) in readme, f"{role}: README table is stale: run make docs"
+
+
+@pytest.mark.parametrize(
+    "role", sorted(p.name for p in ROLES.iterdir() if (p / "defaults.yml").is_file())
+)
 def test_the_readme_table_matches_defaults_yml(role: str) -> None:
     defaults = yaml.safe_load((ROLES / role / "defaults.yml").read_text()) or {}
     table = readme_table(ROLES / role / "README.md")

@@ -48,6 +48,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from fxkit import ops, paths
+from fxkit.engine.rolevars import RoleVars
 from fxkit.engine.variables import HostVars, load_vars_file, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.ops.base import OpContext, Operation, Result, Status
@@ -59,7 +60,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 P = ParamSpec("P")
-Handler = Callable[["Host", HostVars], None]
+#: ``handler(host, v)``: ``v`` is the role's typed ``Vars`` (or its HostVars, for a role that
+#: declares none).
+Handler = Callable[["Host", Any], None]
 
 
 class HostFailed(Exception):
@@ -112,17 +115,25 @@ class Role:
     path: Path
     defaults: dict[str, Any]
     apply: Handler
-    #: ``validate(v)``: checks one host's variables before any host is touched.
-    validate: Callable[[HostVars], None] | None = None
+    #: ``validate(v)``: checks one host's variables before any host is touched (what the types
+    #: of ``Vars`` cannot say).
+    validate: Callable[[Any], None] | None = None
     #: ``validate_all({host: v})``: checks across the play's hosts (an NQN used twice).
-    validate_all: Callable[[dict[str, HostVars]], None] | None = None
+    validate_all: Callable[[dict[str, Any]], None] | None = None
     #: The loaded role.py, for what a command reads from a role beside ``apply`` (the instances
     #: that ``fxkit rollout`` rolls out: ``instance_specs(v)``).
     module: ModuleType | None = field(default=None, repr=False, compare=False)
+    #: The declaration of the role's variables (role.py's ``Vars``), if it has one.
+    vars_model: type[RoleVars] | None = None
 
     @property
     def templates(self) -> Path:
         return self.path / "templates"
+
+    def typed(self, v: HostVars) -> Any:
+        """What ``apply`` and the hooks receive: the role's typed ``Vars`` (a wrong value raises
+        :class:`~fxkit.errors.VarError`), or ``v`` itself for a role that declares none."""
+        return self.vars_model.of(v) if self.vars_model else v
 
 
 def roles_path(playbook_folder: Path | None, extra: Sequence[str | Path] = ()) -> list[Path]:
@@ -149,14 +160,16 @@ class RoleLoader:
             path = folder / name
             if (path / "role.py").is_file():
                 module = _module(path / "role.py")
+                model = _vars_model(module, path)
                 return Role(
                     name,
                     path,
-                    _defaults(path),
+                    model.defaults() if model else _defaults(path),
                     _apply_function(module, path / "role.py"),
                     _hook(module, "validate", path / "role.py"),
                     _hook(module, "validate_all", path / "role.py"),
                     module,
+                    model,
                 )
         known = sorted({p.parent.name for folder in self.search for p in folder.glob("*/role.py")})
         close = difflib.get_close_matches(name, known, n=1)
@@ -167,6 +180,26 @@ class RoleLoader:
             hint=f"{hint}known roles: {', '.join(known) or 'none'}; a role is a folder "
             "<name>/ with role.py (add folders with --roles-path)",
         )
+
+
+def _vars_model(module: ModuleType, path: Path) -> type[RoleVars] | None:
+    """role.py's ``Vars``, the one declaration of the role's variables (then no defaults.yml)."""
+    model = getattr(module, "Vars", None)
+    if model is None:
+        return None
+    if not (isinstance(model, type) and issubclass(model, RoleVars)):
+        raise PlaybookError(
+            "role.py's Vars is not a RoleVars model",
+            where=str(path / "role.py"),
+            hint="declare class Vars(RoleVars): one field per variable (fxkit.engine.rolevars)",
+        )
+    if (path / "defaults.yml").exists():
+        raise PlaybookError(
+            "the role declares its variables twice: role.py's Vars and defaults.yml",
+            where=str(path / "defaults.yml"),
+            hint="give each default in Vars and delete defaults.yml",
+        )
+    return model
 
 
 def _defaults(path: Path) -> dict[str, Any]:
@@ -371,9 +404,13 @@ class Host:
         tags: TagFilter = TagFilter(),
         role_tags: Iterable[str] = (),
         stop: threading.Event | None = None,
+        typed: Any = None,
     ):
+        """``typed``: the role's typed ``Vars`` of this host, which handlers receive (``v``
+        itself when None)."""
         self.ctx = ctx
         self.vars = v
+        self.typed = v if typed is None else typed
         self.role = role
         self.play = play
         self._reporter = reporter
@@ -563,5 +600,5 @@ class Host:
         """Run the notified handlers once each, in the order they were first notified."""
         for handler in self._handlers:
             self._reporter.op_started(self.name, self.role.name, f"handler {handler.__name__}")
-            handler(self, self.vars)
+            handler(self, self.typed)
         self._handlers.clear()

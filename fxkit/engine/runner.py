@@ -44,6 +44,7 @@ from fxkit.engine.role import (
     UnknownOperation,
     roles_path,
 )
+from fxkit.engine.rolevars import check
 from fxkit.engine.runlock import LOCK_WAIT, RunLock, RunLockError, holder
 from fxkit.engine.variables import HostVars, Layer, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
@@ -213,17 +214,28 @@ class Runner:
             raise PlaybookError(exc.message, where=where, hint=exc.hint) from None
 
     def _validate(self, play: Play, ref: RoleRef, role: Role, hosts: list[InventoryHost]) -> None:
-        """Run the role's ``validate(v)`` for each host and ``validate_all`` across them: every
-        wrong variable of every host is named at once, before any host is touched."""
-        if not (role.validate or role.validate_all):
+        """Check each host's values against the role's ``Vars``, then run its ``validate(v)``
+        for each host and ``validate_all`` across them: every wrong variable of every host is
+        named at once, before any host is touched."""
+        if not (role.vars_model or role.validate or role.validate_all):
             return
-        everyone = self.role_vars(play, ref, role, hosts)
         problems: list[FxkitError] = []
+        everyone: dict[str, Any] = {}
+        hosts_vars = self.role_vars(play, ref, role, hosts)
+        for name, v in hosts_vars.items():
+            if role.vars_model is None:
+                everyone[name] = v
+                continue
+            typed, wrong = check(role.vars_model, v)
+            problems += wrong
+            if typed is not None:
+                everyone[name] = typed
         validate = role.validate
-        for v in everyone.values() if validate else ():
+        for v in everyone.values():
             with _collect(problems):
-                validate(v)  # type: ignore[misc]
-        if role.validate_all:
+                if validate:
+                    validate(v)
+        if role.validate_all and len(everyone) == len(hosts_vars):  # each host's typed
             with _collect(problems):
                 role.validate_all(everyone)
         if len(problems) == 1:
@@ -392,6 +404,7 @@ class Runner:
         host = self.host_class(
             ctx,
             v,
+            typed=role.typed(v),
             role=role,
             play=play.name,
             reporter=self.reporter,
@@ -400,7 +413,7 @@ class Runner:
             stop=self._stop,
         )
         self.reporter.op_started(inv.name, role.name, "starting")
-        role.apply(host, v)
+        role.apply(host, host.typed)
         host.run_handlers()
 
     def _vars(
