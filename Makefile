@@ -30,9 +30,10 @@ bench-load: system $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[loader,dev,bench]"
 	$(PY) bench/load.py
 
-# The generated parts of the docs (role README tables); tests fail when they are stale.
+# The generated parts of the docs (the operations and kinds references, the roles' tables of
+# variables); tests fail when they are stale.
 docs: $(VENV)/.installed
-	$(PY) scripts/gen_docs.py
+	$(PY) -m fxkit.reference
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -197,13 +197,13 @@ AbsolutePath = Annotated[
 
 # -- the README table -------------------------------------------------------------------------
 
-BEGIN = "<!-- variables: generated from role.py's Vars (make docs); do not edit by hand -->"
+BEGIN = "<!-- variables: generated from role.py's Vars by `make docs`; do not edit -->"
 END = "<!-- end of variables -->"
 
 
 def readme_table(cls: type[RoleVars]) -> str:
-    """The README's table of variables (and one of keys per nested model), between markers."""
-    lines = [BEGIN, "| variable | type | default | meaning |", "|---|---|---|---|"]
+    """The README's table of variables, and one of keys per nested model."""
+    lines = ["| variable | type | default | meaning |", "|---|---|---|---|"]
     nested: list[type[BaseModel]] = []
     for name, field in cls.model_fields.items():
         lines.append(_row(name, field, nested))
@@ -211,7 +211,7 @@ def readme_table(cls: type[RoleVars]) -> str:
         lines += ["", f"Keys of each `{model.__name__}`:", ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         lines += [_row(name, field, nested) for name, field in model.model_fields.items()]
-    return "\n".join([*lines, END])
+    return "\n".join(lines) + "\n"
 
 
 def _row(name: str, field: FieldInfo, nested: list[type[BaseModel]]) -> str:
