@@ -61,46 +61,80 @@ def hostvars(**values: Any) -> HostVars:
 # -- validate -------------------------------------------------------------------------------------
 
 
+def typed(**values: Any) -> Any:
+    """The role's typed values, checked as the runner checks them: the types of its Vars, then
+    its validate()."""
+    v = ROLE.typed(hostvars(**values))
+    R.validate(v)
+    return v
+
+
 def test_the_defaults_and_a_full_interface_list_validate() -> None:
-    R.validate(hostvars())
-    R.validate(
-        hostvars(
-            roce_nic_interfaces=["ens6np0", {"name": "ens5np0", "device": "mlx5_1", "mtu": 4200}]
-        )
-    )
-    R.validate(hostvars(roce_nic_mtu="9000", roce_nic_ecn="yes"))  # INI / -e strings
+    typed()
+    v = typed(roce_nic_interfaces=["ens6np0", {"name": "ens5np0", "device": "mlx5_1", "mtu": 4200}])
+    assert [(i.name, i.device, i.mtu) for i in v.roce_nic_interfaces] == [
+        ("ens6np0", None, None),
+        ("ens5np0", "mlx5_1", 4200),
+    ]
+    v = typed(roce_nic_mtu="9000", roce_nic_ecn="no")  # INI / -e strings
+    assert (v.roce_nic_mtu, v.roce_nic_ecn) == (9000, False)
 
 
 @pytest.mark.parametrize(
     "values, where, words",
     [
-        ({"roce_nic_mtu": 1279}, "roce_nic_mtu", "1280..9216"),
-        ({"roce_nic_mtu": 9217}, "roce_nic_mtu", "1280..9216"),
-        ({"roce_nic_mtu": True}, "roce_nic_mtu", "whole number"),
-        ({"roce_nic_pfc_priority": 8}, "roce_nic_pfc_priority", "0..7"),
-        ({"roce_nic_cnp_priority": -1}, "roce_nic_cnp_priority", "0..7"),
-        ({"roce_nic_dscp": 64}, "roce_nic_dscp", "0..63"),
-        ({"roce_nic_cnp_dscp": "high"}, "roce_nic_cnp_dscp", "0..63"),
-        ({"roce_nic_tos": 256}, "roce_nic_tos", "0..255"),
+        ({"roce_nic_mtu": 1279}, "roce_nic_mtu (inventory)", "greater than or equal to 1280"),
+        ({"roce_nic_mtu": 9217}, "roce_nic_mtu (inventory)", "less than or equal to 9216"),
+        ({"roce_nic_mtu": True}, "roce_nic_mtu (inventory)", "a boolean is not a number"),
+        ({"roce_nic_pfc_priority": 8}, "roce_nic_pfc_priority (inventory)", "or equal to 7"),
+        ({"roce_nic_cnp_priority": -1}, "roce_nic_cnp_priority (inventory)", "or equal to 0"),
+        ({"roce_nic_dscp": 64}, "roce_nic_dscp (inventory)", "less than or equal to 63"),
+        ({"roce_nic_cnp_dscp": "high"}, "roce_nic_cnp_dscp (inventory)", "valid integer"),
+        ({"roce_nic_tos": 256}, "roce_nic_tos (inventory)", "less than or equal to 255"),
+        ({"roce_nic_gid_index": -1}, "roce_nic_gid_index (inventory)", "or equal to 0"),
         ({"roce_nic_tos": 104 + 8}, "roce_nic_tos", "carries DSCP 28, but roce_nic_dscp is 26"),
         ({"roce_nic_tos": 107}, "roce_nic_tos", "ECN bits 3"),
         ({"roce_nic_dscp": 46, "roce_nic_tos": 184}, "roce_nic_dscp", "maps to priority 5"),
-        ({"roce_nic_trust": "vlan"}, "roce_nic_trust", "'vlan'"),
-        ({"roce_nic_ecn": "maybe"}, "roce_nic_ecn", "'maybe'"),
-        ({"roce_nic_interfaces": "ens6np0"}, "roce_nic_interfaces", "not a list"),
-        ({"roce_nic_interfaces": [{"device": "mlx5_0"}]}, "roce_nic_interfaces[0]", "is {"),
-        ({"roce_nic_interfaces": [{"name": "a", "speed": 1}]}, "roce_nic_interfaces[0]", "is {"),
-        ({"roce_nic_interfaces": ["a/b"]}, "roce_nic_interfaces[0].name", "interface name"),
-        ({"roce_nic_interfaces": ["x" * 16]}, "roce_nic_interfaces[0].name", "interface name"),
+        ({"roce_nic_trust": "vlan"}, "roce_nic_trust (inventory)", "'vlan'"),
+        ({"roce_nic_ecn": "maybe"}, "roce_nic_ecn (inventory)", "'maybe'"),
+        ({"roce_nic_script": "fxkit-roce-nic"}, "roce_nic_script (inventory)", "not absolute"),
+        ({"roce_nic_env_file": "roce.env"}, "roce_nic_env_file (inventory)", "not absolute"),
+        ({"roce_nic_unit": "fxkit roce"}, "roce_nic_unit (inventory)", "not a systemd service"),
+        ({"roce_nic_interfaces": "ens6np0"}, "roce_nic_interfaces (inventory)", "valid list"),
+        (
+            {"roce_nic_interfaces": [{"device": "mlx5_0"}]},
+            "roce_nic_interfaces (inventory)",
+            "roce_nic_interfaces[0].name is not set",
+        ),
+        (
+            {"roce_nic_interfaces": [{"name": "a", "speed": 1}]},
+            "roce_nic_interfaces (inventory)",
+            "roce_nic_interfaces[0].speed is 1: Extra inputs are not permitted",
+        ),
+        (
+            {"roce_nic_interfaces": [7]},
+            "roce_nic_interfaces (inventory)",
+            "roce_nic_interfaces[0] is 7: Input should be a valid dictionary",
+        ),
+        (
+            {"roce_nic_interfaces": ["a/b"]},
+            "roce_nic_interfaces (inventory)",
+            "roce_nic_interfaces[0].name is 'a/b': not a Linux interface name",
+        ),
+        (
+            {"roce_nic_interfaces": ["x" * 16]},
+            "roce_nic_interfaces (inventory)",
+            "[0].name is 'xxxxxxxxxxxxxxxx': not a Linux interface name",
+        ),
         (
             {"roce_nic_interfaces": [{"name": "a", "device": "m x"}]},
-            "roce_nic_interfaces[0].device",
-            "RDMA device name",
+            "roce_nic_interfaces (inventory)",
+            "roce_nic_interfaces[0].device is 'm x': not an RDMA device name",
         ),
         (
             {"roce_nic_interfaces": [{"name": "a", "mtu": 100}]},
-            "roce_nic_interfaces[0].mtu",
-            "1280..9216",
+            "roce_nic_interfaces (inventory)",
+            "roce_nic_interfaces[0].mtu is 100: Input should be greater than or equal to 1280",
         ),
         ({"roce_nic_interfaces": ["a", "b", "a"]}, "roce_nic_interfaces[2]", "listed twice"),
         (
@@ -112,19 +146,19 @@ def test_the_defaults_and_a_full_interface_list_validate() -> None:
 )
 def test_wrong_variables_name_host_and_variable(values: dict, where: str, words: str) -> None:
     with pytest.raises(VarError) as caught:
-        R.validate(hostvars(**values))
+        typed(**values)
     assert caught.value.where == f"gpu01: {where}"
-    assert words in caught.value.message
+    assert words in caught.value.message, caught.value.message
     assert caught.value.hint
 
 
 def test_pcp_trust_does_not_tie_dscp_to_the_priority() -> None:
-    R.validate(hostvars(roce_nic_trust="pcp", roce_nic_dscp=46, roce_nic_tos=186))
+    typed(roce_nic_trust="pcp", roce_nic_dscp=46, roce_nic_tos=186)
 
 
 # -- the commands, against the real tools' syntax ------------------------------------------------
 
-S = R.settings(hostvars())
+S = R.settings(typed())
 CONNECTX = R.Nic("ens6np0", 9000, "mlx5_0", "connectx")
 THOR2 = R.Nic("ens26np0", 9000, "bnxt_re0", "thor2")
 
@@ -214,7 +248,7 @@ def test_thor2_steps() -> None:
 
 def test_ecn_off_and_other_priorities() -> None:
     s = R.settings(
-        hostvars(roce_nic_ecn=False, roce_nic_pfc_priority=4, roce_nic_dscp=34, roce_nic_tos=138)
+        typed(roce_nic_ecn=False, roce_nic_pfc_priority=4, roce_nic_dscp=34, roce_nic_tos=138)
     )
     connectx = R.plan(CONNECTX, s)
     assert "--pfc=0,0,0,0,1,0,0,0" in connectx[1].command
@@ -222,7 +256,7 @@ def test_ecn_off_and_other_priorities() -> None:
     assert "/enable/4" in connectx[3].command
     assert "ecn_enable 0, cc_mode 0x1, roce_prio 0x4" in R.plan(THOR2, s)[4].want
     assert R.plan(THOR2, s)[2].want == "dscp-prio 34:4 48:7"
-    pcp = R.settings(hostvars(roce_nic_trust="pcp"))
+    pcp = R.settings(typed(roce_nic_trust="pcp"))
     assert "dcb_app" not in [step.kind for step in R.plan(THOR2, pcp)]
     assert "--trust=pcp" in R.plan(CONNECTX, pcp)[1].command
 

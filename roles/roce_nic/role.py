@@ -9,15 +9,16 @@ script (templates/fxkit-roce-nic.sh.j2) runs the same commands in the same order
 from __future__ import annotations
 
 import posixpath
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from shlex import quote
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import is_interface_name, var_error, whole_number
-from fxkit.engine.variables import HostVars, environment, truthy
+from fxkit.engine.rolevars import AbsolutePath, InterfaceName, RoleVars, Whole, pattern
+from fxkit.engine.variables import environment
+from fxkit.errors import VarError
 from fxkit.facts.rdma import (
     BNXT_CC,
     BnxtCc,
@@ -33,21 +34,104 @@ from fxkit.facts.rdma import (
 from fxkit.facts.sysfs import Attribute
 from fxkit.ops.base import OpContext, Result, failed, ok, skipped
 
-#: RoCE MTU range: 1280 is the least an IPv6 link carries (RoCEv2 GIDs are IPv4 and IPv6
-#: addresses; it still gives an RDMA MTU of 1024), 9216 the largest jumbo frame data-centre
-#: switches forward (ConnectX and Thor2 take more, the fabric does not).
-MTU_RANGE = (1280, 9216)
 #: RoCEv2 headers the kernel takes off the interface MTU to get the RDMA MTU (include/rdma/
 #: ib_addr.h iboe_get_mtu: GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4).
 ROCE_HEADERS = 96
 IB_MTUS = (4096, 2048, 1024, 512, 256)
 RDMA_CM = "/sys/kernel/config/rdma_cm"
 BNXT_RE = "/sys/kernel/config/bnxt_re"
-#: RDMA device names, as `rdma link` shows them (mlx5_0, bnxt_re0, rocep1s0f0).
-_DEVICE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 
 
 # -- variables ----------------------------------------------------------------------------------
+
+#: RoCE MTU: 1280 is the least an IPv6 link carries (RoCEv2 GIDs are IPv4 and IPv6 addresses;
+#: it still gives an RDMA MTU of 1024), 9216 the largest jumbo frame data-centre switches
+#: forward (ConnectX and Thor2 take more, the fabric does not).
+Mtu = Annotated[Whole, Field(ge=1280, le=9216)]
+#: An 802.1p priority (traffic class).
+Priority = Annotated[Whole, Field(ge=0, le=7)]
+#: A DSCP: the 6 high bits of the IP ToS byte.
+Dscp = Annotated[Whole, Field(ge=0, le=63)]
+#: RDMA device names, as `rdma link` shows them (mlx5_0, bnxt_re0, rocep1s0f0).
+RdmaDevice = Annotated[str, pattern(r"[A-Za-z0-9_.-]{1,63}", "an RDMA device name")]
+
+
+class Interface(BaseModel):
+    """One interface to configure; a plain name in the list is ``{name: IF}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: InterfaceName = Field(description="the interface, as `ip link` shows it")
+    device: RdmaDevice | None = Field(
+        None,
+        description="its RDMA device, as `rdma link` shows it (none: the one `rdma link` "
+        "shows with netdev IF)",
+    )
+    mtu: Mtu | None = Field(None, description="its MTU (none: `roce_nic_mtu`)")
+
+
+def _name_only(entry: object) -> object:
+    """A plain name in ``roce_nic_interfaces`` is ``{name: IF}``."""
+    return {"name": entry} if isinstance(entry, str) else entry
+
+
+class Vars(RoleVars):
+    roce_nic_interfaces: list[Annotated[Interface, BeforeValidator(_name_only)]] = Field(
+        [],
+        description="interfaces to configure: names (`ens6np0`) or `{name: IF, device: DEV, "
+        "mtu: N}`, each interface and device once",
+        examples=[["ens6np0", {"name": "ens26np0", "device": "bnxt_re0", "mtu": 9000}]],
+    )
+    roce_nic_mtu: Mtu = Field(
+        9000,
+        description="interface MTU (1280: the least an IPv6 link carries; 9216: the largest "
+        "jumbo frame data-centre switches forward)",
+        examples=[9000],
+    )
+    roce_nic_trust: Literal["dscp", "pcp"] = Field(
+        "dscp",
+        description="priority trust state (`dscp`: RoCEv2 routed over IP; ConnectX)",
+        examples=["dscp", "pcp"],
+    )
+    roce_nic_pfc_priority: Priority = Field(
+        3,
+        description="the one 802.1p priority with PFC (lossless), also the RoCE priority on "
+        "Thor2 and the ECN priority on ConnectX; with DSCP trust, `roce_nic_dscp >> 3` (the "
+        "default DSCP-to-priority map). The common lossless plan: FACTS.md",
+        examples=[3],
+    )
+    roce_nic_dscp: Dscp = Field(26, description="DSCP of RoCE traffic", examples=[26])
+    roce_nic_tos: Whole = Field(
+        106,
+        ge=0,
+        le=255,
+        description="rdma_cm default ToS, `DSCP << 2 | ECN`: 106 is DSCP 26, ECN-capable "
+        "(ECT(0)); never ECN bits 3 (CE)",
+        examples=[106],
+    )
+    roce_nic_cnp_dscp: Dscp = Field(
+        48, description="DSCP of congestion notification packets (CNP)", examples=[48]
+    )
+    roce_nic_cnp_priority: Priority = Field(7, description="802.1p priority of CNPs", examples=[7])
+    roce_nic_ecn: bool = Field(
+        True, description="ECN (DCQCN) on the RoCE priority", examples=[True, False]
+    )
+    roce_nic_gid_index: Whole = Field(
+        3,
+        ge=0,
+        le=255,
+        description="the RoCE v2 GID RCCL uses (`NCCL_IB_GID_INDEX`), verified to be one",
+        examples=[3],
+    )
+    roce_nic_script: AbsolutePath = Field(
+        "/usr/local/sbin/fxkit-roce-nic", description="the boot script"
+    )
+    roce_nic_unit: Annotated[str, pattern(r"[\w:.@-]+\.service", "a systemd service name")] = Field(
+        "fxkit-roce-nic.service", description="the oneshot unit that runs it at boot"
+    )
+    roce_nic_env_file: AbsolutePath = Field(
+        "/etc/fxkit/roce-nic.env", description="the environment file for RCCL jobs"
+    )
 
 
 @dataclass(frozen=True)
@@ -67,136 +151,57 @@ class Settings:
         return ",".join("1" if p == self.pfc_priority else "0" for p in range(8))
 
 
-@dataclass(frozen=True)
-class Interface:
-    """One entry of ``roce_nic_interfaces``."""
-
-    name: str
-    #: The RDMA device over it ("" = the one ``rdma link`` shows with this netdev).
-    device: str
-    mtu: int
-
-
-def settings(v: HostVars) -> Settings:
+def settings(v: Vars) -> Settings:
     return Settings(
-        str(v.roce_nic_trust),
-        int(v.roce_nic_pfc_priority),
-        int(v.roce_nic_dscp),
-        int(v.roce_nic_tos),
-        int(v.roce_nic_cnp_dscp),
-        int(v.roce_nic_cnp_priority),
-        truthy(v.roce_nic_ecn),
-        int(v.roce_nic_gid_index),
+        v.roce_nic_trust,
+        v.roce_nic_pfc_priority,
+        v.roce_nic_dscp,
+        v.roce_nic_tos,
+        v.roce_nic_cnp_dscp,
+        v.roce_nic_cnp_priority,
+        v.roce_nic_ecn,
+        v.roce_nic_gid_index,
     )
 
 
-def interfaces(v: HostVars) -> list[Interface]:
-    found = []
-    for entry in v.roce_nic_interfaces:
-        item: Mapping[str, Any] = {"name": entry} if isinstance(entry, str) else entry
-        found.append(
-            Interface(
-                str(item["name"]),
-                str(item.get("device") or ""),
-                int(item.get("mtu", v.roce_nic_mtu)),
-            )
-        )
-    return found
-
-
-def validate(v: HostVars) -> None:
-    """Check every variable before any host is touched (VarError naming host and variable)."""
-    prio = "a priority is a 802.1p class, 0..7"
-    pfc = whole_number(v, "roce_nic_pfc_priority", v.roce_nic_pfc_priority, 0, 7, prio)
-    whole_number(v, "roce_nic_cnp_priority", v.roce_nic_cnp_priority, 0, 7, prio)
-    dscp = whole_number(v, "roce_nic_dscp", v.roce_nic_dscp, 0, 63, "DSCP is 6 bits: 0..63")
-    whole_number(v, "roce_nic_cnp_dscp", v.roce_nic_cnp_dscp, 0, 63, "DSCP is 6 bits: 0..63")
-    tos = whole_number(v, "roce_nic_tos", v.roce_nic_tos, 0, 255, "ToS is one byte: DSCP<<2 | ECN")
-    whole_number(v, "roce_nic_gid_index", v.roce_nic_gid_index, 0, 255, "a GID table index")
-    if v.roce_nic_trust not in ("dscp", "pcp"):
-        raise var_error(
-            v,
-            "roce_nic_trust",
-            f"roce_nic_trust is {v.roce_nic_trust!r}",
-            "dscp (RoCEv2 routed over IP) or pcp",
-        )
+def validate(v: Vars) -> None:
+    """What the types cannot say: the ToS carries the DSCP, with DSCP trust the DSCP maps to
+    the PFC priority, no interface or device twice."""
+    tos, dscp, pfc = v.roce_nic_tos, v.roce_nic_dscp, v.roce_nic_pfc_priority
     hint = f"ToS = DSCP<<2 | ECN bits: use {dscp << 2 | 2} (ECN-capable, ECT(0)) or {dscp << 2}"
     if tos >> 2 != dscp:
         msg = f"roce_nic_tos {tos} carries DSCP {tos >> 2}, but roce_nic_dscp is {dscp}"
-        raise var_error(v, "roce_nic_tos", msg, hint)
+        raise VarError(msg, where=f"{v.host}: roce_nic_tos", hint=hint)
     if tos & 3 == 3:
         msg = f"roce_nic_tos {tos} has ECN bits 3 (CE): only a congested switch sets those"
-        raise var_error(v, "roce_nic_tos", msg, hint)
+        raise VarError(msg, where=f"{v.host}: roce_nic_tos", hint=hint)
     if v.roce_nic_trust == "dscp" and dscp >> 3 != pfc:
-        raise var_error(
-            v,
-            "roce_nic_dscp",
+        raise VarError(
             f"roce_nic_dscp {dscp} maps to priority {dscp >> 3}, but PFC is on priority {pfc} "
             "(roce_nic_pfc_priority): RoCE traffic would not be lossless",
-            f"the default DSCP-to-priority map is DSCP>>3: for priority {pfc} use DSCP "
+            where=f"{v.host}: roce_nic_dscp",
+            hint=f"the default DSCP-to-priority map is DSCP>>3: for priority {pfc} use DSCP "
             f"{pfc * 8}..{pfc * 8 + 7} (26 for priority 3)",
         )
-    ecn = v.roce_nic_ecn
-    words = ("1", "0", "true", "false", "yes", "no", "on", "off")
-    if not isinstance(ecn, bool) and not (isinstance(ecn, str) and ecn.strip().lower() in words):
-        raise var_error(v, "roce_nic_ecn", f"roce_nic_ecn is {ecn!r}", "true or false")
-    mtu_why = (
-        f"RoCE MTU {MTU_RANGE[0]}..{MTU_RANGE[1]}: IPv6 needs 1280, switches forward up to "
-        "9216-byte jumbo frames"
-    )
-    whole_number(v, "roce_nic_mtu", v.roce_nic_mtu, *MTU_RANGE, mtu_why)
-    _validate_interfaces(v, mtu_why)
-
-
-def _validate_interfaces(v: HostVars, mtu_why: str) -> None:
-    var = "roce_nic_interfaces"
-    entries = v.roce_nic_interfaces
-    shape = (
-        "a list of interface names, or of {name: IF, device: DEV, mtu: N} (device, mtu optional)"
-    )
-    if not isinstance(entries, list):
-        raise var_error(v, var, f"{var} is {type(entries).__name__}, not a list", shape)
     names: set[str] = set()
     devices: set[str] = set()
-    for i, entry in enumerate(entries):
-        where = f"{var}[{i}]"
-        item = {"name": entry} if isinstance(entry, str) else entry
-        if (
-            not isinstance(item, Mapping)
-            or "name" not in item
-            or set(item) - {"name", "device", "mtu"}
-        ):
-            raise var_error(v, where, f"{where} is {entry!r}", shape)
-        name, device = item["name"], item.get("device")
-        if not is_interface_name(name):
-            raise var_error(
-                v,
-                f"{where}.name",
-                f"{name!r} is not a Linux interface name",
-                "1-15 characters, no '/', ':' or spaces (ip link shows the names)",
+    for i, entry in enumerate(v.roce_nic_interfaces):
+        where = f"{v.host}: roce_nic_interfaces[{i}]"
+        if entry.name in names:
+            raise VarError(
+                f"interface {entry.name} is listed twice",
+                where=where,
+                hint="list each interface once",
             )
-        if device is not None and not (isinstance(device, str) and _DEVICE.fullmatch(device)):
-            raise var_error(
-                v,
-                f"{where}.device",
-                f"{device!r} is not an RDMA device name",
-                "as `rdma link` shows it, e.g. mlx5_0 or bnxt_re0",
+        if entry.device and entry.device in devices:
+            raise VarError(
+                f"RDMA device {entry.device} is listed twice",
+                where=where,
+                hint="each interface has its own RDMA device",
             )
-        if "mtu" in item:
-            whole_number(v, f"{where}.mtu", item["mtu"], *MTU_RANGE, mtu_why)
-        if name in names:
-            raise var_error(
-                v, where, f"interface {name} is listed twice", "list each interface once"
-            )
-        if device and device in devices:
-            raise var_error(
-                v,
-                where,
-                f"RDMA device {device} is listed twice",
-                "each interface has its own RDMA device",
-            )
-        names.add(name)
-        devices.add(device or "")
+        names.add(entry.name)
+        if entry.device:
+            devices.add(entry.device)
 
 
 # -- what each NIC gets --------------------------------------------------------------------------
@@ -407,18 +412,18 @@ def requirement(host: Host, step: Step) -> str:
     return ""
 
 
-def resolve(host: Host, wanted: Interface) -> Nic:
-    """The interface's RDMA device and driver family from facts, or why they are missing."""
+def resolve(host: Host, wanted: Interface, mtu: int) -> Nic:
+    """The interface (at ``mtu``): its RDMA device and driver family from facts, or why they
+    are missing."""
+    device = wanted.device or ""
     links = host.fact(RdmaLink)
     if links.missing:
-        return Nic(wanted.name, wanted.mtu, wanted.device, missing=links.missing)
-    port = links.by_device(wanted.device) if wanted.device else links.by_netdev(wanted.name)
+        return Nic(wanted.name, mtu, device, missing=links.missing)
+    port = links.by_device(device) if device else links.by_netdev(wanted.name)
     shown = ", ".join(f"{p.name} netdev {p.netdev}" for p in links.ports)
     if port is None:
-        what = f"RDMA device {wanted.device}" if wanted.device else f"RDMA device on {wanted.name}"
-        return Nic(
-            wanted.name, wanted.mtu, wanted.device, missing=f"no {what} (rdma link shows {shown})"
-        )
+        what = f"RDMA device {device}" if device else f"RDMA device on {wanted.name}"
+        return Nic(wanted.name, mtu, device, missing=f"no {what} (rdma link shows {shown})")
     if port.netdev != wanted.name:
         host.fail(
             f"{wanted.name}: {port.device} is the RDMA device of {port.netdev}, not of "
@@ -426,19 +431,19 @@ def resolve(host: Host, wanted: Interface) -> Nic:
         )
     iface = host.fact(NetInterface, wanted.name)
     if iface.missing:
-        return Nic(wanted.name, wanted.mtu, port.device, missing=iface.missing)
+        return Nic(wanted.name, mtu, port.device, missing=iface.missing)
     family = driver_family(iface.driver, port.device)
     if not family:
         return Nic(
             wanted.name,
-            wanted.mtu,
+            mtu,
             port.device,
             missing=(
                 f"driver {iface.driver or 'unknown'} of {port.device} is neither ConnectX "
                 "(mlx5_core) nor Broadcom Thor2 (bnxt_en)"
             ),
         )
-    return Nic(wanted.name, wanted.mtu, port.device, family)
+    return Nic(wanted.name, mtu, port.device, family)
 
 
 # -- verification --------------------------------------------------------------------------------
@@ -516,9 +521,12 @@ def unit_device(interface: str) -> str:
     return f"sys-subsystem-net-devices-{escaped}.device"
 
 
-def apply(host: Host, v: HostVars) -> None:
+def apply(host: Host, v: Vars) -> None:
     s = settings(v)
-    nics = [resolve(host, wanted) for wanted in interfaces(v)]
+    nics = [
+        resolve(host, wanted, v.roce_nic_mtu if wanted.mtu is None else wanted.mtu)
+        for wanted in v.roce_nic_interfaces
+    ]
     # What this host lacks, before anything changes: a host that is not a lab host stops here.
     live = [nic for nic in nics if host.needs(not nic.missing, f"RoCE on {nic.name}", nic.missing)]
     plans = {nic.name: plan(nic, s) for nic in live}

@@ -12,12 +12,13 @@
 from __future__ import annotations
 
 import posixpath
-import re
 from shlex import quote
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import var_error, words
-from fxkit.engine.variables import HostVars, truthy
+from fxkit.engine.rolevars import AbsolutePath, RoleVars, Whole, pattern
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.files import FileStat
 from fxkit.facts.gpu import GpuInventory, Gpus
@@ -30,68 +31,132 @@ from fxkit.ops.packages import version_matches
 #: The Ubuntu releases ROCm 7.2 supports, by codename.
 UBUNTU = {"jammy": "22.04", "noble": "24.04"}
 
-_URL = re.compile(r"(https?|file)://[^\s\"'#\[\]]+")
-_REPO_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
-_APT_VERSION = re.compile(r"([0-9]+:)?[0-9][A-Za-z0-9.+~-]*")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[a-z_][a-z0-9_-]*\$?")
-_WORD = re.compile(r"[^\s\"'`$\\]+")
+
+def _number_as_text(value: object) -> object:
+    """A version YAML or an INI inventory read as a number (``7.2``), as text: ``"7.2"``."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
 
-def validate(v: HostVars) -> None:
-    """The variables, before any host is touched: URL, versions, key digest, users and groups,
-    kernel settings, the expected GPUs."""
-    if not isinstance(v.rocm_repo_base, str) or not _URL.fullmatch(v.rocm_repo_base):
-        raise var_error(
-            v,
-            "rocm_repo_base",
-            f"{v.rocm_repo_base!r} is not a URL",
-            "https://repo.radeon.com, or your mirror: http(s)://host/path or file:///path",
-        )
-    for var in ("rocm_host_rocm_repo", "rocm_host_graphics_repo", "rocm_host_amdgpu_repo"):
-        if not _REPO_VERSION.fullmatch(str(v[var])):
-            raise var_error(
-                v, var, f"{v[var]!r} is not a repository version", "e.g. 7.2.2, 7.2.1, 30.30"
-            )
-    for var in ("rocm_host_amdgpu_dkms_version", "rocm_host_rocm_version"):
-        if v[var] and not _APT_VERSION.fullmatch(str(v[var])):
-            raise var_error(
-                v,
-                var,
-                f"{v[var]!r} is not an apt version",
-                'the full version as `apt-cache policy` shows it, or "" for the candidate',
-            )
-    if not _SHA256.fullmatch(str(v.rocm_host_key_sha256).lower().removeprefix("sha256:")):
-        raise var_error(
-            v,
-            "rocm_host_key_sha256",
-            f"{v.rocm_host_key_sha256!r} is not a sha256",
-            f"fetch {v.rocm_host_key_url}, check its fingerprint (gpg --show-keys), then "
-            "give its sha256sum: fxkit keeps the key only if it has that digest",
-        )
-    words(v, "rocm_host_users", _NAME, "user names", "e.g. [vllm, alice]")
-    words(v, "rocm_host_groups", _NAME, "group names", "e.g. [render, video]")
-    if not isinstance(v.rocm_host_sysctl, dict):
-        raise var_error(
-            v,
-            "rocm_host_sysctl",
-            f"{v.rocm_host_sysctl!r} is not a mapping",
-            "name: value, e.g. {kernel.numa_balancing: 0}",
-        )
-    words(
-        v,
-        "rocm_host_kernel_args",
-        _WORD,
-        "kernel arguments",
-        "e.g. [pci=realloc=off, iommu=pt]: no spaces, quotes, $, ` or \\",
+_AS_TEXT = BeforeValidator(_number_as_text)
+#: A word that goes into a shell command or an apt file as it is.
+_WORD = r"[^\s\"'`$\\]+"
+Url = Annotated[str, pattern(r"(https?|file)://[^\s\"'#\[\]]+", "an http(s):// or file:// URL")]
+RepoVersion = Annotated[str, _AS_TEXT, pattern(r"\d+\.\d+(\.\d+)?", "a repository version")]
+AptVersion = Annotated[
+    str, _AS_TEXT, pattern(r"(([0-9]+:)?[0-9][A-Za-z0-9.+~-]*)?", 'an apt version or ""')
+]
+Sha256 = Annotated[str, pattern(r"(?i)(sha256:)?[0-9a-f]{64}", "a sha256 (64 hex digits)")]
+_ACCOUNT = r"[a-z_][a-z0-9_-]*\$?"
+User = Annotated[str, pattern(_ACCOUNT, "a user name")]
+Group = Annotated[str, pattern(_ACCOUNT, "a group name")]
+KernelArg = Annotated[
+    str, pattern(_WORD, "a kernel argument (no spaces, quotes, $, backquote or backslash)")
+]
+
+
+class Vars(RoleVars):
+    rocm_repo_base: Url = Field(
+        "https://repo.radeon.com",
+        description="where the repositories are: repo.radeon.com or a mirror with its layout "
+        "(`http(s)://` or `file:///`; an air-gapped site's mirror)",
+        examples=["https://repo.radeon.com", "file:///srv/mirror/radeon"],
     )
-    for var in ("rocm_host_gpu_count", "rocm_host_gpu_vram_gib"):
-        if isinstance(v[var], bool) or not isinstance(v[var], int) or v[var] < 1:
-            raise var_error(v, var, f"{v[var]!r} is not a number >= 1", "e.g. 8 GPUs, 192 GiB")
-    if not isinstance(v.rocm_host_gpu_model, str) or not _WORD.fullmatch(v.rocm_host_gpu_model):
-        raise var_error(v, "rocm_host_gpu_model", "wants a model name", "e.g. MI308X or MI300X")
-    if not _WORD.fullmatch(str(v.rocm_host_apt_arch)):
-        raise var_error(v, "rocm_host_apt_arch", "wants a Debian architecture", "e.g. amd64")
+    rocm_host_rocm_repo: RepoVersion = Field(
+        "7.2.2", description="`{{ rocm_repo_base }}/rocm/apt/<this>`", examples=["7.2.2"]
+    )
+    rocm_host_graphics_repo: RepoVersion = Field(
+        "7.2.1", description="`{{ rocm_repo_base }}/graphics/<this>/ubuntu`", examples=["7.2.1"]
+    )
+    rocm_host_amdgpu_repo: RepoVersion = Field(
+        "30.30",
+        description="`{{ rocm_repo_base }}/amdgpu/<this>/ubuntu` (the kernel driver; 30.30.x "
+        "supports ROCm 7.2)",
+        examples=["30.30"],
+    )
+    rocm_host_apt_arch: Annotated[str, pattern(_WORD, "a Debian architecture")] = Field(
+        "amd64", description="the sources' `arch=`", examples=["amd64"]
+    )
+    rocm_host_key_url: Url = Field(
+        "{{ rocm_repo_base }}/rocm/rocm.gpg.key",
+        description="the armored signing key, downloaded by the host",
+        examples=["https://repo.radeon.com/rocm/rocm.gpg.key"],
+    )
+    rocm_host_key_sha256: Sha256 = Field(
+        description="its sha256: the key is kept only with this digest. No default: fetch the "
+        "key once, check its fingerprint (`gpg --show-keys rocm.gpg.key`) against AMD's install "
+        "guide, then give its `sha256sum`"
+    )
+    rocm_host_key_file: AbsolutePath = Field(
+        "/etc/apt/keyrings/rocm.gpg.key",
+        description="where the host keeps the armored key as downloaded",
+    )
+    rocm_host_keyring: AbsolutePath = Field(
+        "/etc/apt/keyrings/rocm.gpg",
+        description="the dearmored keyring apt reads, which the sources are signed by",
+    )
+    rocm_host_pin_origin: str = Field(
+        "repo.radeon.com",
+        min_length=1,
+        description="the `o=` (Origin) the pin matches: apt prefers repo.radeon.com's packages "
+        "over Ubuntu's own rocminfo, hipcc, ...",
+    )
+    rocm_host_pin_priority: Whole = Field(600, description="the pin's priority", examples=[600, -1])
+    rocm_host_amdgpu_dkms_version: AptVersion = Field(
+        "",
+        description='amdgpu-dkms\'s apt version, installed exactly; `""`: the candidate',
+        examples=["", "1:6.16.13.30300200-2278356.24.04"],
+    )
+    rocm_host_rocm_version: AptVersion = Field(
+        "",
+        description="rocm's apt version (as `apt-cache policy rocm` shows it), installed "
+        'exactly; `""`: the candidate',
+        examples=["", "7.2.2.70202-1~24.04"],
+    )
+    rocm_host_users: list[User] = Field(
+        [],
+        description="users who run GPU work: added to the groups below",
+        examples=[["vllm", "alice"]],
+    )
+    rocm_host_groups: list[Group] = Field(
+        ["render", "video"],
+        description="the GPU device groups (created when missing)",
+        examples=[["render", "video"]],
+    )
+    rocm_host_kernel_args: list[KernelArg] = Field(
+        ["pci=realloc=off", "iommu=pt"],
+        description="kernel command-line arguments (`[]`: leave it alone; MI300X-class tuning, "
+        "ROCm's system optimization guide)",
+        examples=[["pci=realloc=off", "iommu=pt"]],
+    )
+    rocm_host_grub_file: AbsolutePath = Field("/etc/default/grub", description="GRUB's config")
+    rocm_host_sysctl: dict[str, str | int] = Field(
+        {"kernel.numa_balancing": 0},
+        description="kernel settings, name: value (ROCm's system optimization guide)",
+        examples=[{"kernel.numa_balancing": 0}],
+    )
+    rocm_host_sysctl_file: AbsolutePath = Field(
+        "/etc/sysctl.d/90-fxkit.conf", description="where they persist (node_base's file too)"
+    )
+    rocm_host_reboot: bool = Field(
+        False,
+        description="reboot when one is due (a new kernel command line or a new amdgpu-dkms), "
+        "and wait",
+    )
+    rocm_host_reboot_timeout: Whole = Field(
+        900, ge=1, description="seconds to wait for the host to come back"
+    )
+    rocm_host_gpu_count: Whole = Field(
+        8, ge=1, description="GPUs the verification expects", examples=[8]
+    )
+    rocm_host_gpu_model: Annotated[str, pattern(_WORD, "a model name")] = Field(
+        "MI308X", description="the model each must be", examples=["MI308X", "MI300X"]
+    )
+    rocm_host_gpu_vram_gib: Whole = Field(
+        192,
+        ge=1,
+        description="GiB each must have (rounded: MI308X reports ~191.98)",
+        examples=[192],
+    )
 
 
 def not_run(ctx: OpContext, step: str, reason: str) -> Result:
@@ -104,7 +169,7 @@ def verified(ctx: OpContext, what: str) -> Result:
     return ok(what)
 
 
-def apply(host: Host, v: HostVars) -> None:
+def apply(host: Host, v: Vars) -> None:
     os_info = host.fact(OsRelease)
     if os_info.id != "ubuntu" or os_info.codename not in UBUNTU:
         supported = " and ".join(f"{n} ({c})" for c, n in UBUNTU.items())
@@ -121,7 +186,7 @@ def apply(host: Host, v: HostVars) -> None:
     for name, value in v.rocm_host_sysctl.items():
         host.sysctl(name, value, file=v.rocm_host_sysctl_file)
     due, lacking = reboot_due(host, v, dkms)
-    if due and truthy(v.rocm_host_reboot):
+    if due and v.rocm_host_reboot:
         rebooted = host.reboot(timeout=v.rocm_host_reboot_timeout)
         if rebooted.changed and not host.check:  # back, with every fact read anew
             still = [a for a in lacking if a not in host.fact(KernelCmdline)]
@@ -138,7 +203,7 @@ def apply(host: Host, v: HostVars) -> None:
     verify(host, v, host.fact(Gpus), due)
 
 
-def repositories(host: Host, v: HostVars, codename: str) -> None:
+def repositories(host: Host, v: Vars, codename: str) -> None:
     """The signing key, the sources and the pin, as AMD's install guide writes them."""
     base = v.rocm_repo_base.rstrip("/")
     host.directory(posixpath.dirname(v.rocm_host_keyring), mode="0755")
@@ -167,7 +232,7 @@ def repositories(host: Host, v: HostVars, codename: str) -> None:
     host.apt_pin("rocm-pin-600", f"release o={v.rocm_host_pin_origin}", v.rocm_host_pin_priority)
 
 
-def packages(host: Host, v: HostVars) -> Result:
+def packages(host: Host, v: Vars) -> Result:
     """amdgpu-dkms, then rocm, each at its pinned version (or the candidate); the installed
     versions read back. Returns amdgpu-dkms's result (a new driver needs a reboot)."""
     wanted = {"amdgpu-dkms": v.rocm_host_amdgpu_dkms_version, "rocm": v.rocm_host_rocm_version}
@@ -183,7 +248,7 @@ def packages(host: Host, v: HostVars) -> Result:
     return results["amdgpu-dkms"]
 
 
-def reboot_due(host: Host, v: HostVars, dkms: Result) -> tuple[str, list[str]]:
+def reboot_due(host: Host, v: Vars, dkms: Result) -> tuple[str, list[str]]:
     """Why the host needs a reboot ("" when it does not), and the kernel arguments it is to
     bring: they are in GRUB's config but not in the running kernel, or amdgpu-dkms was
     installed in this run."""
@@ -205,7 +270,7 @@ def reboot_due(host: Host, v: HostVars, dkms: Result) -> tuple[str, list[str]]:
     return "; ".join(reasons), lacking
 
 
-def verify(host: Host, v: HostVars, gpus: GpuInventory, due: str) -> None:
+def verify(host: Host, v: Vars, gpus: GpuInventory, due: str) -> None:
     """The expected count, model and memory of the GPUs, as the tools report them."""
     step = "verify GPUs"
     if not gpus.count and due:
