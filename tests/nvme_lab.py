@@ -1,5 +1,6 @@
-"""Helpers of the NVMe role tests on lab hosts: stand-in packages in a local apt repository of
-the host, and ``fxkit play`` of one role with variables.
+"""Helpers of the NVMe role tests: the first wrong variable of a host as a play names it; on lab
+hosts, stand-in packages in a local apt repository of the host, and ``fxkit play`` of one role
+with variables.
 
 nvmetcli is not in Debian 12 (this machine) and nvme-cli should not have to be installed on it,
 so the tests give each lab host a file: apt repository holding small packages of those names
@@ -13,15 +14,42 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from test_play_lab import Run, cli_play, fxkit_play, write_inventory
 
 from fxkit.connection.base import Connection
+from fxkit.engine.role import Role
+from fxkit.engine.rolevars import check
+from fxkit.engine.variables import HostVars
+from fxkit.errors import VarError
 from fxkit.lab import Fleet
 from tests.lab_helpers import sh
 
 REPO = "/srv/fxkit-nvme-repo"
 SOURCES = "/etc/apt/sources.list.d/fxkit-nvme-test.list"
+
+
+def refusal(role: Role, v: HostVars) -> VarError:
+    """The first problem of one host's values, as a play names it before any host is touched:
+    a wrong type or value (the role's ``Vars``), else what the role's ``validate`` finds."""
+    assert role.vars_model is not None and role.validate is not None
+    typed, wrong = check(role.vars_model, v)
+    if wrong:
+        assert isinstance(wrong[0], VarError)
+        return wrong[0]
+    with pytest.raises(VarError) as caught:
+        role.validate(typed)
+    return caught.value
+
+
+def place(problem: VarError) -> str:
+    """The variable or key a problem names, after its host: a wrong type or value names it
+    first in its message (its where says the variable and who set it), ``validate`` in its
+    where."""
+    if problem.where.endswith(")"):
+        return problem.message.split(" is ")[0]
+    return problem.where.split(": ", 1)[1]
 
 
 def stand_in_packages(conn: Connection, *names: str) -> None:

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvme_lab import play_role, stand_in_packages
+from nvme_lab import place, play_role, refusal, stand_in_packages
 
 from fxkit.connection.local import LocalConnection
 from fxkit.engine.role import RoleLoader, roles_path
 from fxkit.engine.variables import HostVars, Layer
-from fxkit.errors import VarError
 from fxkit.facts.base import FactCache
 from fxkit.facts.nvme import NvmeDevices, NvmeNamespace, NvmeSubsystems, parse_list_subsys
 from fxkit.ops.base import OpContext
@@ -103,6 +102,11 @@ def host_vars(**values: Any) -> HostVars:
     return HostVars("gpu01", [Layer("role defaults", ROLE.defaults), Layer("inventory", values)])
 
 
+def typed(**values: Any) -> Any:
+    """The role's typed ``Vars`` of a host with these inventory values."""
+    return ROLE.typed(host_vars(**values))
+
+
 def test_the_parser_reads_nvme_cli_s_own_examples() -> None:
     assert discovery_lines((REFERENCE / "nvme_discovery.conf.in").read_text()) == []
     lines = discovery_lines((REFERENCE / "nvme_discovery.conf.example").read_text())
@@ -125,7 +129,7 @@ DISCOVERY = [
 
 
 def test_every_discovery_conf_line_parses_as_nvme_cli_arguments() -> None:
-    text = CODE.discovery_conf(host_vars(nvmeof_initiator_discovery=DISCOVERY))
+    text = CODE.discovery_conf(typed(nvmeof_initiator_discovery=DISCOVERY))
     lines = discovery_lines(text)
     assert len(lines) == 2
     first, second = (parse_discovery_line(line) for line in lines)
@@ -148,7 +152,7 @@ def test_every_discovery_conf_line_parses_as_nvme_cli_arguments() -> None:
 def test_the_connect_command_has_the_nvme_cli_options() -> None:
     entry = {"nqn": MODELS, "transport": "rdma", "address": "192.168.100.10", "service_id": 4420,
              "nr_io_queues": 8, "ctrl_loss_tmo": 600, "reconnect_delay": 10}  # fmt: skip
-    args = CODE.fabric_args(entry)
+    args = CODE.fabric_args(CODE.Connection.model_validate(entry))
     assert args == ["-t", "rdma", "-a", "192.168.100.10", "-s", "4420",
                     "-i", "8", "-l", "600", "-c", "10"]  # fmt: skip
     assert parse_discovery_line(" ".join([*args, "-n", MODELS]) + "\n")["nqn"] == MODELS
@@ -172,48 +176,93 @@ def test_namespaces_of_a_subsystem_by_its_instance_or_controllers() -> None:
     assert CODE.size_bytes("10G") == 10 << 30 and CODE.size_bytes(512) == 512
 
 
+def connection(**keys: Any) -> dict[str, Any]:
+    entry = {"nqn": MODELS, "transport": "tcp", "address": "10.0.0.1", **keys}
+    return {"nvmeof_initiator_connections": [entry]}
+
+
+def discovery(**keys: Any) -> dict[str, Any]:
+    return {"nvmeof_initiator_discovery": [{"transport": "tcp", "address": "10.0.0.1", **keys}]}
+
+
+def mounted(**keys: Any) -> dict[str, Any]:
+    return {"nvmeof_initiator_filesystems": [{"device": "/dev/nvme1n1", "path": "/m", **keys}]}
+
+
 @pytest.mark.parametrize(
     ("values", "where", "says"),
     [
         ({"nvmeof_initiator_hostnqn": "myhost"}, "nvmeof_initiator_hostnqn", "not in the form"),
-        ({"nvmeof_initiator_connections": [{"nqn": "testnqn", "transport": "rdma",
-                                            "address": "10.0.0.1"}]},
-         "nvmeof_initiator_connections[0].nqn", "not in the form"),
-        ({"nvmeof_initiator_connections": [{"nqn": MODELS, "transport": "fc",
-                                            "address": "10.0.0.1"}]},
-         "nvmeof_initiator_connections[0].transport", "is not one of rdma, tcp"),
+        ({"nvmeof_initiator_hostnqn": None}, "nvmeof_initiator_hostnqn", "valid string"),
+        ({"nvmeof_initiator_hostnqn_file": "hostnqn"}, "nvmeof_initiator_hostnqn_file",
+         "not absolute"),
+        ({"nvmeof_initiator_multipath": "maybe"}, "nvmeof_initiator_multipath", "valid boolean"),
+        (connection(nqn="testnqn"), "nvmeof_initiator_connections[0].nqn", "not in the form"),
+        (connection(transport="fc"),
+         "nvmeof_initiator_connections[0].transport", "Input should be 'rdma' or 'tcp'"),
         ({"nvmeof_initiator_connections": [{"nqn": MODELS, "transport": "tcp"}]},
-         "nvmeof_initiator_connections[0].address", "None is not an IP address"),
-        ({"nvmeof_initiator_discovery": [{"transport": "tcp", "address": "10.0.0.1 -q x"}]},
-         "nvmeof_initiator_discovery[0].address", "is not an IP address"),
-        ({"nvmeof_initiator_connections": [{"nqn": MODELS, "transport": "tcp",
-                                            "address": "10.0.0.1", "nr_io_queues": "8 -D"}]},
-         "nvmeof_initiator_connections[0].nr_io_queues", "must be a positive number"),
-        ({"nvmeof_initiator_discovery": [{"transport": "tcp", "address": "10.0.0.1",
-                                          "host_iface": "eth0#x"}]},
-         "nvmeof_initiator_discovery[0].host_iface", "not an interface name without"),
-        ({"nvmeof_initiator_discovery": [{"transport": "tcp", "address": "10.0.0.1",
-                                          "host_iface": "eth0:1"}]},
-         "nvmeof_initiator_discovery[0].host_iface", "not an interface name"),
-        ({"nvmeof_initiator_connections": [{"nqn": MODELS, "transport": "tcp",
-                                            "address": "10.0.0.1"}] * 2},
+         "nvmeof_initiator_connections[0].address", "is not set"),
+        (discovery(address="10.0.0.1 -q x"),
+         "nvmeof_initiator_discovery[0].address", "not an IP address"),
+        (discovery(host_traddr="gpu01"),
+         "nvmeof_initiator_discovery[0].host_traddr", "not an IP address"),
+        (connection(nr_io_queues="8 -D"),
+         "nvmeof_initiator_connections[0].nr_io_queues", "Input should be a valid integer"),
+        (connection(nr_io_queues=0),
+         "nvmeof_initiator_connections[0].nr_io_queues", "greater than or equal to 1"),
+        (connection(reconnect_delay=True),
+         "nvmeof_initiator_connections[0].reconnect_delay", "a boolean is not a number"),
+        (connection(ctrl_loss_tmo=-2),
+         "nvmeof_initiator_connections[0].ctrl_loss_tmo", "greater than or equal to -1"),
+        (connection(service_id=65536),
+         "nvmeof_initiator_connections[0].service_id", "less than or equal to 65535"),
+        (discovery(service_id="any"),
+         "nvmeof_initiator_discovery[0].service_id", "Input should be a valid integer"),
+        (connection(namespaces=-1),
+         "nvmeof_initiator_connections[0].namespaces", "greater than or equal to 0"),
+        (connection(size="lots"), "nvmeof_initiator_connections[0].size", "not a size"),
+        (discovery(host_iface="eth0#x"),
+         "nvmeof_initiator_discovery[0].host_iface", "holds '=' or '#'"),
+        (discovery(host_iface="eth0:1"),
+         "nvmeof_initiator_discovery[0].host_iface", "not a Linux interface name"),
+        (discovery(nqn=MODELS), "nvmeof_initiator_discovery[0].nqn", "Extra inputs"),
+        ({"nvmeof_initiator_connections": connection()["nvmeof_initiator_connections"] * 2},
          "nvmeof_initiator_connections[1]", "is listed twice"),
         ({"nvmeof_initiator_filesystems": [{"nqn": MODELS, "nsid": 1, "path": "/mnt/m"}]},
          "nvmeof_initiator_filesystems[0]", "give device, or nqn"),
-        ({"nvmeof_initiator_filesystems": [{"device": "/dev/nvme1n1", "path": "mnt"}]},
-         "nvmeof_initiator_filesystems[0].path", "is not an absolute path"),
-        ({"nvmeof_initiator_filesystems": [{"device": "/dev/nvme1n1", "path": "/m",
-                                            "label": "much-too-long-label"}]},
+        ({**connection(), "nvmeof_initiator_filesystems": [{"nqn": MODELS, "path": "/mnt/m"}]},
+         "nvmeof_initiator_filesystems[0]", "give device, or nqn"),
+        (mounted(path="mnt"), "nvmeof_initiator_filesystems[0].path", "not an absolute path"),
+        (mounted(path="/"), "nvmeof_initiator_filesystems[0].path", "not an absolute path"),
+        ({"nvmeof_initiator_filesystems": mounted()["nvmeof_initiator_filesystems"] * 2},
+         "nvmeof_initiator_filesystems[1].path", "mount point /m is used twice"),
+        (mounted(device="/mnt/disk"),
+         "nvmeof_initiator_filesystems[0].device", "not a device under /dev"),
+        (mounted(label="much-too-long-label"),
          "nvmeof_initiator_filesystems[0].label", "up to 12"),
     ],
 )  # fmt: skip
 def test_wrong_variables_name_the_host_and_the_variable(
     values: dict[str, Any], where: str, says: str
 ) -> None:
-    with pytest.raises(VarError) as caught:
-        CODE.validate(host_vars(**values))
-    assert caught.value.where == f"gpu01: {where}"
-    assert says in caught.value.message
+    problem = refusal(ROLE, host_vars(**values))
+    assert problem.where.startswith("gpu01: ")
+    assert (place(problem), says in problem.message) == (where, True), problem
+
+
+def test_good_variables_pass_as_an_inventory_gives_them() -> None:
+    """Digits in strings (an INI inventory, -e), a size in bytes, a filesystem on a connected
+    namespace."""
+    values = {
+        **connection(service_id="4420", nr_io_queues="8", size=1 << 30),
+        "nvmeof_initiator_filesystems": [{"nqn": MODELS, "nsid": 1, "path": "/mnt/m"}],
+        "nvmeof_initiator_multipath": "no",
+    }
+    v = typed(**values)
+    CODE.validate(v)
+    [entry] = v.nvmeof_initiator_connections
+    assert CODE.fabric_args(entry) == ["-t", "tcp", "-a", "10.0.0.1", "-s", "4420", "-i", "8"]
+    assert CODE.size_bytes(entry.size) == 1 << 30 and v.nvmeof_initiator_multipath is False
 
 
 def test_the_shipped_unit_is_valid_for_systemd_analyze(tmp_path: Path) -> None:

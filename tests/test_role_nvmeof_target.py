@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvme_lab import play_role, stand_in_packages
+from nvme_lab import place, play_role, refusal, stand_in_packages
 from test_facts_nvme import write_configfs
 
 from fxkit.connection.local import LocalConnection
@@ -42,16 +42,36 @@ def host_vars(name: str = "storage01", **values: Any) -> HostVars:
     return HostVars(name, [Layer("role defaults", ROLE.defaults), Layer("inventory", values)])
 
 
+def typed(name: str = "storage01", **values: Any) -> Any:
+    """The role's typed ``Vars`` of a host with these inventory values."""
+    return ROLE.typed(host_vars(name, **values))
+
+
+#: nvmetcli's examples name their subsystems and hosts with words the role refuses (an NQN is
+#: nqn.YYYY-MM.domain:name): the references are compared with these NQNs in their place.
+NQNS = {word: f"nqn.2014-08.org.example:{word}" for word in ("testnqn", "hostnqn", "nvmet-always")}
+TESTNQN, HOSTNQN, ALWAYS = NQNS.values()
+
+
+def renamed(value: Any) -> Any:
+    """A reference config with each of its words of :data:`NQNS` replaced by its NQN."""
+    if isinstance(value, dict):
+        return {renamed(k): renamed(item) for k, item in value.items()}
+    if isinstance(value, list):
+        return [renamed(item) for item in value]
+    return NQNS.get(value, value) if isinstance(value, str) else value
+
+
 #: The variables that describe each of nvmetcli's example configs.
 EXAMPLES: dict[str, dict[str, Any]] = {
     "nvmetcli_rdma.json": {
-        "nvmeof_target_hosts": ["hostnqn"],
+        "nvmeof_target_hosts": [HOSTNQN],
         "nvmeof_target_ports": [
             {"id": 2, "transport": "rdma", "address": "192.168.6.68", "service_id": 4420}
         ],
         "nvmeof_target_subsystems": [
             {
-                "nqn": "testnqn",
+                "nqn": TESTNQN,
                 "allow_any_host": True,
                 "namespaces": [
                     {
@@ -67,8 +87,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "nvmeof_target_ports": [{"id": 1, "transport": "loop"}],
         "nvmeof_target_subsystems": [
             {
-                "nqn": "testnqn",
-                "allowed_hosts": ["hostnqn"],
+                "nqn": TESTNQN,
+                "allowed_hosts": [HOSTNQN],
                 "namespaces": [
                     {
                         "nsid": 1,
@@ -85,7 +105,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         ],
         "nvmeof_target_subsystems": [
             {
-                "nqn": "nvmet-always",
+                "nqn": ALWAYS,
                 "allow_any_host": True,
                 "serial": "123456789abcdef",
                 "model": "Linux",
@@ -131,8 +151,8 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_the_rendered_config_is_nvmetcli_s_own_key_by_key(name: str) -> None:
     assert sorted(p.name for p in REFERENCE.glob("nvmetcli_*.json")) == sorted(EXAMPLES)
-    reference = json.loads((REFERENCE / name).read_text())
-    rendered_text = CODE.render(CODE.nvmet_config(host_vars(**EXAMPLES[name])))
+    reference = renamed(json.loads((REFERENCE / name).read_text()))
+    rendered_text = CODE.render(CODE.nvmet_config(typed(**EXAMPLES[name])))
     rendered = json.loads(rendered_text)
     assert rendered_text == json.dumps(rendered, sort_keys=True, indent=2) + "\n"  # nvmetcli save
     ours, theirs = flatten(rendered), flatten(reference)
@@ -146,7 +166,7 @@ def test_the_rendered_config_is_nvmetcli_s_own_key_by_key(name: str) -> None:
 def test_the_restore_step_compares_configfs_key_by_key(tmp_path: Path) -> None:
     """The step's read-back on a configfs tree as nvmetcli restore writes it: equal is ok (no
     restore); a drifted key triggers ``nvmetcli restore`` (here in check mode: not run)."""
-    desired = CODE.nvmet_config(host_vars(**EXAMPLES["nvmetcli_tcp.json"]))
+    desired = CODE.nvmet_config(typed(**EXAMPLES["nvmetcli_tcp.json"]))
     root = tmp_path / "nvmet"
     write_configfs(root, desired)
     conn = LocalConnection("localhost")
@@ -163,7 +183,7 @@ def test_the_restore_step_compares_configfs_key_by_key(tmp_path: Path) -> None:
         OpContext(conn, FactCache(conn), check=True), path, {}, True, str(root)
     )
     assert written.changed and "config.json changed" not in written.msg  # the stray objects
-    assert "subsystems[nvmet-always]: in configfs, not in the config" in written.msg
+    assert f"subsystems[{ALWAYS}]: in configfs, not in the config" in written.msg
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -181,6 +201,18 @@ def bad(change: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps({**GOOD, **change}))
 
 
+def port(**keys: Any) -> dict[str, Any]:
+    return {"nvmeof_target_ports": [{"id": 1, "transport": "tcp", "address": "10.0.0.1", **keys}]}
+
+
+def subsystem(**keys: Any) -> dict[str, Any]:
+    return {"nvmeof_target_subsystems": [{"nqn": MODELS, "allow_any_host": True, **keys}]}
+
+
+def namespace(**keys: Any) -> dict[str, Any]:
+    return subsystem(namespaces=[{"nsid": 1, "path": "/srv/a.img", **keys}])
+
+
 @pytest.mark.parametrize(
     ("values", "where", "says"),
     [
@@ -193,21 +225,46 @@ def bad(change: dict[str, Any]) -> dict[str, Any]:
         (bad({"nvmeof_target_ports": [{"id": 1, "transport": "tcp", "address": "10.0.0.1"},
                                       {"id": 1, "transport": "tcp", "address": "10.0.0.2"}]}),
          "nvmeof_target_ports[1].id", "port id 1 is used twice"),
-        (bad({"nvmeof_target_ports": [{"id": 1, "transport": "fc", "address": "10.0.0.1"}]}),
-         "nvmeof_target_ports[0].transport", "transport 'fc' is not one of rdma, tcp"),
-        (bad({"nvmeof_target_ports": [{"id": 9000, "transport": "tcp", "address": "10.0.0.1"}]}),
-         "nvmeof_target_ports[0].id", "is 9000: wanted a whole number 1..8192"),
-        (bad({"nvmeof_target_ports": [{"id": 1, "transport": "tcp", "address": "storage01"}]}),
-         "nvmeof_target_ports[0].address", "'storage01' is not an IP address"),
-        (bad({"nvmeof_target_ports": [{"id": 1, "transport": "tcp", "address": "10.0.0.1",
-                                       "subsystems": ["nqn.2024-01.io.fxkit:none"]}]}),
+        (bad({"nvmeof_target_ports": [{"id": 1, "transport": "tcp", "address": "10.0.0.1"},
+                                      {"id": 2, "transport": "tcp", "address": "10.0.0.1"}]}),
+         "nvmeof_target_ports[1].address", "tcp 10.0.0.1:4420 is used by two ports"),
+        (bad(port(transport="fc")),
+         "nvmeof_target_ports[0].transport", "is 'fc': Input should be 'rdma', 'tcp' or 'loop'"),
+        (bad(port(id=9000)),
+         "nvmeof_target_ports[0].id", "is 9000: Input should be less than or equal to 8192"),
+        (bad(port(id=True)), "nvmeof_target_ports[0].id", "a boolean is not a number"),
+        (bad(port(address="storage01")),
+         "nvmeof_target_ports[0].address", "is 'storage01': not an IP address"),
+        (bad(port(service_id=0)),
+         "nvmeof_target_ports[0].service_id", "Input should be greater than or equal to 1"),
+        (bad(port(adrfam="ipv6")),
+         "nvmeof_target_ports[0].adrfam", "adrfam 'ipv6' but 10.0.0.1 is ipv4"),
+        (bad(port(adrfam="ib")), "nvmeof_target_ports[0].adrfam", "Input should be 'ipv4'"),
+        (bad(port(subsystems=["nqn.2024-01.io.fxkit:none"])),
          "nvmeof_target_ports[0].subsystems", "is not in nvmeof_target_subsystems"),
+        (bad(port(subsystems=["models"])),
+         "nvmeof_target_ports[0].subsystems[0]", "not in the form"),
+        (bad(port(adress="10.0.0.2")),
+         "nvmeof_target_ports[0].adress", "Extra inputs are not permitted"),
+        (bad({"nvmeof_target_ports": {"id": 1}}),
+         "nvmeof_target_ports", "Input should be a valid list"),
         (bad({"nvmeof_target_subsystems": [{"nqn": MODELS, "allowed_hosts": [HOST_NQN],
               "namespaces": [{"nsid": 1, "path": "/a"}, {"nsid": 1, "path": "/b"}]}]}),
          "nvmeof_target_subsystems[0].namespaces[1].nsid", "nsid 1 is used twice"),
-        (bad({"nvmeof_target_subsystems": [{"nqn": MODELS, "allowed_hosts": [HOST_NQN],
-              "namespaces": [{"nsid": 1, "path": "dev/nvme0n1"}]}]}),
-         "nvmeof_target_subsystems[0].namespaces[0].path", "is not an absolute path"),
+        (bad(namespace(nsid=0)),
+         "nvmeof_target_subsystems[0].namespaces[0].nsid", "greater than or equal to 1"),
+        (bad(namespace(path="dev/nvme0n1")),
+         "nvmeof_target_subsystems[0].namespaces[0].path", "not an absolute path"),
+        (bad(namespace(path="/srv/nvmet/")),
+         "nvmeof_target_subsystems[0].namespaces[0].path", "not an absolute path"),
+        (bad(namespace(size="lots")),
+         "nvmeof_target_subsystems[0].namespaces[0].size", "is 'lots': not a size"),
+        (bad(namespace(size=0)),
+         "nvmeof_target_subsystems[0].namespaces[0].size", "is 0: not a size"),
+        (bad(namespace(uuid="1234")),
+         "nvmeof_target_subsystems[0].namespaces[0].uuid", "not a UUID"),
+        (bad(namespace(enable="maybe")),
+         "nvmeof_target_subsystems[0].namespaces[0].enable", "valid boolean"),
         (bad({"nvmeof_target_subsystems": [{"nqn": MODELS, "allowed_hosts": ["host1"]}]}),
          "nvmeof_target_subsystems[0].allowed_hosts[0]", "'host1' is not in the form"),
         (bad({"nvmeof_target_subsystems": [{"nqn": MODELS}]}),
@@ -215,28 +272,52 @@ def bad(change: dict[str, Any]) -> dict[str, Any]:
         (bad({"nvmeof_target_subsystems": [{"nqn": MODELS, "allow_any_host": True,
                                             "allowed_hosts": [HOST_NQN]}]}),
          "nvmeof_target_subsystems[0].allow_any_host", "allowed_hosts are given"),
-        (bad({"nvmeof_target_subsystems": [{"nqn": MODELS, "allow_any_host": True,
-              "namespaces": [{"nsid": 1, "path": "/srv/a.img", "size": "lots"}]}]}),
-         "nvmeof_target_subsystems[0].namespaces[0].size", "is not a size"),
-        (bad({"nvmeof_target_subsystems": [{"nqn": MODELS, "allow_any_host": True,
-                                            "serial": "x" * 21}]}),
-         "nvmeof_target_subsystems[0].serial", "1 to 20 ASCII characters"),
+        (bad(subsystem(allow_any_host="maybe")),
+         "nvmeof_target_subsystems[0].allow_any_host", "valid boolean"),
+        (bad(subsystem(serial="x" * 21)),
+         "nvmeof_target_subsystems[0].serial", "not 1 to 20 printable ASCII characters"),
+        (bad(subsystem(serial="fx\u00e9")),
+         "nvmeof_target_subsystems[0].serial", "not 1 to 20 printable ASCII characters"),
+        (bad(subsystem(model="")),
+         "nvmeof_target_subsystems[0].model", "not 1 to 40 printable ASCII characters"),
+        (bad(subsystem(attr={"Version": "1.3"})),
+         "nvmeof_target_subsystems[0].attr.Version.[key]", "not an attribute name"),
+        (bad(subsystem(attr={"version": ["1.3"]})),
+         "nvmeof_target_subsystems[0].attr.version", "Input should be a valid string"),
+        (bad({"nvmeof_target_hosts": ["host1"]}), "nvmeof_target_hosts[0]", "not in the form"),
+        (bad({"nvmeof_target_config_file": "config.json"}),
+         "nvmeof_target_config_file", "not absolute"),
     ],
 )  # fmt: skip
 def test_wrong_variables_name_the_host_and_the_variable(
     values: dict[str, Any], where: str, says: str
 ) -> None:
-    CODE.validate(host_vars(**GOOD))  # the good ones pass
-    with pytest.raises(VarError) as caught:
-        CODE.validate(host_vars(**values))
-    assert caught.value.where == f"storage01: {where}"
-    assert says in caught.value.message
+    CODE.validate(typed(**GOOD))  # the good ones pass
+    problem = refusal(ROLE, host_vars(**values))
+    assert problem.where.startswith("storage01: ")
+    assert (place(problem), says in problem.message) == (where, True), problem
+
+
+def test_values_are_taken_as_an_inventory_gives_them() -> None:
+    """Digits in strings (an INI inventory, -e), sizes in bytes, attributes as numbers."""
+    values = {
+        "nvmeof_target_ports": [{"id": "1", "transport": "loop", "service_id": "4420"}],
+        **namespace(size=1 << 30, enable="no"),
+    }
+    values["nvmeof_target_subsystems"][0]["attr"] = {"version": 1.3, "cntlid_max": 65519}
+    config = CODE.nvmet_config(typed(**values))
+    assert config["ports"][0]["portid"] == 1
+    assert config["subsystems"][0]["attr"] == {
+        "allow_any_host": "1", "version": "1.3", "cntlid_max": "65519"
+    }  # fmt: skip
+    assert config["subsystems"][0]["namespaces"][0]["enable"] == 0
+    assert typed(**values).nvmeof_target_subsystems[0].namespaces[0].size == str(1 << 30)
 
 
 def test_an_nqn_on_two_targets_is_refused_naming_both() -> None:
     hosts = {
-        "storage01": host_vars("storage01", **GOOD),
-        "storage02": host_vars("storage02", **GOOD),
+        "storage01": typed("storage01", **GOOD),
+        "storage02": typed("storage02", **GOOD),
     }
     with pytest.raises(VarError) as caught:
         CODE.validate_all(hosts)
@@ -323,7 +404,7 @@ def test_on_a_plain_lab_host_files_apply_and_configfs_steps_skip_with_reasons(
     assert all("persisted; loads at boot: " in msg for msg in modules), modules
     with target.connect("lab01") as conn:
         written = json.loads(sh(conn, "cat /etc/nvmet/config.json"))
-        assert written == CODE.nvmet_config(host_vars(**LAB_VARS))
+        assert written == CODE.nvmet_config(typed(**LAB_VARS))
         assert sh(conn, "stat -c %a /etc/nvmet/config.json") == "600\n"
         assert sh(conn, "cat /etc/modules-load.d/nvmet-rdma.conf") == "nvmet-rdma\n"
         assert sh(conn, "stat -c '%s %b' /srv/nvmet/models.img").split()[0] == str(64 << 20)
@@ -416,7 +497,7 @@ def test_a_restore_is_read_back_and_a_silent_failure_is_caught(
     backing.write_bytes(b"")
     variables = json.loads(json.dumps(GOOD))
     variables["nvmeof_target_subsystems"][0]["namespaces"] = [{"nsid": 1, "path": str(backing)}]
-    desired = CODE.nvmet_config(host_vars(**variables))
+    desired = CODE.nvmet_config(typed(**variables))
     config = tmp_path / "config.json"
     config.write_text(CODE.render(desired))
     conn = LocalConnection("localhost")

@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 from test_runner import VALIDATED, Fleet, play
 
 from fxkit.engine.role import RoleLoader
-from fxkit.engine.rolevars import Nqn, RoleVars, Whole, pattern, readme_table
+from fxkit.engine.rolevars import Nqn, RoleVars, Whole, check, pattern, readme_table
+from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import PlaybookError, VarError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +141,28 @@ def test_the_readme_table_says_types_bounds_defaults_and_nested_keys() -> None:
     assert "Keys of each `Port`:" in table
     assert "| `kind` | one of `rdma`, `tcp` | `rdma` | the transport |" in table
     assert Sample.defaults() == {"sample_ports": [], "sample_name": "abc", "sample_count": 2}
+
+
+class Lun(BaseModel):
+    size: Whole = Field(description="bytes", examples=[512])
+
+
+class Target(BaseModel):
+    luns: list[Lun] = Field([], description="its LUNs")
+
+
+class Nested(RoleVars):
+    nested_targets: list[Target] = Field([], description="targets")
+
+
+def test_models_within_models_have_their_tables_and_hints() -> None:
+    table = readme_table(Nested)
+    assert table.index("Keys of each `Target`:") < table.index("Keys of each `Lun`:")
+    assert "| `size` | int | (required) | bytes |" in table
+    inventory = {"nested_targets": [{"luns": [{"size": 512}, {"size": "x"}]}]}
+    _, [problem] = check(Nested, HostVars("h1", [Layer("inventory", inventory)]))
+    assert problem.message.startswith("nested_targets[0].luns[1].size is 'x': ")
+    assert problem.hint == "e.g. 512"  # the key's examples, not the variable's description
 
 
 def test_mypy_and_validation_both_catch_a_misspelt_name_and_a_wrong_type(

@@ -25,6 +25,7 @@ number, ``yes``/``no``/``true``/``false`` a boolean; a ``bool`` is never a numbe
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import types
 import typing
@@ -110,7 +111,7 @@ def check(cls: type[V], v: HostVars) -> tuple[V | None, list[FxkitError]]:
 
 def _var_error(cls: type[RoleVars], v: HostVars, error: Mapping[str, Any]) -> VarError:
     name, *path = error["loc"] or ("?",)
-    field = cls.model_fields.get(str(name))
+    field = _field_at(cls.model_fields.get(str(name)), path)
     at = str(name) + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "missing":
@@ -119,6 +120,23 @@ def _var_error(cls: type[RoleVars], v: HostVars, error: Mapping[str, Any]) -> Va
         text = f"{at} is {_short(error.get('input'))}: {message}"
     where = f"{v.host}: {name} ({v.source(str(name))})" if name in v else f"{v.host}: {name}"
     return VarError(text, where=where, hint=_hint(field))
+
+
+def _field_at(field: FieldInfo | None, path: list[Any]) -> FieldInfo | None:
+    """The innermost declared key on ``path`` (``[0, "address"]`` of a list of models), whose
+    examples or description make the hint of a wrong nested value."""
+    for part in path:
+        model = _model_in(field.annotation) if field else None
+        if isinstance(part, str) and model is not None and part in model.model_fields:
+            field = model.model_fields[part]
+    return field
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field's type holds: ``Port``, ``list[Port]``, ``Port | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, (_model_in(a) for a in get_args(annotation))), None)
 
 
 def _hint(field: FieldInfo | None) -> str | None:
@@ -174,6 +192,26 @@ def pattern(regex: str, what: str) -> AfterValidator:
     return AfterValidator(Rule(what, lambda s: "" if compiled.fullmatch(s) else f"not {what}"))
 
 
+def _ip_address(text: str) -> str:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return "not an IP address"
+    return ""
+
+
+#: A size as ``truncate -s`` and nvme-cli write it: bytes, or a number with K, M, G or T.
+SIZE = re.compile(r"([1-9][0-9]*)([KMGT]?)")
+
+
+def _size_text(value: object) -> object:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _size(text: str) -> str:
+    return "" if SIZE.fullmatch(text) else "not a size (bytes, or a number with K, M, G or T)"
+
+
 def _interface(name: str) -> str:
     if _IFNAME.fullmatch(name) and name not in (".", ".."):
         return ""
@@ -188,6 +226,14 @@ Number = Annotated[float, BeforeValidator(_not_bool)]
 InterfaceName = Annotated[str, AfterValidator(Rule("interface name", _interface))]
 #: An NVMe Qualified Name in one of the base specification's two forms.
 Nqn = Annotated[str, AfterValidator(Rule("NQN", nqn_problem))]
+#: An IP address (v4 or v6), kept as written.
+IpAddress = Annotated[str, AfterValidator(Rule("IP address", _ip_address))]
+#: A size as :data:`SIZE` says, kept as text (``100G``); a whole number counts as bytes.
+Size = Annotated[
+    str,
+    BeforeValidator(_size_text),
+    AfterValidator(Rule("size (bytes, or a number with K, M, G or T)", _size)),
+]
 #: An absolute path.
 AbsolutePath = Annotated[
     str,
@@ -207,7 +253,11 @@ def readme_table(cls: type[RoleVars]) -> str:
     nested: list[type[BaseModel]] = []
     for name, field in cls.model_fields.items():
         lines.append(_row(name, field, nested))
-    for model in _unique(nested):
+    done: list[type[BaseModel]] = []
+    for model in nested:  # grows while it is read: the models of a model's keys come after it
+        if model in done:
+            continue
+        done.append(model)
         lines += ["", f"Keys of each `{model.__name__}`:", ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         lines += [_row(name, field, nested) for name, field in model.model_fields.items()]
@@ -278,14 +328,6 @@ def _bound(m: Any) -> str:
     if isinstance(m, MaxLen):
         return f"at most {m.max_length} long"
     return ""
-
-
-def _unique(models: list[type[BaseModel]]) -> list[type[BaseModel]]:
-    seen: list[type[BaseModel]] = []
-    for model in models:
-        if model not in seen:
-            seen.append(model)
-    return seen
 
 
 # -- the hand-written checks of roles not yet declared (removed with the last of them) ----------

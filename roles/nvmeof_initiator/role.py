@@ -7,15 +7,27 @@ of the namespaces through ``nvme list -o json``.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import uuid
 from shlex import quote
-from typing import Any
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import is_interface_name, mappings, valid_nqn, var_error
-from fxkit.engine.variables import HostVars, truthy
+from fxkit.engine.rolevars import (
+    SIZE,
+    AbsolutePath,
+    InterfaceName,
+    IpAddress,
+    Nqn,
+    RoleVars,
+    Rule,
+    Size,
+    Whole,
+    pattern,
+)
+from fxkit.errors import VarError
 from fxkit.facts.files import FileStat
 from fxkit.facts.filesystems import BlockSignature
 from fxkit.facts.kernel import ModuleState
@@ -45,8 +57,8 @@ OPTIONS = {
     "ctrl_loss_tmo": "-l",
     "reconnect_delay": "-c",
 }
-_SIZE = re.compile(r"([1-9][0-9]*)([KMGT]?)")
 _DEVICE = re.compile(r"/dev/nvme(\d+)n(\d+)")
+KEYS = ConfigDict(frozen=True, extra="forbid")
 
 
 # -- variables --------------------------------------------------------------------------------
@@ -54,132 +66,183 @@ _DEVICE = re.compile(r"/dev/nvme(\d+)n(\d+)")
 
 def size_bytes(text: object) -> int:
     """``10G`` -> 10737418240 (powers of 1024, as truncate and nvme-cli's sizes)."""
-    match = _SIZE.fullmatch(str(text))
+    match = SIZE.fullmatch(str(text))
     if not match:
         raise ValueError(f"{text!r} is not a size")
     return int(match[1]) << (10 * " KMGT".index(match[2] or " "))
 
 
-def _check_fabric(v: HostVars, var: str, entry: dict[str, Any]) -> None:
-    """transport, address, service id and the connect options of one line/connection; values
-    must not hold what nvme-cli splits discovery.conf lines at (space, '=', '#')."""
-    if entry.get("transport") not in TRANSPORTS:
-        raise var_error(
-            v, f"{var}.transport", f"transport {entry.get('transport')!r} is not one of rdma, tcp"
-        )
-    for key in ("address", "host_traddr"):
-        if key == "address" or entry.get(key) is not None:
-            try:
-                ipaddress.ip_address(str(entry.get(key)))
-            except ValueError:
-                raise var_error(
-                    v, f"{var}.{key}", f"{entry.get(key)!r} is not an IP address"
-                ) from None
-    iface = entry.get("host_iface")
-    if iface is not None and (not is_interface_name(iface) or set(iface) & set("=#")):
-        raise var_error(
-            v,
-            f"{var}.host_iface",
-            f"{iface!r} is not an interface name without '=' or '#'",
-            hint="as `ip link` shows it, e.g. ens6np0",
-        )
-    service = entry.get("service_id", 4420)
-    if isinstance(service, bool) or not str(service).isdigit() or not 0 < int(service) < 65536:
-        raise var_error(v, f"{var}.service_id", f"service id {service!r} is not a port (1-65535)")
-    for key in ("nr_io_queues", "reconnect_delay"):
-        value = entry.get(key)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise var_error(v, f"{var}.{key}", f"{key} must be a positive number, not {value!r}")
-    loss = entry.get("ctrl_loss_tmo")
-    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, int) or loss < -1):
-        raise var_error(
-            v, f"{var}.ctrl_loss_tmo", f"ctrl_loss_tmo must be seconds or -1, not {loss!r}"
-        )
+def _unsplit(text: str) -> str:
+    """nvme-cli splits a discovery.conf line at ' ' and '='; '#' starts a comment."""
+    return "holds '=' or '#', where a discovery.conf line splits" if set(text) & set("=#") else ""
 
 
-def validate(v: HostVars) -> None:
-    """Every variable of one initiator, before any host is touched."""
-    if v.get("nvmeof_initiator_hostnqn"):
-        valid_nqn(v, "nvmeof_initiator_hostnqn", v.nvmeof_initiator_hostnqn)
-    for i, entry in enumerate(mappings(v, "nvmeof_initiator_discovery")):
-        _check_fabric(v, f"nvmeof_initiator_discovery[{i}]", entry)
-    seen: set[tuple[str, str, str, str]] = set()
-    for i, entry in enumerate(mappings(v, "nvmeof_initiator_connections")):
-        var = f"nvmeof_initiator_connections[{i}]"
-        valid_nqn(v, f"{var}.nqn", entry.get("nqn"))
-        _check_fabric(v, var, entry)
-        key = (
-            entry["nqn"],
-            entry["transport"],
-            str(entry["address"]),
-            str(entry.get("service_id", 4420)),
-        )
+#: A service id (a TCP port, or RDMA's).
+ServiceId = Annotated[Whole, Field(ge=1, le=65535)]
+Positive = Annotated[Whole, Field(ge=1)]
+
+
+class Discovery(BaseModel):
+    """A discovery controller: where it is and how to connect (nvme-cli's options); a
+    connection has these keys too."""
+
+    model_config = KEYS
+
+    transport: Literal["rdma", "tcp"] = Field(description="the transport (`-t`)")
+    address: IpAddress = Field(
+        description="the controller's address, traddr (`-a`)", examples=["192.168.100.10"]
+    )
+    service_id: ServiceId | None = Field(
+        None, description="trsvcid (`-s`; default: 8009 for tcp, 4420 for rdma, nvme-cli's)"
+    )
+    host_traddr: IpAddress | None = Field(None, description="the host's own address (`-w`)")
+    host_iface: (
+        Annotated[InterfaceName, AfterValidator(Rule("without '=' or '#'", _unsplit))] | None
+    ) = Field(None, description="the host's interface (`-f`)", examples=["ens6np0"])
+    nr_io_queues: Positive | None = Field(None, description="I/O queues (`-i`)")
+    ctrl_loss_tmo: Annotated[Whole, Field(ge=-1)] | None = Field(
+        None, description="`-l`, seconds; -1 retries forever"
+    )
+    reconnect_delay: Positive | None = Field(None, description="`-c`, seconds")
+
+
+class Connection(Discovery):
+    """A subsystem to connect to now (``nvme connect``), and what ``nvme list`` must show."""
+
+    nqn: Nqn = Field(
+        description="the subsystem (`-n`)", examples=["nqn.2024-01.com.example:models"]
+    )
+    service_id: ServiceId = Field(4420, description="trsvcid (`-s`)")
+    namespaces: Annotated[Whole, Field(ge=0)] | None = Field(
+        None, description="verified: how many namespaces nvme list shows (default: at least 1)"
+    )
+    size: Size | None = Field(
+        None, description="verified when given: the size of each namespace", examples=["10G"]
+    )
+
+
+class Filesystem(BaseModel):
+    """XFS on a namespace, made only on a device without any signature, mounted by UUID."""
+
+    model_config = KEYS
+
+    path: Annotated[str, pattern(r"/.+", "an absolute path other than /")] = Field(
+        description="the mount point", examples=["/mnt/models"]
+    )
+    device: Annotated[str, pattern(r"/dev/.+", "a device under /dev")] | None = Field(
+        None, description="the device itself, or give nqn and nsid", examples=["/dev/nvme1n1"]
+    )
+    nqn: Nqn | None = Field(
+        None, description="with nsid: the namespace as nvme list shows it (one of the connections)"
+    )
+    nsid: Positive | None = Field(None, description="with nqn")
+    label: (
+        Annotated[
+            str, pattern(r"[A-Za-z0-9_.-]{1,12}", "an XFS label: up to 12 of A-Z a-z 0-9 _ . -")
+        ]
+        | None
+    ) = Field(None, description="the filesystem's label", examples=["models"])
+    opts: str = Field("defaults,_netdev,nofail", description="mount options")
+
+
+class Vars(RoleVars):
+    nvmeof_initiator_hostnqn: Annotated[
+        str, AfterValidator(Rule('NQN or ""', lambda s: s and nqn_problem(s)))
+    ] = Field(
+        "",
+        description='the host NQN written when `/etc/nvme/hostnqn` does not exist (`""` makes '
+        "one: `nqn.2014-08.org.nvmexpress:uuid:<random uuid>`); an existing file is never rotated",
+        examples=["nqn.2014-08.org.nvmexpress:uuid:3b2f6c1e-0d0a-4a51-9a57-0c5d1f2e0a01"],
+    )
+    nvmeof_initiator_hostnqn_file: AbsolutePath = Field(
+        "/etc/nvme/hostnqn", description="where nvme-cli reads the host NQN"
+    )
+    nvmeof_initiator_hostid_file: AbsolutePath = Field(
+        "/etc/nvme/hostid", description="where nvme-cli reads the host ID"
+    )
+    nvmeof_initiator_multipath: bool = Field(
+        True,
+        description="native NVMe multipath on (nvme_core multipath=Y, persisted in "
+        "`/etc/modprobe.d/nvme_core.conf`) and verified",
+    )
+    nvmeof_initiator_discovery: list[Discovery] = Field(
+        [],
+        description="discovery controllers, one line each in the discovery file "
+        "(`nvme connect-all` at boot)",
+        examples=[[{"transport": "rdma", "address": "192.168.100.10"}]],
+    )
+    nvmeof_initiator_discovery_file: AbsolutePath = Field(
+        "/etc/nvme/discovery.conf", description="their file"
+    )
+    nvmeof_initiator_connections: list[Connection] = Field(
+        [], description="subsystems to connect to now (`nvme connect`), when not connected already"
+    )
+    nvmeof_initiator_filesystems: list[Filesystem] = Field(
+        [], description="XFS filesystems on the namespaces"
+    )
+    nvmeof_initiator_fstab: AbsolutePath = Field(
+        "/etc/fstab", description="where the mounts are persisted"
+    )
+    nvmeof_initiator_packages: list[str] = Field(["nvme-cli"], description="packages installed")
+    nvmeof_initiator_service: str = Field(
+        "nvmf-autoconnect.service", description="the unit enabled"
+    )
+
+
+def _error(v: Vars, var: str, msg: str) -> VarError:
+    return VarError(msg, where=f"{v.host}: {var}")
+
+
+def validate(v: Vars) -> None:
+    """What the types cannot say: connections listed twice, the namespace of each filesystem,
+    mount points used twice."""
+    seen: set[tuple[str, str, str, int]] = set()
+    for i, conn in enumerate(v.nvmeof_initiator_connections):
+        key = (conn.nqn, conn.transport, conn.address, conn.service_id)
         if key in seen:
-            raise var_error(
-                v, var, f"{entry['nqn']} over {key[1]} {key[2]}:{key[3]} is listed twice"
+            raise _error(
+                v,
+                f"nvmeof_initiator_connections[{i}]",
+                f"{conn.nqn} over {conn.transport} {conn.address}:{conn.service_id} is listed "
+                "twice",
             )
         seen.add(key)
-        count = entry.get("namespaces")
-        if count is not None and (
-            isinstance(count, bool) or not isinstance(count, int) or count < 0
-        ):
-            raise var_error(v, f"{var}.namespaces", f"namespaces must be a count, not {count!r}")
-        if entry.get("size") is not None:
-            try:
-                size_bytes(entry["size"])
-            except ValueError as exc:
-                raise var_error(
-                    v, f"{var}.size", str(exc), hint="bytes, or a number with K, M, G or T"
-                ) from None
-    connected = {e["nqn"] for e in mappings(v, "nvmeof_initiator_connections")}
+    connected = {c.nqn for c in v.nvmeof_initiator_connections}
     paths: set[str] = set()
-    for i, fs in enumerate(mappings(v, "nvmeof_initiator_filesystems")):
+    for i, fs in enumerate(v.nvmeof_initiator_filesystems):
         var = f"nvmeof_initiator_filesystems[{i}]"
-        path = fs.get("path")
-        if not isinstance(path, str) or not path.startswith("/") or path in paths or path == "/":
-            raise var_error(
-                v, f"{var}.path", f"mount point {path!r} is not an absolute path, or is used twice"
-            )
-        paths.add(path)
-        if fs.get("device") is not None:
-            if not str(fs["device"]).startswith("/dev/"):
-                raise var_error(v, f"{var}.device", f"{fs['device']!r} is not a device under /dev")
-        elif fs.get("nqn") not in connected or not str(fs.get("nsid", "")).isdigit():
-            raise var_error(
+        if fs.path in paths:
+            raise _error(v, f"{var}.path", f"mount point {fs.path} is used twice")
+        paths.add(fs.path)
+        if fs.device is None and (fs.nqn not in connected or fs.nsid is None):
+            raise _error(
                 v, var, "give device, or nqn (one of nvmeof_initiator_connections) and nsid"
-            )
-        label = fs.get("label")
-        if label is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,12}", str(label)):
-            raise var_error(
-                v, f"{var}.label", f"XFS label {label!r}: up to 12 of A-Z a-z 0-9 _ . -"
             )
 
 
 # -- what is written and run ------------------------------------------------------------------
 
 
-def fabric_args(entry: dict[str, Any], discovery: bool = False) -> list[str]:
+def fabric_args(entry: Discovery, discovery: bool = False) -> list[str]:
     """nvme-cli arguments for one discovery controller or connection (without ``-n``)."""
-    port = entry.get("service_id", DISCOVERY_PORT[entry["transport"]] if discovery else 4420)
-    args = ["-t", entry["transport"], "-a", str(entry["address"]), "-s", str(port)]
+    default = DISCOVERY_PORT[entry.transport] if discovery else 4420
+    port = default if entry.service_id is None else entry.service_id
+    args = ["-t", entry.transport, "-a", entry.address, "-s", str(port)]
     for key, option in OPTIONS.items():
-        if entry.get(key) is not None:
-            args += [option, str(entry[key])]
+        value = getattr(entry, key)
+        if value is not None:
+            args += [option, str(value)]
     return args
 
 
-def discovery_conf(v: HostVars) -> str:
+def discovery_conf(v: Vars) -> str:
     """/etc/nvme/discovery.conf: one line of arguments per discovery controller, as
     ``nvme discover`` / ``nvme connect-all`` read it (fabrics.c discover_from_conf_file)."""
     lines = [
         "# Written by fxkit (role nvmeof_initiator). One discovery controller per line: the",
         "# arguments of `nvme discover`; `nvme connect-all` (nvmf-autoconnect.service) reads them.",
     ]
-    lines += [
-        " ".join(fabric_args(d, discovery=True)) for d in mappings(v, "nvmeof_initiator_discovery")
-    ]
+    lines += [" ".join(fabric_args(d, discovery=True)) for d in v.nvmeof_initiator_discovery]
     return "\n".join(lines) + "\n"
 
 
@@ -214,10 +277,10 @@ def host_identity(ctx: OpContext, nqn_file: str, id_file: str, wanted: str = "")
     return combine(*steps)
 
 
-def nvme_connect(ctx: OpContext, nqn: str, entry: dict[str, Any]) -> Result:
-    """``nvme connect`` to ``nqn`` unless ``nvme list-subsys`` shows a path to it over this
-    transport, address and service id already."""
-    args = fabric_args(entry)
+def nvme_connect(ctx: OpContext, entry: Connection) -> Result:
+    """``nvme connect`` to the entry's subsystem unless ``nvme list-subsys`` shows a path to it
+    over this transport, address and service id already."""
+    nqn, args = entry.nqn, fabric_args(entry)
     transport, address, port = args[1], args[3], args[5]
     path = ctx.fresh(NvmeListSubsys).path_to(nqn, transport, address, port)
     if path is not None:
@@ -248,33 +311,33 @@ def namespaces_of(
     ]
 
 
-def verify(ctx: OpContext, connections: list[dict[str, Any]]) -> Result:
+def verify(ctx: OpContext, connections: list[Connection]) -> Result:
     """Every connection shows its namespaces in ``nvme list -o json`` (count, and size)."""
     subsystems, devices = ctx.fresh(NvmeListSubsys), ctx.fresh(NvmeList)
     seen = []
     for entry in connections:
-        found = namespaces_of(entry["nqn"], subsystems, devices)
+        found = namespaces_of(entry.nqn, subsystems, devices)
         shown = ", ".join(f"{ns.device} ({ns.size} bytes)" for ns in found) or "none"
-        wanted = entry.get("namespaces")
+        wanted = entry.namespaces
         if (wanted is None and not found) or (wanted is not None and len(found) != wanted):
             return failed(
-                f"nvme list -o json shows {len(found)} namespace(s) of {entry['nqn']} ({shown}), "
+                f"nvme list -o json shows {len(found)} namespace(s) of {entry.nqn} ({shown}), "
                 f"wanted {'at least 1' if wanted is None else wanted}"
             )
-        if entry.get("size") is not None:
-            size = size_bytes(entry["size"])
+        if entry.size is not None:
+            size = size_bytes(entry.size)
             if any(ns.size != size for ns in found):
                 return failed(
-                    f"namespaces of {entry['nqn']} are not {entry['size']} ({size} bytes): {shown}"
+                    f"namespaces of {entry.nqn} are not {entry.size} ({size} bytes): {shown}"
                 )
-        seen.append(f"{entry['nqn']}: {shown}")
+        seen.append(f"{entry.nqn}: {shown}")
     where = ", simulated lab host" if devices.simulated else ""
     return ok(f"{'; '.join(seen)} (source: nvme list -o json{where})")
 
 
-def apply(host: Host, v: HostVars) -> None:
-    connections = mappings(v, "nvmeof_initiator_connections")
-    filesystems = mappings(v, "nvmeof_initiator_filesystems")
+def apply(host: Host, v: Vars) -> None:
+    connections = v.nvmeof_initiator_connections
+    filesystems = v.nvmeof_initiator_filesystems
     extra = ["xfsprogs"] if filesystems else []
     installing = host.packages([*v.nvmeof_initiator_packages, *extra])
     host.directory("/etc/nvme", mode="0755")
@@ -282,18 +345,18 @@ def apply(host: Host, v: HostVars) -> None:
         host_identity,
         v.nvmeof_initiator_hostnqn_file,
         v.nvmeof_initiator_hostid_file,
-        v.nvmeof_initiator_hostnqn or "",
+        v.nvmeof_initiator_hostnqn,
     )
-    if truthy(v.nvmeof_initiator_multipath):
+    if v.nvmeof_initiator_multipath:
         host.module("nvme_core", params={"multipath": "Y"})
-    used = {e["transport"] for e in [*connections, *mappings(v, "nvmeof_initiator_discovery")]}
+    used = {e.transport for e in [*connections, *v.nvmeof_initiator_discovery]}
     for transport in sorted(used):
         host.module(TRANSPORTS[transport])
     discovery = v.nvmeof_initiator_discovery_file
     host.task(f"file {discovery}").file(discovery, discovery_conf(v), mode="0644")
     host.service(v.nvmeof_initiator_service, enabled=True)
 
-    if truthy(v.nvmeof_initiator_multipath):
+    if v.nvmeof_initiator_multipath:
         multipath = host.fact(NvmeMultipath)
         present = not multipath.missing or would_load(host, "nvme_core")
         on = host.needs(present, "native NVMe multipath", multipath.missing)
@@ -307,11 +370,11 @@ def apply(host: Host, v: HostVars) -> None:
     # In check mode nvme-cli or the fabrics modules may only be about to come: the connections
     # are then reported as they would be made.
     coming = host.check and (bool(installing) or any(would_load(host, TRANSPORTS[t]) for t in used))
-    state = connect(host, v, connections, coming) if connections else "done"
+    state = connect(host, connections, coming) if connections else "done"
     for fs in filesystems:
-        if fs.get("device") is None and state != "done":
+        if fs.device is None and state != "done":
             if state == "skipped":
-                host.needs(False, f"XFS at {fs['path']}", "the NVMe-oF connections did not run")
+                host.needs(False, f"XFS at {fs.path}", "the NVMe-oF connections did not run")
             continue  # check mode: the namespace is not connected yet
         make_filesystem(host, v, fs)
 
@@ -322,7 +385,7 @@ def would_load(host: Host, module: str) -> bool:
     return host.check and not state.loaded and not state.cannot_load
 
 
-def connect(host: Host, v: HostVars, connections: list[dict[str, Any]], coming: bool) -> str:
+def connect(host: Host, connections: list[Connection], coming: bool) -> str:
     """Connect and verify: ``done``, ``pending`` (check mode: connections would be made) or
     ``skipped`` (no nvme-cli or fabrics on a lab host)."""
     subsystems = host.fact(NvmeListSubsys)
@@ -334,36 +397,31 @@ def connect(host: Host, v: HostVars, connections: list[dict[str, Any]], coming: 
     why = f"{FABRICS} is absent (the nvme-fabrics module is not loaded)"
     if not host.needs(fabrics or coming, step, why):
         return "skipped"
-    made = [
-        host.task(f"nvme connect {e['nqn']}").call(nvme_connect, e["nqn"], e) for e in connections
-    ]
+    made = [host.task(f"nvme connect {e.nqn}").call(nvme_connect, e) for e in connections]
     if host.check and any(made):
         return "pending"
-    host.task("verify NVMe-oF namespaces").call(verify, v.nvmeof_initiator_connections)
+    host.task("verify NVMe-oF namespaces").call(verify, connections)
     return "done"
 
 
-def make_filesystem(host: Host, v: HostVars, fs: dict[str, Any]) -> None:
+def make_filesystem(host: Host, v: Vars, fs: Filesystem) -> None:
     """XFS on the namespace (only where blkid finds nothing), mounted by UUID."""
-    step = f"XFS at {fs['path']}"
-    device = fs.get("device")
+    step = f"XFS at {fs.path}"
+    device = fs.device
     if device is None:
-        found = namespaces_of(fs["nqn"], host.fact(NvmeListSubsys), host.fact(NvmeList))
-        matches = [ns.device for ns in found if ns.nsid == int(fs["nsid"])]
-        if not host.needs(
-            matches, step, f"nvme list shows no namespace {fs['nsid']} of {fs['nqn']}"
-        ):
+        found = namespaces_of(fs.nqn or "", host.fact(NvmeListSubsys), host.fact(NvmeList))
+        matches = [ns.device for ns in found if ns.nsid == fs.nsid]
+        if not host.needs(matches, step, f"nvme list shows no namespace {fs.nsid} of {fs.nqn}"):
             return
         device = matches[0]
     if not host.needs(host.fact(BlockSignature, device).exists, step, f"{device} does not exist"):
         return
-    made = host.task(f"xfs on {device}").filesystem(device, "xfs", fs.get("label"))
+    made = host.task(f"xfs on {device}").filesystem(device, "xfs", fs.label)
     if made.data.get("uuid"):
-        opts = fs.get("opts", "defaults,_netdev,nofail")
         host.mount(
-            fs["path"],
+            fs.path,
             f"UUID={made.data['uuid']}",
             "xfs",
-            opts=opts,
+            opts=fs.opts,
             fstab=v.nvmeof_initiator_fstab,
         )

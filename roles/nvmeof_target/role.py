@@ -11,28 +11,150 @@ from __future__ import annotations
 import ipaddress
 import json
 import posixpath
-import re
 from shlex import quote
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import mappings, valid_nqn, var_error, whole_number
-from fxkit.engine.variables import HostVars
+from fxkit.engine.rolevars import (
+    AbsolutePath,
+    IpAddress,
+    Nqn,
+    RoleVars,
+    Rule,
+    Size,
+    Whole,
+    pattern,
+)
 from fxkit.errors import VarError
 from fxkit.facts.kernel import ModuleState
 from fxkit.facts.nvme import UUID
 from fxkit.facts.nvmet import NVMET, NvmetConfig, PathKinds, differences
 from fxkit.ops.base import OpContext, Result, failed, ok
 
-TRANSPORTS = ("rdma", "tcp", "loop")
 MAX_ID = 8192  # nvmetcli: Port.MAX_PORTID and Namespace.MAX_NSID
-_SIZE = re.compile(r"[1-9][0-9]*[KMGT]?")
-_ATTR = re.compile(r"[a-z][a-z0-9_]*")
-#: attr_serial and attr_model limits (NVMe Identify Controller: SN 20, MN 40 ASCII bytes).
-_TEXT_LIMITS = {"serial": 20, "model": 40}
+KEYS = ConfigDict(frozen=True, extra="forbid")
 
 
 # -- variables --------------------------------------------------------------------------------
+
+
+def _printable(limit: int) -> AfterValidator:
+    """attr_serial / attr_model: 1 to ``limit`` printable ASCII characters (NVMe Identify
+    Controller SN 20, MN 40 bytes; nvmet's nvmet_is_ascii refuses the rest)."""
+    return pattern(rf"[ -~]{{1,{limit}}}", f"1 to {limit} printable ASCII characters")
+
+
+def _scalar_text(value: object) -> object:
+    """An attribute value as nvmetcli writes it: numbers (``version: 1.3``) as their text."""
+    return str(value) if isinstance(value, int | float) else value
+
+
+Uuid = Annotated[
+    str, AfterValidator(Rule("UUID", lambda s: "" if UUID.fullmatch(s) else "not a UUID"))
+]
+BackingPath = Annotated[str, pattern(r"/.*[^/]", "an absolute path (not ending in /)")]
+
+
+class Namespace(BaseModel):
+    """A namespace of a subsystem, backed by a block device or a file."""
+
+    model_config = KEYS
+
+    nsid: Whole = Field(ge=1, le=MAX_ID, description="namespace id, unique in its subsystem")
+    path: BackingPath = Field(
+        description="the backing block device or file",
+        examples=["/dev/nvme0n1", "/srv/nvmet/ns1.img"],
+    )
+    size: Size | None = Field(
+        None,
+        description="files only: created sparse with this size when absent (`truncate -s`); "
+        "an existing file is never touched",
+        examples=["100G"],
+    )
+    uuid: Uuid | None = Field(None, description="device_uuid")
+    nguid: Uuid | None = Field(None, description="device_nguid")
+    enable: bool = Field(True, description="enabled")
+
+
+class Subsystem(BaseModel):
+    """A subsystem: its NQN, who may connect, its attributes and namespaces."""
+
+    model_config = KEYS
+
+    nqn: Nqn = Field(
+        description="the subsystem's NQN, unique in the fabric",
+        examples=["nqn.2024-01.com.example:models"],
+    )
+    allow_any_host: bool = Field(False, description="every host may connect (attr_allow_any_host)")
+    allowed_hosts: list[Nqn] = Field(
+        [],
+        description="host NQNs allowed to connect (give these or allow_any_host)",
+        examples=[["nqn.2014-08.org.nvmexpress:uuid:0a6cb37d-1915-40d2-97a1-4de3c4017f0b"]],
+    )
+    serial: Annotated[str, _printable(20)] | None = Field(
+        None, description="attr_serial (nvme list shows it as SerialNumber)"
+    )
+    model: Annotated[str, _printable(40)] | None = Field(None, description="attr_model")
+    attr: dict[
+        Annotated[str, pattern(r"[a-z][a-z0-9_]*", "an attribute name (a-z, 0-9, _)")],
+        Annotated[str, BeforeValidator(_scalar_text)],
+    ] = Field(
+        {}, description="other `attr_*` values of the subsystem", examples=[{"version": "1.3"}]
+    )
+    namespaces: list[Namespace] = Field([], description="its namespaces")
+
+
+class Port(BaseModel):
+    """A port the target listens on (a listener: transport, address, service id)."""
+
+    model_config = KEYS
+
+    id: Whole = Field(ge=1, le=MAX_ID, description="port id (portid), unique on the host")
+    transport: Literal["rdma", "tcp", "loop"] = Field(
+        description="`rdma` (RoCE, InfiniBand) or `tcp`; `loop` only for local tests (no address)"
+    )
+    address: IpAddress | None = Field(
+        None,
+        description="traddr: the IP address the target listens on (all but loop)",
+        examples=["192.168.100.10"],
+    )
+    service_id: Whole = Field(4420, ge=1, le=65535, description="trsvcid")
+    adrfam: Literal["ipv4", "ipv6"] | None = Field(
+        None, description="addr_adrfam (default: from the address)"
+    )
+    subsystems: list[Nqn] | None = Field(
+        None, description="NQNs offered on this port (default: every subsystem)"
+    )
+
+
+class Vars(RoleVars):
+    nvmeof_target_ports: list[Port] = Field(
+        [],
+        description="ports the target listens on",
+        examples=[[{"id": 1, "transport": "rdma", "address": "192.168.100.10"}]],
+    )
+    nvmeof_target_subsystems: list[Subsystem] = Field(
+        [], description="subsystems, the hosts allowed to connect, and their namespaces"
+    )
+    nvmeof_target_hosts: list[Nqn] = Field(
+        [],
+        description="host NQNs created on the target besides those in `allowed_hosts` "
+        "(nvmetcli's `hosts`)",
+    )
+    nvmeof_target_config_file: AbsolutePath = Field(
+        "/etc/nvmet/config.json",
+        description="the saved configuration nvmet.service restores at boot (nvmetcli's "
+        "default file)",
+    )
+    nvmeof_target_packages: list[str] = Field(["nvmetcli"], description="packages installed")
+    nvmeof_target_modules: list[str] = Field(
+        ["nvmet", "nvmet-rdma", "nvmet-tcp"], description="kernel modules persisted and loaded"
+    )
+    nvmeof_target_service: str = Field(
+        "nvmet.service", description="the unit enabled (restores the file at boot)"
+    )
 
 
 def adrfam(address: str) -> str:
@@ -40,204 +162,145 @@ def adrfam(address: str) -> str:
     return "ipv6" if ipaddress.ip_address(address).version == 6 else "ipv4"
 
 
-def validate(v: HostVars) -> None:
-    """Every variable of one target, before any host is touched."""
-    subsystems = mappings(v, "nvmeof_target_subsystems")
+def _error(v: Vars, var: str, msg: str, hint: str | None = None) -> VarError:
+    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
+
+
+def validate(v: Vars) -> None:
+    """What the types cannot say: NQNs, nsids, port ids and listeners used twice, hosts
+    allowed, addresses and the ports' subsystems."""
     names: set[str] = set()
-    for i, sub in enumerate(subsystems):
+    for i, sub in enumerate(v.nvmeof_target_subsystems):
         var = f"nvmeof_target_subsystems[{i}]"
-        nqn = valid_nqn(v, f"{var}.nqn", sub.get("nqn"))
-        if nqn in names:
-            raise var_error(v, f"{var}.nqn", f"subsystem {nqn} is defined twice")
-        names.add(nqn)
+        if sub.nqn in names:
+            raise _error(v, f"{var}.nqn", f"subsystem {sub.nqn} is defined twice")
+        names.add(sub.nqn)
         _check_subsystem(v, var, sub)
-    for i, nqn in enumerate(v.get("nvmeof_target_hosts") or []):
-        valid_nqn(v, f"nvmeof_target_hosts[{i}]", nqn)
     _check_ports(v, names)
 
 
-def _check_subsystem(v: HostVars, var: str, sub: dict[str, Any]) -> None:
-    hosts = sub.get("allowed_hosts") or []
-    if not isinstance(hosts, list):
-        raise var_error(v, f"{var}.allowed_hosts", "allowed_hosts must be a list of host NQNs")
-    for j, host in enumerate(hosts):
-        valid_nqn(v, f"{var}.allowed_hosts[{j}]", host)
-    if sub.get("allow_any_host") not in (None, True, False):
-        raise var_error(v, f"{var}.allow_any_host", "allow_any_host must be true or false")
-    if sub.get("allow_any_host") and hosts:
-        raise var_error(
+def _check_subsystem(v: Vars, var: str, sub: Subsystem) -> None:
+    if sub.allow_any_host and sub.allowed_hosts:
+        raise _error(
             v,
             f"{var}.allow_any_host",
             "allow_any_host is true and allowed_hosts are given",
             hint="with allow_any_host every host may connect: drop one of the two",
         )
-    if not sub.get("allow_any_host") and not hosts:
-        raise var_error(
+    if not sub.allow_any_host and not sub.allowed_hosts:
+        raise _error(
             v,
             f"{var}.allowed_hosts",
-            f"no host may connect to {sub['nqn']}",
+            f"no host may connect to {sub.nqn}",
             hint="list the initiators' host NQNs in allowed_hosts, or set allow_any_host: true",
         )
-    for key, limit in _TEXT_LIMITS.items():
-        text = sub.get(key)
-        if text is not None and (
-            not isinstance(text, str) or not text.isascii() or not 0 < len(text) <= limit
-        ):
-            raise var_error(v, f"{var}.{key}", f"{key} must be 1 to {limit} ASCII characters")
-    attr = sub.get("attr") or {}
-    if not isinstance(attr, dict) or not all(_ATTR.fullmatch(str(k)) for k in attr):
-        raise var_error(v, f"{var}.attr", "attr must map attribute names (attr_<name>) to values")
-    namespaces = sub.get("namespaces") or []
-    if not isinstance(namespaces, list) or not all(isinstance(n, dict) for n in namespaces):
-        raise var_error(v, f"{var}.namespaces", "namespaces must be a list of mappings")
     nsids: set[int] = set()
-    for j, ns in enumerate(namespaces):
-        at = f"{var}.namespaces[{j}]"
-        nsid = whole_number(v, f"{at}.nsid", ns.get("nsid"), 1, MAX_ID)
-        if nsid in nsids:
-            raise var_error(v, f"{at}.nsid", f"nsid {nsid} is used twice in {sub['nqn']}")
-        nsids.add(nsid)
-        path = ns.get("path")
-        if not isinstance(path, str) or not path.startswith("/") or path.endswith("/"):
-            raise var_error(
-                v,
-                f"{at}.path",
-                f"backing path {path!r} is not an absolute path",
-                hint="a block device (/dev/nvme0n1) or a file (/srv/nvmet/ns1.img)",
+    for j, ns in enumerate(sub.namespaces):
+        if ns.nsid in nsids:
+            raise _error(
+                v, f"{var}.namespaces[{j}].nsid", f"nsid {ns.nsid} is used twice in {sub.nqn}"
             )
-        size = ns.get("size")
-        if size is not None and not _SIZE.fullmatch(str(size)):
-            raise var_error(
-                v,
-                f"{at}.size",
-                f"size {size!r} is not a size",
-                hint="bytes, or a number with K, M, G or T (truncate -s)",
-            )
-        for key in ("uuid", "nguid"):
-            if ns.get(key) is not None and not UUID.fullmatch(str(ns[key])):
-                raise var_error(v, f"{at}.{key}", f"{ns[key]!r} is not a UUID")
+        nsids.add(ns.nsid)
 
 
-def _check_ports(v: HostVars, subsystems: set[str]) -> None:
+def _check_ports(v: Vars, subsystems: set[str]) -> None:
     ids: set[int] = set()
     listeners: set[tuple[str, str, int]] = set()
-    for i, port in enumerate(mappings(v, "nvmeof_target_ports")):
+    for i, port in enumerate(v.nvmeof_target_ports):
         var = f"nvmeof_target_ports[{i}]"
-        portid = whole_number(v, f"{var}.id", port.get("id"), 1, MAX_ID)
-        if portid in ids:
-            raise var_error(v, f"{var}.id", f"port id {portid} is used twice")
-        ids.add(portid)
-        transport = port.get("transport")
-        if transport not in TRANSPORTS:
-            raise var_error(
-                v,
-                f"{var}.transport",
-                f"transport {transport!r} is not one of rdma, tcp",
-                hint="rdma (RoCE, InfiniBand) or tcp; loop only for local tests",
-            )
-        service = whole_number(v, f"{var}.service_id", port.get("service_id", 4420), 1, 65535)
-        address = port.get("address")
-        if transport != "loop":
-            if not address:
-                raise var_error(
+        if port.id in ids:
+            raise _error(v, f"{var}.id", f"port id {port.id} is used twice")
+        ids.add(port.id)
+        if port.transport != "loop":
+            if port.address is None:
+                raise _error(
                     v,
                     f"{var}.address",
-                    f"port {portid} ({transport}) has no address",
+                    f"port {port.id} ({port.transport}) has no address",
                     hint="the IP address the target listens on, e.g. 192.168.100.10",
                 )
-            try:
-                family = adrfam(str(address))
-            except ValueError:
-                raise var_error(v, f"{var}.address", f"{address!r} is not an IP address") from None
-            if port.get("adrfam", family) != family:
-                raise var_error(
-                    v, f"{var}.adrfam", f"adrfam {port['adrfam']!r} but {address} is {family}"
+            family = adrfam(port.address)
+            if port.adrfam not in (None, family):
+                raise _error(
+                    v, f"{var}.adrfam", f"adrfam {port.adrfam!r} but {port.address} is {family}"
                 )
-            if (transport, str(address), service) in listeners:
-                raise var_error(
-                    v, f"{var}.address", f"{transport} {address}:{service} is used by two ports"
+            listener = (port.transport, port.address, port.service_id)
+            if listener in listeners:
+                raise _error(
+                    v,
+                    f"{var}.address",
+                    f"{port.transport} {port.address}:{port.service_id} is used by two ports",
                 )
-            listeners.add((transport, str(address), service))
-        offered = port.get("subsystems")
-        if offered is not None:
-            if not isinstance(offered, list):
-                raise var_error(v, f"{var}.subsystems", "subsystems must be a list of NQNs")
-            unknown = [n for n in offered if n not in subsystems]
-            if unknown:
-                raise var_error(
-                    v, f"{var}.subsystems", f"{unknown[0]} is not in nvmeof_target_subsystems"
-                )
+            listeners.add(listener)
+        unknown = [n for n in port.subsystems or [] if n not in subsystems]
+        if unknown:
+            raise _error(v, f"{var}.subsystems", f"{unknown[0]} is not in nvmeof_target_subsystems")
 
 
-def validate_all(hosts: dict[str, HostVars]) -> None:
+def validate_all(hosts: dict[str, Vars]) -> None:
     """An NQN names one subsystem in the whole fabric: no two targets may define the same one."""
     owner: dict[str, str] = {}
     for name, v in hosts.items():
-        for i, sub in enumerate(mappings(v, "nvmeof_target_subsystems")):
-            nqn = sub.get("nqn")
-            if nqn in owner and owner[nqn] != name:
+        for i, sub in enumerate(v.nvmeof_target_subsystems):
+            if sub.nqn in owner and owner[sub.nqn] != name:
                 raise VarError(
-                    f"subsystem {nqn} is defined on {owner[nqn]} and on {name}",
+                    f"subsystem {sub.nqn} is defined on {owner[sub.nqn]} and on {name}",
                     where=f"{name}: nvmeof_target_subsystems[{i}].nqn",
                     hint="an NQN names one subsystem fabric-wide: give each target its own",
                 )
-            owner.setdefault(str(nqn), name)
+            owner.setdefault(sub.nqn, name)
 
 
 # -- the configuration nvmetcli restores ------------------------------------------------------
 
 
-def nvmet_config(v: HostVars) -> dict[str, Any]:
+def nvmet_config(v: Vars) -> dict[str, Any]:
     """The desired state in nvmetcli's config.json structure (linux-nvme/nvmetcli, nvme.py
     ``Root.dump``): ``hosts``, ``ports``, ``subsystems``; values as nvmetcli writes them."""
-    subsystems = mappings(v, "nvmeof_target_subsystems")
-    allowed = {h for s in subsystems for h in s.get("allowed_hosts") or []}
-    hosts = sorted(allowed | set(v.get("nvmeof_target_hosts") or []))
-    every = [s["nqn"] for s in subsystems]
+    subsystems = v.nvmeof_target_subsystems
+    allowed = {h for s in subsystems for h in s.allowed_hosts}
+    hosts = sorted(allowed | set(v.nvmeof_target_hosts))
+    every = [s.nqn for s in subsystems]
     return {
         "hosts": [{"nqn": nqn} for nqn in hosts],
-        "ports": [_port(p, every) for p in mappings(v, "nvmeof_target_ports")],
+        "ports": [_port(p, every) for p in v.nvmeof_target_ports],
         "subsystems": [_subsystem(s) for s in subsystems],
     }
 
 
-def _port(port: dict[str, Any], every: list[str]) -> dict[str, Any]:
-    loop = port["transport"] == "loop"
-    address = "" if loop else str(port["address"])
+def _port(port: Port, every: list[str]) -> dict[str, Any]:
+    loop = port.transport == "loop"
+    address = "" if loop or port.address is None else port.address
     return {
         "addr": {
-            "adrfam": "" if loop else port.get("adrfam", adrfam(address)),
+            "adrfam": "" if loop else port.adrfam or adrfam(address),
             "traddr": address,
             "treq": "not specified",
-            "trsvcid": "" if loop else str(port.get("service_id", 4420)),
-            "trtype": port["transport"],
+            "trsvcid": "" if loop else str(port.service_id),
+            "trtype": port.transport,
         },
-        "portid": int(port["id"]),
+        "portid": port.id,
         "referrals": [],
-        "subsystems": list(port.get("subsystems") or every),
+        "subsystems": list(port.subsystems or every),
     }
 
 
-def _subsystem(sub: dict[str, Any]) -> dict[str, Any]:
-    attr = {k: str(val) for k, val in (sub.get("attr") or {}).items()}
-    attr["allow_any_host"] = "1" if sub.get("allow_any_host") else "0"
-    attr.update({k: str(sub[k]) for k in _TEXT_LIMITS if sub.get(k) is not None})
+def _subsystem(sub: Subsystem) -> dict[str, Any]:
+    attr = dict(sub.attr)
+    attr["allow_any_host"] = "1" if sub.allow_any_host else "0"
+    attr.update({k: text for k, text in (("serial", sub.serial), ("model", sub.model)) if text})
     return {
-        "allowed_hosts": list(sub.get("allowed_hosts") or []),
+        "allowed_hosts": list(sub.allowed_hosts),
         "attr": attr,
-        "namespaces": [_namespace(ns) for ns in sub.get("namespaces") or []],
-        "nqn": sub["nqn"],
+        "namespaces": [_namespace(ns) for ns in sub.namespaces],
+        "nqn": sub.nqn,
     }
 
 
-def _namespace(ns: dict[str, Any]) -> dict[str, Any]:
-    device = {"path": ns["path"]}
-    device.update({k: str(ns[k]).lower() for k in ("nguid", "uuid") if ns.get(k)})
-    return {
-        "device": device,
-        "enable": 0 if ns.get("enable") is False else 1,
-        "nsid": int(ns["nsid"]),
-    }
+def _namespace(ns: Namespace) -> dict[str, Any]:
+    device = {"path": ns.path}
+    device.update({k: text.lower() for k, text in (("nguid", ns.nguid), ("uuid", ns.uuid)) if text})
+    return {"device": device, "enable": int(ns.enable), "nsid": ns.nsid}
 
 
 def render(config: dict[str, Any]) -> str:
@@ -294,16 +357,14 @@ def create_file(ctx: OpContext, path: str, size: str) -> Result:
     )
 
 
-def apply(host: Host, v: HostVars) -> None:
+def apply(host: Host, v: Vars) -> None:
     desired = nvmet_config(v)
     config_file = v.nvmeof_target_config_file
     host.packages(v.nvmeof_target_packages)
-    namespaces = [
-        (sub["nqn"], ns) for sub in v.nvmeof_target_subsystems for ns in sub.get("namespaces") or []
-    ]
+    namespaces = [(sub.nqn, ns) for sub in v.nvmeof_target_subsystems for ns in sub.namespaces]
     for _, ns in namespaces:
-        if ns.get("size") is not None:
-            host.call(create_file, ns["path"], str(ns["size"]))
+        if ns.size is not None:
+            host.call(create_file, ns.path, ns.size)
     host.directory(posixpath.dirname(config_file), mode="0755")
     written = host.task(f"file {config_file}").file(config_file, render(desired), mode="0600")
     for name in v.nvmeof_target_modules:
@@ -316,20 +377,19 @@ def apply(host: Host, v: HostVars) -> None:
     coming = host.check and not nvmet.loaded and not nvmet.cannot_load
     if not host.needs(not state.missing or coming, "apply the nvmet configuration", state.missing):
         return
-    kinds = host.fact(PathKinds, *(ns["path"] for _, ns in namespaces)) if namespaces else {}
+    kinds = host.fact(PathKinds, *(ns.path for _, ns in namespaces)) if namespaces else {}
     ready = True
     for nqn, ns in namespaces:
-        kind = kinds[ns["path"]]
+        kind = kinds[ns.path]
         if kind == "other":
             host.fail(
-                f"namespace {ns['nsid']} of {nqn}: {ns['path']} is neither a block device "
-                "nor a file"
+                f"namespace {ns.nsid} of {nqn}: {ns.path} is neither a block device nor a file"
             )
-        made = ns.get("size") is not None  # created above (in check mode: would be)
+        made = ns.size is not None  # created above (in check mode: would be)
         ready &= host.needs(
             kind != "absent" or made,
-            f"namespace {ns['nsid']} of {nqn}",
-            f"{ns['path']} does not exist",
+            f"namespace {ns.nsid} of {nqn}",
+            f"{ns.path} does not exist",
         )
     if ready:
         host.task("apply and verify the nvmet configuration").call(
