@@ -22,11 +22,12 @@ from types import SimpleNamespace
 
 import remote_fs
 import yaml
-from fxkit.loader import LoadOptions, bench, bench_ranks, make_checkpoint
+from fxkit.loader import LoadOptions, make_checkpoint
 from plot_latency import plot
 from rich.console import Console
 
 from fxkit.cli.loader import parse_size
+from fxkit.loadbench import bench, bench_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 

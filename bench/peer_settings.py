@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The sweep that chose the tuned peers' settings (``runai-tuned``, ``fastsafetensors-tuned`` in
-fxkit.loader.bench): each candidate is the peer's own documented knobs, run cold (files evicted
+fxkit.loadbench.bench): each candidate is the peer's own documented knobs, run cold (files evicted
 and checked before every run) in a fresh process, in interleaved rounds (the order reversed every
 other round). Prints every run, then each candidate's median GB/s and its within-round ratio to
 the peer's defaults.
@@ -21,8 +21,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fxkit.loader import bench
 from fxkit.loader.files import model_files
+
+from fxkit.loadbench import bench
 
 MIB = 1 << 20
 UNLIMITED = {"RUNAI_STREAMER_MEMORY_LIMIT": "-1"}

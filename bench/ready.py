@@ -46,11 +46,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fxkit.loader import cache, open_checkpoint
-from fxkit.loader.bench_ranks import SECTOR, block_device, sectors_read
 from fxkit.loader.files import model_files
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
+
+from fxkit.loadbench.bench_ranks import SECTOR, block_device, sectors_read
 
 METHODS = {"baseline": "safetensors", "fxkit": "fxkit"}  # name -> --load-format
 TARGET = {"instances": 4, "x_baseline": 1.5}  # issue 11: fleet time to ready at N = 4

@@ -12,7 +12,7 @@ once: what ``tc netem delay D`` on the veth would do. This machine's kernel has 
 namespace, so nothing touches the root namespace's ``lo`` or real interfaces.
 
 For each latency D a fresh relay and a fresh sshfs mount are made, and
-``fxkit.loader.bench.bench`` runs the methods in interleaved rounds, cold: before every run the
+``fxkit.loadbench.bench.bench`` runs the methods in interleaved rounds, cold: before every run the
 files are evicted from the page cache both behind the mount (the server's copies on local disk)
 and on it (the FUSE client's pages), checked with mincore. sshd runs in its own mount namespace
 with a private tmpfs on /run (its privilege-separation directory), so nothing is left on the
@@ -48,11 +48,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fxkit.loader import bench
 from fxkit.loader.files import model_files
 from plot_latency import FIELD_SPEEDUP, plot
 from rich.console import Console
 from rich.table import Table
+
+from fxkit.loadbench import bench
 
 SSHFS_OPTIONS = (
     "ro",
@@ -349,7 +350,7 @@ def run(args: argparse.Namespace, console: Console) -> list[dict]:
 
 def run_ranks(args: argparse.Namespace, console: Console) -> list[dict]:
     """``--ranks``: N processes per method load the model over the mount at once, per latency."""
-    from fxkit.loader import bench_ranks
+    from fxkit.loadbench import bench_ranks
 
     def measure(mnt: Path, ms: float, backing: list[Path]) -> dict:
         console.print(f"[bold]added delay {ms} ms[/]")

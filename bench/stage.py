@@ -42,9 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fxkit.loader.bench import FioSetting, fio_job, fio_read  # noqa: E402
-
 from fxkit.cli.loader import parse_size  # noqa: E402
+from fxkit.loadbench.bench import FioSetting, fio_job, fio_read  # noqa: E402
 
 FXKIT = Path(sys.executable).with_name("fxkit")
 #: Read settings for the limit: the fastest ones of the loader benchmark's sweep on this VM

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 
 def write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, renamed over it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` through a new temporary file beside it (made exclusively, so a
+    link planted there is never followed), renamed over it; on any failure the temporary file
+    goes and ``path`` is as it was."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(tmp, 0o644)  # as a file written plainly would be (mkstemp makes it 0600)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

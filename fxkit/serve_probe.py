@@ -29,8 +29,7 @@ from fxkit.errors import FxkitError
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from fxkit.loader import LoadOptions
-    from fxkit.loader.format import Checkpoint
+    from fxkit.loader import Checkpoint, LoadOptions
 
 LOAD_FORMATS = ("fxkit", "safetensors")
 OWNED_BY = "fxkit"
@@ -70,8 +69,8 @@ def load_weights(model: str, load_format: str, options: LoadOptions) -> Loaded:
     import safetensors.torch  # noqa: F401
     import torch  # noqa: F401
 
+    from fxkit.loadbench.pages import touch
     from fxkit.loader import iter_tensors, open_checkpoint
-    from fxkit.loader.bench import touch
 
     checkpoint = open_checkpoint(model)
     started = time.perf_counter()

@@ -83,6 +83,7 @@ from fxkit.staging_dest import (
     name_problem,
     partial_path,
 )
+from fxkit.staging_report import PlanReport, Summary
 
 if TYPE_CHECKING:
     import paramiko
@@ -744,19 +745,19 @@ class Plan:
     def bytes_to_check(self) -> int:
         return sum(s.file.size for s in self.of(Action.CHECK))
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "plan": True,
-            "source": self.source,
-            "dest": self.dest,
-            "files": len(self.steps),
-            "copy": [s.file.path for s in self.of(Action.COPY)],
-            "check": [s.file.path for s in self.of(Action.CHECK)],
-            "skip": len(self.of(Action.SKIP)),
-            "bytes_to_copy": self.bytes_to_copy,
-            "bytes_to_check": self.bytes_to_check,
-            "warnings": self.warnings,
-        }
+    def report(self) -> PlanReport:
+        """What ``fxkit stage --plan --json`` prints."""
+        return PlanReport(
+            source=self.source,
+            dest=self.dest,
+            files=len(self.steps),
+            copy=[s.file.path for s in self.of(Action.COPY)],
+            check=[s.file.path for s in self.of(Action.CHECK)],
+            skip=len(self.of(Action.SKIP)),
+            bytes_to_copy=self.bytes_to_copy,
+            bytes_to_check=self.bytes_to_check,
+            warnings=self.warnings,
+        )
 
 
 def source_files(source: Source) -> list[SourceFile]:
@@ -814,35 +815,6 @@ def check_space(plan: Plan, dest: Destination) -> None:
 
 
 # -- copying -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Summary:
-    source: str
-    dest: str
-    files: int
-    copied: int = 0
-    skipped: int = 0
-    resumed: int = 0
-    checked: int = 0
-    bytes_copied: int = 0
-    bytes_skipped: int = 0
-    seconds: float = 0.0
-    verify: bool = False
-    checksum: str = CHECKSUM
-    copied_files: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def rate_gbps(self) -> float:
-        return self.bytes_copied / self.seconds / 1e9 if self.seconds > 0 else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["gb_copied"] = round(self.bytes_copied / 1e9, 3)
-        data["gb_skipped"] = round(self.bytes_skipped / 1e9, 3)
-        data["rate_gbps"] = round(self.rate_gbps, 3)
-        return data
 
 
 class _Stopped(Exception):
@@ -936,8 +908,8 @@ class Stager:
 
     def run(self, plan: Plan) -> Summary:
         summary = Summary(
-            plan.source, plan.dest, len(plan.steps), verify=self.verify, checksum=self.checksum,
-            warnings=plan.warnings,
+            source=plan.source, dest=plan.dest, files=len(plan.steps), verify=self.verify,
+            checksum=self.checksum, warnings=plan.warnings,
         )  # fmt: skip
         start = time.perf_counter()
         for step in plan.of(Action.SKIP):

@@ -1,7 +1,8 @@
 """The loader's options, listed once: their types, defaults and help.
 
 ``load``/``iter_tensors`` take them as keyword arguments or as a ``LoadOptions``; ``fxkit load``
-builds its command-line options from :func:`fields`; ``fxkit bench load -o KEY=VALUE`` and the vLLM
+builds its command-line options from its fields (``metadata``: ``help``, and ``choices`` where
+the value is one of a few words); ``fxkit bench load -o KEY=VALUE`` and the vLLM
 plugin's ``--model-loader-extra-config`` check their keys and values with :meth:`from_mapping`.
 """
 
@@ -32,7 +33,8 @@ class LoadOptions:
         default="auto",
         metadata={
             "help": "O_DIRECT reads: on, off, or auto (CPU: read into the page cache and "
-            "mapped; a device: O_DIRECT for uncached files)."
+            "mapped; a device: O_DIRECT for uncached files).",
+            "choices": DIRECT_IO_CHOICES,
         },
     )
     drop_cache: bool = field(

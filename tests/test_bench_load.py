@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from fxkit.loader import bench, cache
+from fxkit.loader import cache
 from fxkit.loader.errors import LoaderError
 from fxkit.loader.files import model_files
 from safetensors.torch import save_file
 
 from fxkit.cli import cli
+from fxkit.loadbench import bench
 
 PAGE = cache.PAGE_SIZE
 DATA = Path(__file__).with_name("data") / "fio"
@@ -94,7 +95,7 @@ def test_an_untouched_mmap_is_not_a_load_but_a_touched_one_is(tmp_path: Path) ->
     files = [tmp_path / "big.safetensors"]
     save_file({"w": torch.ones(12 << 20)}, files[0])  # 48 MiB: readahead alone cannot cover it
     probe = (
-        "import sys; from safetensors.torch import load_file; from fxkit.loader import bench;"
+        "import sys; from safetensors.torch import load_file; from fxkit.loadbench import bench;"
         "ts = [t for f in sys.argv[2:] for t in load_file(f).values()];"
         "[bench.touch(t) for t in ts] if sys.argv[1] == 'touch' else None"
     )
@@ -249,7 +250,8 @@ def test_tuned_peers_name_their_settings_and_get_them_in_their_process_only(
     # measure() refuses to run a tuned peer whose process lacks its settings
     env = {k: v for k, v in os.environ.items() if k not in tuned.env}
     probe = (
-        "import sys; from fxkit.loader import bench; bench.measure('runai-tuned', sys.argv[1], {})"
+        "import sys; from fxkit.loadbench import bench; "
+        "bench.measure('runai-tuned', sys.argv[1], {})"
     )
     proc = subprocess.run(
         [sys.executable, "-c", probe, str(model)], env=env, capture_output=True, text=True

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from fxkit.loader import bench, bench_ranks
-from fxkit.loader.bench_ranks import RankMethod, RankRun
 from fxkit.loader.errors import LoaderError
 from fxkit.loader.files import model_files
 from safetensors.torch import save_file
 
 from fxkit.cli import cli
+from fxkit.loadbench import bench, bench_ranks
+from fxkit.loadbench.bench_ranks import RankMethod, RankRun
 
 # /proc/diskstats of this machine (Linux 6.18: 20 fields, with discards and flushes) and of a
 # Linux 4.18 host (14 fields); the 6th field is the sectors read.
@@ -97,7 +97,7 @@ def test_a_partition_resolves_to_its_disk_and_tmpfs_to_none() -> None:
 def test_ranks_wait_for_go_and_the_node_time_covers_them(model: Path) -> None:
     """Two real rank processes: ready after their imports, silent until go, then one answer each,
     both ends after the go; the node time (go to the later end) covers each rank's seconds."""
-    argv = [sys.executable, "-m", "fxkit.loader.bench_ranks", "baseline", str(model), "{}", "2"]
+    argv = [sys.executable, "-m", "fxkit.loadbench.bench_ranks", "baseline", str(model), "{}", "2"]
     spec = bench_ranks.RANK_METHODS["baseline"]
     ranks = [bench_ranks._Rank([*argv, "-", str(r)], bench_ranks._rank_env(spec, r, 2))
              for r in range(2)]  # fmt: skip
@@ -135,7 +135,7 @@ def test_a_killed_rank_ends_the_run_at_once(model: Path) -> None:
     if why := spec.missing():
         pytest.skip(why)
     store = model.parent / "store-killed"
-    argv = [sys.executable, "-m", "fxkit.loader.bench_ranks", spec.name, str(model), "{}", "2"]
+    argv = [sys.executable, "-m", "fxkit.loadbench.bench_ranks", spec.name, str(model), "{}", "2"]
     ranks = [bench_ranks._Rank([*argv, str(store), str(r)], bench_ranks._rank_env(spec, r, 2))
              for r in range(2)]  # fmt: skip
     try:

@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 import torch
-from fxkit.loader import LoaderError, bench, load, open_checkpoint
+from fxkit.loader import LoaderError, load, open_checkpoint
 from fxkit.loader.files import INDEX_NAME, model_files
 from loader_helpers import make_fifo, returns_at_once
 from safetensors.torch import save_file
+
+from fxkit.loadbench import bench
 
 
 def tensors(seed: int) -> dict[str, torch.Tensor]:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from fxkit.loader import make_checkpoint
-from fxkit.loader.bench import filesystem
+
+from fxkit.loadbench.bench import filesystem
 
 READY = Path(__file__).resolve().parent.parent / "bench" / "ready.py"
 

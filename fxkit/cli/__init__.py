@@ -67,7 +67,7 @@ def cli() -> None:
 
 def main() -> None:
     """Console entry point: user mistakes print as one clear message, never a traceback."""
-    from fxkit.loader.errors import LoaderError
+    from fxkit.loader import LoaderError
 
     try:
         cli.main(standalone_mode=False)

@@ -129,8 +129,8 @@ def load(
     runai                  Run:ai's distributed streaming (torch.distributed, gloo)
     fastsafetensors        fastsafetensors' process-group loading (gloo)
     """
-    from fxkit.loader.bench import FIO_SWEEP, METHODS, fio_grid, render, save_json
-    from fxkit.loader.bench import bench as run_bench
+    from fxkit.loadbench.bench import FIO_SWEEP, METHODS, fio_grid, render, save_json
+    from fxkit.loadbench.bench import bench as run_bench
 
     console = Console()
     if ranks != [1]:
@@ -167,9 +167,9 @@ def _load_ranks(
     json_path: str | None,
     console: Console,
 ) -> None:
-    """``fxkit bench load --ranks N``: loader/bench_ranks.py."""
-    from fxkit.loader.bench import save_json
-    from fxkit.loader.bench_ranks import RANK_METHODS, bench_ranks, render
+    """``fxkit bench load --ranks N``: fxkit/loadbench/bench_ranks.py."""
+    from fxkit.loadbench.bench import save_json
+    from fxkit.loadbench.bench_ranks import RANK_METHODS, bench_ranks, render
 
     if not cold:
         raise click.BadParameter("--ranks runs cold only", param_hint="--hot")

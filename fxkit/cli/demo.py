@@ -176,7 +176,8 @@ def gate_demo(fleet: Fleet, limit: str) -> None:
 def loader_api() -> SimpleNamespace:
     """fxkit's loader and its benchmark, or a clear error saying what is missing."""
     try:
-        from fxkit.loader import bench, make_checkpoint
+        from fxkit.loadbench import bench
+        from fxkit.loader import make_checkpoint
     except ImportError as exc:
         raise click.ClickException(
             f"the demo's loader step needs fxkit's loader and its extra ({exc}); "

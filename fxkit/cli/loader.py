@@ -5,6 +5,7 @@ torch is imported inside the commands, so ``fxkit --help`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 import time
@@ -44,20 +45,21 @@ class Size(click.ParamType):
 
 
 def load_options(command: Callable[..., None], **defaults: Any) -> Callable[..., None]:
-    """A click option for each of the loader's options (fxkit.loader.options.LoadOptions);
-    ``defaults`` overrides theirs (``fxkit serve-probe`` shares reads by default)."""
-    from fxkit.loader.options import DIRECT_IO_CHOICES, fields
+    """A click option for each of the loader's options (the fields of fxkit.loader.LoadOptions,
+    with their ``help`` and ``choices``); ``defaults`` overrides theirs (``fxkit serve-probe``
+    shares reads by default)."""
+    from fxkit.loader import LoadOptions
 
-    for option in reversed(fields()):
+    for option in reversed(dataclasses.fields(LoadOptions)):
         flag = "--" + option.name.replace("_", "-")
         help_text = option.metadata["help"]
         default = defaults.get(option.name, option.default)
         if isinstance(default, bool):
             names = f"{flag}/--no-{flag[2:]}" if default else flag
             decorator = click.option(names, is_flag=True, default=default, help=help_text)
-        elif option.name == "direct_io":
+        elif choices := option.metadata.get("choices"):
             decorator = click.option(
-                flag, type=click.Choice(DIRECT_IO_CHOICES), default=default,
+                flag, type=click.Choice(choices), default=default,
                 show_default=True, help=help_text,
             )  # fmt: skip
         elif isinstance(default, float):

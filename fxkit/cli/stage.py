@@ -24,11 +24,11 @@ from fxkit.staging import (
     JOBS,
     Plan,
     Stager,
-    Summary,
     open_source,
     plan,
     prepare,
 )
+from fxkit.staging_report import Summary
 
 
 @click.command()
@@ -154,18 +154,18 @@ def _warn(warnings: list[str]) -> None:
 
 def _print_plan(plan: Plan, as_json: bool) -> None:
     _warn(plan.warnings)
-    data = plan.to_json()
+    report = plan.report()
     if as_json:
-        click.echo(json.dumps(data))
+        click.echo(json.dumps(report.to_json()))
         return
     click.echo(
-        f"{plan.source} -> {plan.dest}: {data['files']} files; "
-        f"copy {len(data['copy'])} ({data['bytes_to_copy'] / 1e9:.2f} GB), "
-        f"check {len(data['check'])}, skip {data['skip']}"
+        f"{report.source} -> {report.dest}: {report.files} files; "
+        f"copy {len(report.to_copy)} ({report.bytes_to_copy / 1e9:.2f} GB), "
+        f"check {len(report.to_check)}, skip {report.skip}"
     )
-    for path in data["copy"]:
+    for path in report.to_copy:
         click.echo(f"  copy   {path}")
-    for path in data["check"]:
+    for path in report.to_check:
         click.echo(f"  check  {path}")
 
 
@@ -176,7 +176,7 @@ def _print_summary(summary: Summary, as_json: bool) -> None:
     resumed = f", {summary.resumed} resumed" if summary.resumed else ""
     click.echo(
         f"staged {summary.source} -> {summary.dest}: {summary.copied} files copied "
-        f"({summary.bytes_copied / 1e9:.2f} GB{resumed}), {summary.skipped} skipped "
-        f"({summary.bytes_skipped / 1e9:.2f} GB) in {summary.seconds:.2f} s, "
+        f"({summary.gb_copied:.2f} GB{resumed}), {summary.skipped} skipped "
+        f"({summary.gb_skipped:.2f} GB) in {summary.seconds:.2f} s, "
         f"{summary.rate_gbps:.2f} GB/s"
     )

@@ -2,17 +2,17 @@
 
 The host does the copy itself (from its NFS mount, or another node over SSH): nothing passes
 through the controller. ``fxkit stage --plan --json`` says first what would be copied: that is
-all check mode runs, and a host with everything staged is ok without copying.
+all check mode runs, and a host with everything staged is ok without copying. What the host
+prints is read as the models of :mod:`fxkit.staging_report` declare it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from shlex import quote
-from typing import Any
 
 from fxkit.ops.base import OpContext, Result, failed, failed_run, ok, skipped
+from fxkit.staging_report import PlanReport, ReportError, Summary
 
 #: The shell's status for a command it cannot find.
 NOT_FOUND = 127
@@ -42,14 +42,15 @@ def stage(
         return skipped(f"check mode: {command} is not on the host yet (this run installs it)")
     if not planned.ok:
         return failed_run(f"plan staging {source}", planned)
-    plan = _json(planned.stdout)
-    if plan is None:
-        return failed(f"fxkit stage --plan printed no JSON: {planned.stdout[-300:]!r}")
-    if not plan["copy"] and not plan["check"]:
-        return ok(f"{plan['files']} files staged already", plan=plan)
-    todo = f"{len(plan['copy'])} files ({plan['bytes_to_copy'] / 1e9:.2f} GB)"
-    if plan["check"]:
-        todo += f", check {len(plan['check'])} ({plan['bytes_to_check'] / 1e9:.2f} GB)"
+    try:
+        plan = PlanReport.read(planned.stdout, f"{command} stage --plan --json")
+    except ReportError as exc:
+        return failed(str(exc), stdout=planned.stdout)
+    if not plan.to_copy and not plan.to_check:
+        return ok(f"{plan.files} files staged already", plan=plan.to_json())
+    todo = f"{len(plan.to_copy)} files ({plan.bytes_to_copy / 1e9:.2f} GB)"
+    if plan.to_check:
+        todo += f", check {len(plan.to_check)} ({plan.bytes_to_check / 1e9:.2f} GB)"
     result = ctx.change(
         f"{command} stage {words} --json --quiet",
         would=f"stage {todo} from {source}",
@@ -57,31 +58,20 @@ def stage(
         diff=f"{dest}: {todo} from {source}\n",
         timeout=timeout,
     )
-    result.data["plan"] = plan
+    result.data["plan"] = plan.to_json()
     if result.failed or ctx.check:
         return result
-    summary = _json(result.data.get("stdout", ""))
-    if summary is None:
-        return failed(f"fxkit stage printed no JSON summary: {result.data.get('stdout')!r:.300}")
-    result.data["summary"] = summary
-    if not summary["copied"]:
+    try:
+        summary = Summary.read(result.data.get("stdout", ""), f"{command} stage --json")
+    except ReportError as exc:
+        return failed(str(exc), **result.data)
+    result.data["summary"] = summary.to_json()
+    if not summary.copied:
         return ok(
-            f"{summary['files']} files staged already ({summary['checked']} checked)",
-            **result.data,
+            f"{summary.files} files staged already ({summary.checked} checked)", **result.data
         )
     result.msg = (
-        f"staged {summary['copied']} files ({summary['gb_copied']:.2f} GB) in "
-        f"{summary['seconds']:.1f} s, {summary['rate_gbps']:.2f} GB/s; "
-        f"{summary['skipped']} skipped"
+        f"staged {summary.copied} files ({summary.gb_copied:.2f} GB) in "
+        f"{summary.seconds:.1f} s, {summary.rate_gbps:.2f} GB/s; {summary.skipped} skipped"
     )
     return result
-
-
-def _json(text: str) -> dict[str, Any] | None:
-    """The last line of a command's output, as the JSON object it should be."""
-    lines = text.strip().splitlines()
-    try:
-        data = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None

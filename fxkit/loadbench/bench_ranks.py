@@ -5,7 +5,7 @@ fresh Python process that does its imports (and joins its process group, for the
 one) first, then says ``ready`` and waits for ``go`` on stdin. The checkpoint is evicted from the
 page cache (mincore-verified) once all are ready; the node time runs from the go to the end of the
 last rank (CLOCK_MONOTONIC is one clock for every process). Each rank reports its own seconds,
-tensor count, checksum (``bench.touch``) and peak RSS. The bytes the node read from storage are the
+tensor count, checksum (``pages.touch``) and peak RSS. The bytes the node read from storage are the
 delta of the sectors read of the checkpoint's block device in /proc/diskstats: the whole device's,
 so other processes on the machine add to them; a file system without a block device (tmpfs,
 overlay, NFS) has no such number and the report says so. Rounds are interleaved, the order of the
@@ -30,9 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from . import bench, cache
-from .errors import LoaderError
-from .files import model_files
+from fxkit.loadbench import bench
+from fxkit.loader import LoaderError, evict_all, model_files
 
 SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
 VLLM_PREFETCH_THREADS = 8  # vLLM's DEFAULT_SAFETENSORS_PREFETCH_NUM_THREADS
@@ -291,7 +290,7 @@ def run_node(
     run.nbytes = sum(f.stat().st_size for f in files)
     problem = None
     with tempfile.TemporaryDirectory(prefix="fxkit-ranks-") as tmp:
-        argv = [sys.executable, "-m", "fxkit.loader.bench_ranks", method, str(path)]
+        argv = [sys.executable, "-m", "fxkit.loadbench.bench_ranks", method, str(path)]
         argv += [json.dumps(options), str(world), str(Path(tmp) / "store")]
         ranks = [_Rank([*argv, str(r)], _rank_env(spec, r, world)) for r in range(world)]
         try:
@@ -300,7 +299,7 @@ def run_node(
             if isinstance(ready, str) or set(ready) != {"ready"}:
                 run.error = ready if isinstance(ready, str) else f"not ready: {ready}"
                 return None
-            left = cache.evict_all([*files, *also_evict])
+            left = evict_all([*files, *also_evict])
             run.resident_before = sum(left.values())
             problem = f"still resident after eviction: {left}" if left else None
             before = sectors_read(disk) if disk else 0

@@ -30,10 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import cache
-from .checkpoint import write_atomic
-from .errors import LoaderError
-from .files import model_files
+from fxkit.loadbench.pages import PAGE_SIZE, touch
+from fxkit.loader import LoaderError, evict_all, model_files, warm
+from fxkit.localfile import write_whole
 
 GB = 1e9
 PREFETCH_THREADS = 8
@@ -72,7 +71,7 @@ def _prefetch(path: Path, files: list[Path], options: dict[str, Any]) -> Iterato
 
 
 def _fxkit(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
-    from . import load
+    from fxkit.loader import load
 
     yield from load(path, **options).values()
 
@@ -248,19 +247,9 @@ class Run:
         return f"fio {self.setting}" if self.method == "fio" else self.method
 
 
-def touch(tensor: Any) -> int:
-    """Read one byte in every page of the tensor's bytes, and its last byte; return their sum."""
-    import torch
-
-    if tensor.numel() == 0:
-        return 0
-    flat = tensor.reshape(-1).view(torch.uint8)
-    return int(flat[:: cache.PAGE_SIZE].sum(dtype=torch.int64)) + int(flat[-1])
-
-
 def _rss_now() -> int:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * cache.PAGE_SIZE
+        return int(f.read().split()[1]) * PAGE_SIZE
 
 
 def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -303,7 +292,7 @@ def _run_loader(
     method: str, path: Path, options: dict[str, Any], run: Run, env: dict[str, str] | None = None
 ) -> None:
     """``method`` in a fresh process, with its own environment plus ``env``."""
-    argv = [sys.executable, "-m", "fxkit.loader.bench", method, str(path), json.dumps(options)]
+    argv = [sys.executable, "-m", "fxkit.loadbench.bench", method, str(path), json.dumps(options)]
     environ = {**METHODS[method].environ(), **(env or {})}
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=environ)
     if proc.returncode != 0:
@@ -376,7 +365,7 @@ def _pieces(offset: int, length: int, block: int) -> list[tuple[int, int, int, b
     """``(offset, length, bs, direct)`` reads of a range: whole blocks with O_DIRECT, then the
     rest in whole pages as one O_DIRECT read, then the last partial page buffered."""
     body = length // block * block
-    pages = (length - body) // cache.PAGE_SIZE * cache.PAGE_SIZE
+    pages = (length - body) // PAGE_SIZE * PAGE_SIZE
     tail = length - body - pages
     pieces = [(offset, body, block, True), (offset + body, pages, pages, True)]
     pieces.append((offset + body + pages, tail, tail, False))
@@ -510,10 +499,10 @@ def filesystem(path: Path) -> str:
 def _prepare(files: list[Path], cold: bool, also_evict: Sequence[Path], run: Run) -> str | None:
     """Evict (cold) or warm (hot) the files before a run; a message when that failed."""
     if cold:
-        left = cache.evict_all([*files, *also_evict])
+        left = evict_all([*files, *also_evict])
         run.resident_before = sum(left.values())
         return f"still resident after eviction: {left}" if left else None
-    missing = cache.warm(files)
+    missing = warm(files)
     run.resident_before = _nbytes(files) - sum(missing.values())
     return f"not fully cached: {missing}" if missing else None
 
@@ -674,7 +663,7 @@ class _Json(Protocol):
 
 def save_json(report: _Json, path: str | os.PathLike[str]) -> None:
     """Write the report as JSON, atomically (temp file in the same directory, then rename)."""
-    write_atomic(Path(path), lambda tmp: tmp.write_text(report.to_json() + "\n"))
+    write_whole(Path(path), report.to_json() + "\n")
 
 
 def _gib(n: int | None) -> str:
