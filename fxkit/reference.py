@@ -3,12 +3,14 @@ kinds of measurement of docs/GATES.md (from :data:`fxkit.gate.measure.KINDS`) an
 role's table of variables in its README (from its ``Vars``).
 
 ``python -m fxkit.reference`` (``make docs``) rewrites the parts of these documents between their
-markers; tests fail when one is out of step with the code.
+markers; tests fail when one is out of step with the code. ``python -m fxkit.reference ROLES...``
+regenerates the README tables of the roles in those folders (a playbook's own ``roles/``).
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 
 from fxkit import paths
@@ -82,9 +84,10 @@ def updated_gates(document: str) -> str:
     return updated(document, KINDS_BEGIN, KINDS_END, kinds_markdown())
 
 
-def role_readme(role: str) -> str:
-    """The built-in role's README with the table of its variables regenerated from its Vars."""
-    roles = paths.builtin("roles")
+def role_readme(role: str, roles: Path | None = None) -> str:
+    """The role's README (a built-in role's, or one in the folder ``roles``) with the table of
+    its variables regenerated from its Vars."""
+    roles = roles or paths.builtin("roles")
     readme = (roles / role / "README.md").read_text()
     model = RoleLoader([roles]).load(role).vars_model
     if model is None:
@@ -92,9 +95,21 @@ def role_readme(role: str) -> str:
     return updated(readme, rolevars.BEGIN, rolevars.END, rolevars.readme_table(model))
 
 
-if __name__ == "__main__":
-    DOC.write_text(updated(DOC.read_text()))
-    GATES_DOC.write_text(updated_gates(GATES_DOC.read_text()))
-    for folder in sorted(paths.builtin("roles").glob("*/role.py")):
+def write_role_readmes(roles: Path | None = None) -> None:
+    """Regenerate the README table of every role in ``roles`` (the built-in ones by default)."""
+    for folder in sorted((roles or paths.builtin("roles")).glob("*/role.py")):
         readme = folder.parent / "README.md"
-        readme.write_text(role_readme(folder.parent.name))
+        text = role_readme(folder.parent.name, roles)
+        if text != readme.read_text():
+            readme.write_text(text)
+            print(f"rewrote {readme}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:  # roles folders of one's own: a playbook's roles/
+        for folder in sys.argv[1:]:
+            write_role_readmes(Path(folder))
+    else:
+        DOC.write_text(updated(DOC.read_text()))
+        GATES_DOC.write_text(updated_gates(GATES_DOC.read_text()))
+        write_role_readmes()
