@@ -143,7 +143,7 @@ def _change(operand: Any, value: Any, baseline: Any) -> Verdict:
 
 
 def _bounds(op: str, operand: Any, value: Any) -> Bounds | None:
-    """The thresholds ``op`` puts on ``value`` (a rule that has applied), as numbers; None when
+    """The thresholds ``op`` puts on ``value`` (a rule that applied to it), as numbers; None when
     the value, or the rule, is not a number (``in``, ``contains``, a version)."""
     if not _numeric(value):
         return None

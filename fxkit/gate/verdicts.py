@@ -98,16 +98,16 @@ class CheckResult:
             **{
                 **data,
                 "status": CheckStatus(data["status"]),
-                "bounds": _bounds(data.get("bounds")),
+                "bounds": _read_bounds(data.get("bounds")),
                 "items": {
-                    name: ItemCheck(CheckStatus(item["status"]), _bounds(item.get("bounds")))
+                    name: ItemCheck(CheckStatus(item["status"]), _read_bounds(item.get("bounds")))
                     for name, item in items.items()
                 },
             }
         )
 
 
-def _bounds(data: Mapping[str, Any] | None) -> Bounds | None:
+def _read_bounds(data: Mapping[str, Any] | None) -> Bounds | None:
     return None if data is None else Bounds(**data)
 
 
