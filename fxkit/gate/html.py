@@ -92,6 +92,8 @@ footer { margin-top: 24px; color: #666; font-size: 12px; }
 #: Bar colours: a passing value, a failing one (critical / warning); the baseline's.
 COLOURS = {CheckStatus.PASS: "#2e7d32", CheckStatus.FAIL: "#c62828", CheckStatus.WARN: "#d97d00"}
 BASE, BAND, LINE = "#9e9e9e", "#dcefdc", "#1b1b1b"
+#: The statuses of a check whose rule was applied to its value: those charted.
+JUDGED = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WARN)
 #: Chart geometry, in pixels: width, label column, value column, row heights.
 WIDTH, LABELS, VALUES, ROW, ITEM, AXIS = 1040, 230, 150, 22, 14, 22
 #: Characters of a bar's label shown (the whole label is its tooltip).
@@ -268,10 +270,6 @@ def _chart_data(result: GateResult) -> list[tuple[CheckResult, list[Bar]]]:
             if check.status in JUDGED:
                 entry[1].extend(_bars(name, check))
     return list(by_id.values())
-
-
-#: The statuses of a check whose rule was applied to its value.
-JUDGED = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WARN)
 
 
 def _bars(host: str, check: CheckResult) -> list[Bar]:
