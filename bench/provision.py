@@ -132,13 +132,15 @@ def fxkit_tool() -> Tool:
 
 def parse_fxkit_events(log: str) -> Counts:
     """Counts from fxkit's JSON event log (one event per operation and host)."""
+    from fxkit.ops.base import Status
+
     counts = Counts()
     for line in log.splitlines():
         event = json.loads(line)
-        if event.get("status") == "changed":
+        if event.get("status") == Status.CHANGED:
             counts.changed += 1
             counts.changed_hosts.add(event["host"])
-        elif event.get("status") in ("failed", "unreachable"):
+        elif event.get("status") in (Status.FAILED, Status.UNREACHABLE):
             counts.failed += 1
     return counts
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,25 @@ from fxkit.engine.role import Role
 from fxkit.engine.runner import Runner, RunOptions, load_inventory
 from fxkit.errors import PlaybookError, masked_errors
 from fxkit.inventory import Inventory
+from fxkit.ops.base import Status
 
 #: The variable that tells the role which instances a batch acts on.
 SELECT = "vllm_lmcache_rollout_instances"
+
+
+class InstanceStatus(StrEnum):
+    """How an instance's part in the rollout went."""
+
+    READY = "ready"  # started or restarted, and ready
+    UNCHANGED = "unchanged"  # ran as configured: left as it was, ready
+    FAILED = "failed"
+    UNREACHABLE = "unreachable"
+    NOT_RUN = "not_run"  # the rollout stopped before its batch
+    WOULD_START = "would_start"  # check mode: it would be started or restarted
+
+
+#: The statuses of an instance that failed: they count against ``max_fail_percentage``.
+FAILURES = (InstanceStatus.FAILED, InstanceStatus.UNREACHABLE)
 
 
 @dataclass
@@ -48,9 +65,7 @@ class Instance:
     port: int
     served_name: str
     batch: int = 0
-    #: ready (started or restarted, and ready), unchanged (ran as configured; ready), failed,
-    #: unreachable, not_run (the rollout stopped before its batch), would_start (check mode)
-    status: str = "not_run"
+    status: InstanceStatus = InstanceStatus.NOT_RUN
     restarted: bool = False
     load_s: float | None = None
     time_to_ready_s: float | None = None
@@ -78,10 +93,12 @@ class Rollout:
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
-        return 1 if self.stopped or any(i.status != "ready" for i in self._acted()) else 0
+        ready = InstanceStatus.READY
+        return 1 if self.stopped or any(i.status is not ready for i in self._acted()) else 0
 
     def _acted(self) -> list[Instance]:
-        return [i for i in self.instances if i.status not in ("unchanged", "would_start")]
+        left = (InstanceStatus.UNCHANGED, InstanceStatus.WOULD_START)
+        return [i for i in self.instances if i.status not in left]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -164,7 +181,7 @@ def rollout(
     if (
         not result.stopped
         and not options.check
-        and all(i.status in ("ready", "unchanged") for i in instances)
+        and all(i.status in (InstanceStatus.READY, InstanceStatus.UNCHANGED) for i in instances)
     ):
         result.fleet_time_to_ready_s = round(time.monotonic() - start, 3)
     return result
@@ -196,7 +213,7 @@ def _run(
         _read(results, group)
         if results.interrupted:
             return f"interrupted during batch {number}"
-        failed = [i for i in group if i.status in ("failed", "unreachable")]
+        failed = [i for i in group if i.status in FAILURES]
         percent = 100.0 * len(failed) / len(group)
         if percent > limit:
             names = ", ".join(f"{i.key} ({i.status})" for i in failed)
@@ -217,31 +234,31 @@ def _read(results: PlaybookResult, group: Iterable[Instance]) -> None:
     for item in group:
         host = results.hosts.get(item.host)
         if host is None:
-            item.status, item.msg = "failed", "its host did not run"
+            item.status, item.msg = InstanceStatus.FAILED, "its host did not run"
             continue
         mine = [t for t in host.tasks if t.data.get("unit") == item.unit]
         started = next((t for t in mine if "restarted" in t.data), None)
         ready = next((t for t in mine if "time_to_ready_s" in t.data), None)
-        failure = next((t for t in mine if t.status == "failed"), None)
-        item.restarted = started is not None and started.status == "changed"
+        failure = next((t for t in mine if t.status is Status.FAILED), None)
+        item.restarted = started is not None and started.status is Status.CHANGED
         if host.outcome is Outcome.UNREACHABLE:
-            item.status, item.msg = "unreachable", _last_failure(host.tasks)
+            item.status, item.msg = InstanceStatus.UNREACHABLE, _last_failure(host.tasks)
         elif failure is not None:
-            item.status, item.msg = "failed", failure.msg
+            item.status, item.msg = InstanceStatus.FAILED, failure.msg
         elif results.check and started is not None:
-            item.status = "would_start" if item.restarted else "unchanged"
+            item.status = InstanceStatus.WOULD_START if item.restarted else InstanceStatus.UNCHANGED
             item.msg = started.msg
         elif ready is not None:
-            item.status = "ready" if item.restarted else "unchanged"
+            item.status = InstanceStatus.READY if item.restarted else InstanceStatus.UNCHANGED
             item.load_s = ready.data.get("load_s")
             item.time_to_ready_s = ready.data.get("time_to_ready_s") if item.restarted else None
             item.msg = ready.msg
         else:
-            item.status, item.msg = "failed", _last_failure(host.tasks)
+            item.status, item.msg = InstanceStatus.FAILED, _last_failure(host.tasks)
 
 
 def _last_failure(tasks: list[TaskResult]) -> str:
-    failures = [t for t in tasks if t.status in ("failed", "unreachable")]
+    failures = [t for t in tasks if t.status in (Status.FAILED, Status.UNREACHABLE)]
     if not failures:
         return "the host stopped before this instance"
     last = failures[-1]
@@ -253,7 +270,12 @@ def table(result: Rollout) -> Table:
     grid = Table(title="rollout", title_justify="left")
     for column in ("batch", "host", "instance", "GPUs", "port", "status", "load s", "ready s"):
         grid.add_column(column, justify="right" if column.endswith(" s") else "left")
-    style = {"ready": "green", "unchanged": "cyan", "failed": "red", "unreachable": "red"}
+    style = {
+        InstanceStatus.READY: "green",
+        InstanceStatus.UNCHANGED: "cyan",
+        InstanceStatus.FAILED: "red",
+        InstanceStatus.UNREACHABLE: "red",
+    }
     for i in result.instances:
         grid.add_row(
             str(i.batch),

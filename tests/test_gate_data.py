@@ -164,6 +164,7 @@ def test_an_old_result_file_re_evaluates_as_data_into_strict_json(tmp_path: Path
     result = strict_json(folder / "result.json")
     checks = {c["id"]: c for c in result["hosts"]["localhost"]["checks"]}
     assert checks["cpus"]["status"] == "PASS"
+    assert checks["cpus"]["bounds"] == {"low": 1, "high": None, "line": 1, "base": None}
     # The kept value is text holding braces: compared as it is, not rendered to 42.
     assert checks["label"]["status"] == "PASS"
     assert checks["label"]["rule"] == {"==": "{{ 7 * 6 }}"}

@@ -153,6 +153,7 @@ def gate_demo(fleet: Fleet, limit: str) -> None:
     from fxkit.gate import spec
     from fxkit.gate.report import write_reports
     from fxkit.gate.run import GateOptions, GateRun
+    from fxkit.gate.verdicts import CheckStatus
 
     options = GateOptions(
         limit=limit,
@@ -167,7 +168,7 @@ def gate_demo(fleet: Fleet, limit: str) -> None:
         console.print(f"{name}: {host.verdict} ({counts})")
     first = next(iter(result.hosts.values()))
     for check in first.checks:
-        if check.status in ("ERROR", "FAIL"):
+        if check.status in (CheckStatus.ERROR, CheckStatus.FAIL):
             console.print(Text(f"  {check.status} {check.id}: {check.reason}", style="dim"))
     written = write_reports(result, GATE_REPORTS, runner.secrets)
     console.print(f"reports: {', '.join(str(p) for p in written.values())}")

@@ -21,7 +21,7 @@ from fxkit.errors import FxkitError, masked_errors
 from fxkit.gate import spec
 from fxkit.gate.report import STYLES, masked, table, value_text, write_reports
 from fxkit.gate.run import GateOptions, GateRun, rule_renderer
-from fxkit.gate.verdicts import CheckResult, GateResult, load_results, reevaluate
+from fxkit.gate.verdicts import CheckResult, CheckStatus, GateResult, load_results, reevaluate
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -201,9 +201,8 @@ def _finish(result: GateResult, out: Path | None, masker: Masker) -> None:
 
 def _progress(host: str, check: CheckResult) -> None:
     style = STYLES[check.status]
-    detail = value_text(check.value, check.unit) if check.status != "SKIP" else check.reason
-    if check.status in ("ERROR", "FAIL", "WARN"):
-        detail = check.reason
+    passed = check.status is CheckStatus.PASS
+    detail = value_text(check.value, check.unit) if passed else check.reason
     console.print(
         f"{escape(host)} [{style}]{check.status:5}[/] {check.id}: {escape(detail)}", overflow="fold"
     )

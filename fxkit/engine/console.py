@@ -18,16 +18,16 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from fxkit.engine.record import UNREACHABLE, Counts, HostResult, Outcome, PlaybookResult, TaskResult
+from fxkit.engine.record import Counts, HostResult, Outcome, PlaybookResult, TaskResult
 from fxkit.engine.redaction import Masker
 from fxkit.ops.base import Result, Status
 
 STYLE = {
-    "ok": "green",
-    "changed": "yellow",
-    "failed": "bold red",
-    "skipped": "cyan",
-    UNREACHABLE: "bold magenta",
+    Status.OK: "green",
+    Status.CHANGED: "yellow",
+    Status.FAILED: "bold red",
+    Status.SKIPPED: "cyan",
+    Status.UNREACHABLE: "bold magenta",
     Outcome.INTERRUPTED: "bold red",
 }
 
@@ -132,7 +132,7 @@ class Reporter:
             play=play,
             role=role,
             operation=result.name,
-            status=str(result.status),
+            status=result.status,
             msg=result.msg,
             diff=result.diff,
             duration_s=round(duration_s, 6),
@@ -149,11 +149,11 @@ class Reporter:
         operation: str = "connect",
     ) -> None:
         """The host could not be reached, or its link broke during ``role``'s ``operation``."""
-        self._record(host, TaskResult(play, role, operation, UNREACHABLE, msg))
+        self._record(host, TaskResult(play, role, operation, Status.UNREACHABLE, msg))
 
     def host_error(self, host: str, play: str, role: str | None, msg: str) -> None:
         """A role or template error stopped the host (not an operation's result)."""
-        self._record(host, TaskResult(play, role, "role", str(Status.FAILED), msg))
+        self._record(host, TaskResult(play, role, "role", Status.FAILED, msg))
 
     def host_done(self, host: str, outcome: Outcome) -> None:
         """The host's thread is done with a play: how its part ended, so far."""
@@ -185,7 +185,7 @@ class Reporter:
             task = self._redacted(task)
             record.tasks.append(task)
             self._write({"event": "task", "host": record.name, **asdict(task)})
-            if task.status != str(Status.OK) or self.verbose:
+            if task.status is not Status.OK or self.verbose:
                 self._print(*self._lines(record.name, task))
 
     def _host(self, name: str) -> HostResult:
@@ -229,7 +229,7 @@ class Reporter:
         with self._lock:
             for host in self.results.hosts.values():
                 cells = [
-                    Text(str(n), style=STYLE[name] if n else "dim")
+                    Text(str(n), style=STYLE[Status(name)] if n else "dim")
                     for name, n in asdict(host.counts).items()
                 ]
                 table.add_row(Text(host.name, style=_host_style(host)), *cells)
@@ -245,7 +245,7 @@ class Reporter:
 def _host_style(host: HostResult) -> str:
     if host.outcome in (Outcome.UNREACHABLE, Outcome.FAILED, Outcome.INTERRUPTED):
         return STYLE[host.outcome]
-    return STYLE["changed"] if host.counts.changed else STYLE["ok"]
+    return STYLE[Status.CHANGED] if host.counts.changed else STYLE[Status.OK]
 
 
 def _diff_text(diff: str) -> Text:

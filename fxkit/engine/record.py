@@ -8,13 +8,14 @@ a secret value.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-#: The status of a task that found its host unreachable (beside an operation's own statuses).
-UNREACHABLE = "unreachable"
+from fxkit.ops.base import Status
 
 
 class Outcome(StrEnum):
@@ -31,23 +32,23 @@ class Outcome(StrEnum):
 class TaskResult:
     """One operation's outcome on one host (also host-level ones: unreachable, a role's error).
 
-    ``status`` is ok / changed / failed / skipped / unreachable; ``data`` is the operation's own
-    (e.g. a command's ``rc``, ``stdout``, ``stderr``)."""
+    ``data`` is the operation's own (e.g. a command's ``rc``, ``stdout``, ``stderr``)."""
 
     play: str
     role: str | None
     operation: str
-    status: str
+    status: Status
     msg: str = ""
     diff: str | None = None
     duration_s: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Counts:
-    """Tasks by status (the recap's columns; Ansible's stats less ``rescued`` and ``ignored``:
-    a failure that ``ignore_errors`` let pass counts as failed, and the host goes on)."""
+    """Tasks by status, a field per :class:`~fxkit.ops.base.Status` (the recap's columns;
+    Ansible's stats less ``rescued`` and ``ignored``: a failure that ``ignore_errors`` let
+    pass counts as failed, and the host goes on)."""
 
     ok: int = 0
     changed: int = 0
@@ -55,8 +56,10 @@ class Counts:
     skipped: int = 0
     unreachable: int = 0
 
-    def add(self, status: str, n: int = 1) -> None:
-        setattr(self, status, getattr(self, status) + n)
+    @classmethod
+    def of(cls, tasks: Iterable[TaskResult]) -> Counts:
+        counted = Counter(task.status for task in tasks)
+        return cls(**{status.value: counted[status] for status in Status})
 
 
 @dataclass
@@ -67,10 +70,7 @@ class HostResult:
 
     @property
     def counts(self) -> Counts:
-        counts = Counts()
-        for task in self.tasks:
-            counts.add(task.status)
-        return counts
+        return Counts.of(self.tasks)
 
     def summary(self) -> dict[str, Any]:
         """Its name, outcome and tasks by status (what Ansible's stats say of a host)."""
@@ -110,11 +110,7 @@ class PlaybookResult:
     @property
     def counts(self) -> Counts:
         """Tasks by status, over every host."""
-        total = Counts()
-        for host in self.hosts.values():
-            for status, n in asdict(host.counts).items():
-                total.add(status, n)
-        return total
+        return Counts.of(task for host in self.hosts.values() for task in host.tasks)
 
     def hosts_with(self, outcome: Outcome) -> list[str]:
         """The hosts whose part ended so: ``results.hosts_with(Outcome.FAILED)``."""

@@ -4,7 +4,9 @@ The Markdown report's content (:mod:`fxkit.gate.markdown`: the run's facts, a ta
 the errors, the thresholds' source, the sign-off block) and, after the facts, charts of the
 measured numbers against their thresholds: one per numeric check, a bar per host (a small bar
 per item for per-item values: each GPU, each port), the band of values that pass shaded and the
-threshold drawn as a line; ``change`` rules show the baseline's value beside the new one. No
+threshold drawn as a line; ``change`` rules show the baseline's value beside the new one. The
+charts draw what the results keep (each check's status and thresholds, per item for per-item
+values, :class:`~fxkit.gate.verdicts.CheckResult`): no rule is applied here. No
 external asset (the CSS and the SVG charts are inline, there is no script). The page is built
 as an element tree (:mod:`xml.etree.ElementTree`), which escapes every text and attribute:
 values come from hosts, and a host printing ``<script>`` shows those characters.
@@ -24,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from fxkit.errors import FxkitError
-from fxkit.gate import rules
 from fxkit.gate.report import (
     SIGN_OFF_FIELDS,
     SIGNERS,
@@ -38,7 +39,8 @@ from fxkit.gate.report import (
     thresholds_source,
     value_text,
 )
-from fxkit.gate.verdicts import STATUSES, CheckResult, GateResult, HostChecks
+from fxkit.gate.rules import Bounds
+from fxkit.gate.verdicts import CheckResult, CheckStatus, GateResult, HostChecks
 
 CSS = """
 :root { --PASS: #2e7d32; --FAIL: #c62828; --WARN: #d97d00; --ERROR: #8e24aa; --SKIP: #6b6b6b; }
@@ -87,14 +89,16 @@ footer { margin-top: 24px; color: #666; font-size: 12px; }
 }
 """
 
-#: Bar colours: a passing value, a failing one (critical / warning), the baseline's.
-COLOURS = {"PASS": "#2e7d32", "FAIL": "#c62828", "WARN": "#d97d00", "base": "#9e9e9e"}
-BAND, LINE = "#dcefdc", "#1b1b1b"
+#: Bar colours: a passing value, a failing one (critical / warning); the baseline's.
+COLOURS = {CheckStatus.PASS: "#2e7d32", CheckStatus.FAIL: "#c62828", CheckStatus.WARN: "#d97d00"}
+BASE, BAND, LINE = "#9e9e9e", "#dcefdc", "#1b1b1b"
+#: The statuses of a check whose rule was applied to its value: those charted.
+JUDGED = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WARN)
 #: Chart geometry, in pixels: width, label column, value column, row heights.
 WIDTH, LABELS, VALUES, ROW, ITEM, AXIS = 1040, 230, 150, 22, 14, 22
 #: Characters of a bar's label shown (the whole label is its tooltip).
 LABEL_CHARS = 34
-Bounds = tuple[float, float]
+Axis = tuple[float, float]
 
 
 def render(result: GateResult) -> str:
@@ -131,7 +135,7 @@ def _facts(section: ET.Element, result: GateResult) -> None:
         _el(row, "th", label)
         cell = _el(row, "td")
         if label == "Verdict":
-            _status(cell, value)
+            _status(cell, CheckStatus(value))
         else:
             cell.text = value
 
@@ -154,8 +158,8 @@ def _host(section: ET.Element, name: str, host: HostChecks) -> None:
         _status(_el(row, "td"), check.status)
         _el(row, "td", full_value_text(check.value, check.unit))
         _el(row, "td", check.expected or "-")
-        reason = "" if check.status == "PASS" else check.reason
-        if check.status == "ERROR":
+        reason = "" if check.status is CheckStatus.PASS else check.reason
+        if check.status is CheckStatus.ERROR:
             reason = f"could not run: {reason}"
         _el(row, "td", reason)
 
@@ -214,17 +218,19 @@ class Bar:
     label: str
     value: float
     #: PASS, FAIL or WARN: the rule on this value alone.
-    status: str
+    status: CheckStatus
+    bounds: Bounds
     small: bool = False
-    #: The values that pass: (low, high), either open (None); None when there is no band.
-    band: tuple[float | None, float | None] | None = None
-    line: float | None = None
-    #: The baseline's value (``change`` rules).
-    base: float | None = None
+
+    @property
+    def band(self) -> tuple[float | None, float | None] | None:
+        """The values that pass: (low, high), either open (None); None when there is no band."""
+        low, high = self.bounds.low, self.bounds.high
+        return None if low is None and high is None else (low, high)
 
     def numbers(self) -> list[float]:
-        found = [self.value, *(n for n in (self.line, self.base) if n is not None)]
-        return found + [n for n in (self.band or ()) if n is not None]
+        b = self.bounds
+        return [n for n in (self.value, b.line, b.base, b.low, b.high) if n is not None]
 
 
 def _charts(section: ET.Element, result: GateResult) -> None:
@@ -235,10 +241,10 @@ def _charts(section: ET.Element, result: GateResult) -> None:
         return
     legend = _el(section, "p", class_="legend")
     for colour, words in (
-        (COLOURS["PASS"], "passes"),
-        (COLOURS["FAIL"], "fails (critical)"),
-        (COLOURS["WARN"], "fails (warning)"),
-        (COLOURS["base"], "baseline"),
+        (COLOURS[CheckStatus.PASS], "passes"),
+        (COLOURS[CheckStatus.FAIL], "fails (critical)"),
+        (COLOURS[CheckStatus.WARN], "fails (warning)"),
+        (BASE, "baseline"),
         (BAND, "values that pass"),
         (LINE, "threshold"),
     ):
@@ -261,68 +267,38 @@ def _chart_data(result: GateResult) -> list[tuple[CheckResult, list[Bar]]]:
     for name, host in result.hosts.items():
         for check in host.checks:
             entry = by_id.setdefault(check.id, (check, []))
-            if check.status in ("PASS", "FAIL", "WARN"):
+            if check.status in JUDGED:
                 entry[1].extend(_bars(name, check))
     return list(by_id.values())
 
 
 def _bars(host: str, check: CheckResult) -> list[Bar]:
-    """The bars of one host's check; none when its value or rule is not numeric."""
+    """The bars of one host's check, from the status and thresholds the results keep (of each
+    item, for a per-item value); none when its value or rule is not numeric."""
     if not isinstance(check.value, Mapping):
-        bar = _bar(host, check.value, check, check.baseline_value, small=False)
+        bar = _bar(host, check.value, check.status, check.bounds, small=False)
         return [bar] if bar else []
-    bases = check.baseline_value if isinstance(check.baseline_value, Mapping) else {}
-    bars = [
-        _bar(f"{host} · {item}", value, check, bases.get(item, check.baseline_value), small=True)
-        for item, value in check.value.items()
-    ]
-    chartable = [bar for bar in bars if bar is not None]
-    return chartable if len(chartable) == len(bars) else []
+    bars = []
+    for item, value in check.value.items():
+        judged = check.items.get(str(item))
+        label = f"{host} · {item}"
+        bar = _bar(label, value, judged.status, judged.bounds, small=True) if judged else None
+        if bar is None:
+            return []  # every item, or none
+        bars.append(bar)
+    return bars
 
 
-def _bar(label: str, value: Any, check: CheckResult, base: Any, small: bool) -> Bar | None:
+def _bar(
+    label: str, value: Any, status: CheckStatus, bounds: Bounds | None, small: bool
+) -> Bar | None:
     number = _number(value)
-    if number is None:
+    if number is None or bounds is None:
         return None
-    try:
-        op, operand = rules.split(check.rule)
-        passed = rules.evaluate(check.rule, value, base).passed
-        band, line, base_number = _threshold(op, operand, _number(base))
-    except (rules.RuleError, TypeError, ValueError, KeyError, IndexError):
-        return None
-    if band is None and line is None:
-        return None
-    status = "PASS" if passed else ("FAIL" if check.severity == "critical" else "WARN")
-    return Bar(label, number, status, small, band, line, base_number)
+    return Bar(label, number, status, bounds, small)
 
 
-def _threshold(
-    op: str, operand: Any, base: float | None
-) -> tuple[tuple[float | None, float | None] | None, float | None, float | None]:
-    """The pass band, the threshold line and the baseline of a rule, as numbers (None: none)."""
-    if op in (">=", ">"):
-        return (rules.fraction(operand), None), rules.fraction(operand), None
-    if op in ("<=", "<"):
-        return (None, rules.fraction(operand)), rules.fraction(operand), None
-    if op == "==":
-        return None, rules.fraction(operand), None
-    if op == "between":
-        return (rules.fraction(operand[0]), rules.fraction(operand[1])), None, None
-    if op == "within":
-        of, tolerance = rules.fraction(operand["of"]), rules.fraction(operand["tolerance"])
-        allowed = abs(of) * tolerance if str(operand["tolerance"]).endswith("%") else tolerance
-        return (of - allowed, of + allowed), of, None
-    if op == "change" and base is not None:
-        low, high = operand.get("min"), operand.get("max")
-        band = (
-            None if low is None else base * (1 + rules.fraction(low)),
-            None if high is None else base * (1 + rules.fraction(high)),
-        )
-        return band, None, base
-    return None, None, None
-
-
-def _scale(numbers: list[float]) -> Bounds:
+def _scale(numbers: list[float]) -> Axis:
     """The axis: from 0 (or the lowest negative number) past the highest; zoomed in on the
     numbers when they are all positive and within 10 % of each other (a tolerance band of 1 %
     of 196608 MiB would not show from 0), the ticks saying where the axis starts."""
@@ -368,38 +344,39 @@ def _svg(bars: list[Bar], unit: str | None) -> ET.Element:
 
 
 def _bar_svg(
-    svg: ET.Element, bar: Bar, y: float, h: float, x: Callable[[float], float], bounds: Bounds
+    svg: ET.Element, bar: Bar, y: float, h: float, x: Callable[[float], float], axis: Axis
 ) -> None:
-    low, high = bounds
+    low, high = axis
     if bar.band is not None:
         start = x(low if bar.band[0] is None else bar.band[0])
         end = x(high if bar.band[1] is None else bar.band[1])
         _el(svg, "rect", x=start, y=y - 1, width=max(end - start, 1), height=h + 2, fill=BAND)
     zero = x(0)
     now_top, now_h = y, h
-    if bar.base is not None:
+    line, was = bar.bounds.line, bar.bounds.base
+    if was is not None:
         now_h = h / 2
         now_top = y + now_h
-        left, right = sorted((zero, x(bar.base)))
+        left, right = sorted((zero, x(was)))
         base = _el(svg, "rect", x=left, y=y, width=max(right - left, 1), height=now_h - 1)
-        base.set("fill", COLOURS["base"])
-        _el(base, "title", f"{bar.label}: baseline {_number_text(bar.base)}")
+        base.set("fill", BASE)
+        _el(base, "title", f"{bar.label}: baseline {_number_text(was)}")
     left, right = sorted((zero, x(bar.value)))
     rect = _el(svg, "rect", x=left, y=now_top, width=max(right - left, 1), height=now_h)
     rect.set("fill", COLOURS[bar.status])
     _el(rect, "title", f"{bar.label}: {_number_text(bar.value)} ({bar.status})")
-    if bar.line is not None:
-        _el(svg, "line", x1=x(bar.line), x2=x(bar.line), y1=y - 2, y2=y + h + 2, stroke=LINE)
+    if line is not None:
+        _el(svg, "line", x1=x(line), x2=x(line), y1=y - 2, y2=y + h + 2, stroke=LINE)
         svg[-1].set("stroke-width", "2")
     middle = y + h / 2 + 4
     shown = bar.label if len(bar.label) <= LABEL_CHARS else bar.label[: LABEL_CHARS - 1] + "…"
     label = _el(svg, "text", shown, x=LABELS - 6, y=middle, **{"text-anchor": "end"})
     _el(label, "title", bar.label)
     value = _number_text(bar.value)
-    if bar.base is not None:
-        value = f"{value} (was {_number_text(bar.base)})"
+    if was is not None:
+        value = f"{value} (was {_number_text(was)})"
     number = _el(svg, "text", value, x=WIDTH - VALUES + 6, y=middle)
-    if bar.status != "PASS":
+    if bar.status is not CheckStatus.PASS:
         number.set("style", f"fill:{COLOURS[bar.status]};font-weight:700")
     if bar.small:
         label.set("font-size", "10")
@@ -472,7 +449,5 @@ def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs: Any) -> 
     return element
 
 
-def _status(parent: ET.Element, status: str, text: str | None = None) -> None:
-    if status not in STATUSES:
-        status = "ERROR"
+def _status(parent: ET.Element, status: CheckStatus, text: str | None = None) -> None:
     _el(parent, "span", text or status, class_=f"status s-{status}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from fxkit.gate.report import full_value_text, printable
-from fxkit.gate.verdicts import CheckResult, GateResult, HostChecks
+from fxkit.gate.verdicts import CheckResult, CheckStatus, GateResult, HostChecks
 
 
 def render(result: GateResult) -> str:
@@ -40,9 +40,9 @@ def _suite(
     statuses = [c.status for c in host.checks]
     counts = {
         "tests": len(statuses),
-        "failures": statuses.count("FAIL"),
-        "errors": statuses.count("ERROR"),
-        "skipped": statuses.count("SKIP"),
+        "failures": statuses.count(CheckStatus.FAIL),
+        "errors": statuses.count(CheckStatus.ERROR),
+        "skipped": statuses.count(CheckStatus.SKIP),
     }
     suite = ET.Element(
         "testsuite",
@@ -93,16 +93,16 @@ def _case(result: GateResult, host: str, check: CheckResult, seconds: float) -> 
         "testcase", name=check.id, classname=f"{result.gate}.{host}", time=_seconds(seconds)
     )
     details = _details(check)
-    if check.status == "FAIL":
-        ET.SubElement(case, "failure", message=check.reason, type="FAIL").text = details
+    if check.status is CheckStatus.FAIL:
+        ET.SubElement(case, "failure", message=check.reason, type=str(check.status)).text = details
         return case
-    if check.status == "ERROR":
+    if check.status is CheckStatus.ERROR:
         message = f"could not run: {check.reason}"
-        ET.SubElement(case, "error", message=message, type="ERROR").text = details
+        ET.SubElement(case, "error", message=message, type=str(check.status)).text = details
         return case
-    if check.status == "SKIP":
+    if check.status is CheckStatus.SKIP:
         ET.SubElement(case, "skipped", message=check.reason)
-    if check.status == "WARN":
+    if check.status is CheckStatus.WARN:
         details = f"WARN (severity warning, does not fail the gate): {check.reason}\n{details}"
     ET.SubElement(case, "system-out").text = details
     return case

@@ -21,7 +21,7 @@ from fxkit.gate.report import (
     thresholds,
     thresholds_source,
 )
-from fxkit.gate.verdicts import CheckResult, GateResult
+from fxkit.gate.verdicts import CheckResult, CheckStatus, GateResult
 
 #: What CommonMark (and GitHub's tables) would read as markup: ``_`` only where it can open or
 #: close emphasis (not inside a word: ``g1_rdma_peer`` stays as it is).
@@ -64,14 +64,15 @@ def render(result: GateResult) -> str:
 
 def _row(check: CheckResult) -> tuple[str, ...]:
     reason = check.reason
-    if check.status == "ERROR":
+    if check.status is CheckStatus.ERROR:
         reason = f"could not run: {reason}"
+    failed = check.status in (CheckStatus.FAIL, CheckStatus.ERROR)
     return (
         f"`{check.id}` {text(check.title)}",
-        f"**{check.status}**" if check.status in ("FAIL", "ERROR") else check.status,
+        f"**{check.status}**" if failed else str(check.status),
         text(full_value_text(check.value, check.unit)),
         text(check.expected or "-"),
-        text(reason if check.status != "PASS" else ""),
+        text(reason if check.status is not CheckStatus.PASS else ""),
     )
 
 

@@ -20,15 +20,15 @@ from rich.table import Table
 from rich.text import Text
 
 from fxkit.engine.redaction import maskable, redact
-from fxkit.gate.verdicts import GateResult
+from fxkit.gate.verdicts import CheckStatus, GateResult
 from fxkit.localfile import write_whole
 
 STYLES = {
-    "PASS": "green",
-    "FAIL": "bold red",
-    "WARN": "yellow",
-    "ERROR": "bold magenta",
-    "SKIP": "dim",
+    CheckStatus.PASS: "green",
+    CheckStatus.FAIL: "bold red",
+    CheckStatus.WARN: "yellow",
+    CheckStatus.ERROR: "bold magenta",
+    CheckStatus.SKIP: "dim",
 }
 
 
@@ -117,7 +117,7 @@ def table(result: GateResult) -> Table:
         grid.add_column(column, overflow="fold")
     for name, host in result.hosts.items():
         for check in host.checks:
-            reason = "" if check.status == "PASS" else check.reason
+            reason = "" if check.status is CheckStatus.PASS else check.reason
             # Text, not markup: host output like "[ubuntu 22.04, ...]" is shown as it is.
             grid.add_row(
                 Text(name),
@@ -163,7 +163,7 @@ def errors(result: GateResult) -> list[tuple[str, str, str]]:
         (name, check.id, check.reason)
         for name, host in result.hosts.items()
         for check in host.checks
-        if check.status == "ERROR"
+        if check.status is CheckStatus.ERROR
     ]
 
 

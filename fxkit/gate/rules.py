@@ -12,6 +12,10 @@ A value that is a mapping (one value per GPU, per port...) passes when every ite
 reason names the items that do not. A number that is not finite (nan, inf; or text reading as
 one, as result.json keeps them) cannot be judged: measured, in the rule or in the baseline, it
 is a :class:`RuleError` (the check is ERROR).
+
+A number judged by a numeric rule also gets the rule's :class:`Bounds` (the band of values that
+pass, the threshold, the baseline's value), computed here with the verdict: the reports draw
+them, and never apply a rule again.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 OPERATORS = ("==", "!=", ">=", ">", "<=", "<", "in", "contains", "between", "within", "change")
@@ -31,12 +35,27 @@ class RuleError(ValueError):
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """A numeric rule's thresholds for one number: the band of values that pass (``low`` to
+    ``high``, either open: None), the threshold line, and the baseline's value (``change``)."""
+
+    low: float | None = None
+    high: float | None = None
+    line: float | None = None
+    base: float | None = None
+
+
+@dataclass(frozen=True)
 class Verdict:
     passed: bool
     #: Why: the value against the rule, in words (the failing items for per-item values).
     reason: str
     #: For ``change``: the relative change measured (a fraction), else None.
     change: float | None = None
+    #: The rule's thresholds, for a number judged by a numeric rule; else None.
+    bounds: Bounds | None = None
+    #: For a per-item value: each item's own verdict, by item.
+    items: dict[str, Verdict] = field(default_factory=dict)
 
 
 def split(rule: Mapping[str, Any]) -> tuple[str, Any]:
@@ -72,17 +91,16 @@ def evaluate(rule: Mapping[str, Any], value: Any, baseline: Any = None) -> Verdi
         if not value:
             raise RuleError("the measurement has no items to check")
         base = baseline if isinstance(baseline, Mapping) else {}
-        failed = []
+        items = {}
         for item, item_value in value.items():
             try:
-                verdict = _one(op, operand, item_value, base.get(item, baseline))
+                items[str(item)] = _one(op, operand, item_value, base.get(item, baseline))
             except RuleError as exc:
                 raise RuleError(f"{item}: {exc}") from None
-            if not verdict.passed:
-                failed.append(f"{item}: {verdict.reason}")
+        failed = [f"{item}: {v.reason}" for item, v in items.items() if not v.passed]
         if failed:
-            return Verdict(False, "; ".join(failed))
-        return Verdict(True, f"all {len(value)} {describe(rule)}")
+            return Verdict(False, "; ".join(failed), items=items)
+        return Verdict(True, f"all {len(value)} {describe(rule)}", items=items)
     return _one(op, operand, value, baseline)
 
 
@@ -98,7 +116,8 @@ def _one(op: str, operand: Any, value: Any, baseline: Any) -> Verdict:
         return _has(value, operand)
     passed = _TESTS[op](value, operand)
     word = "" if passed else "not "
-    return Verdict(passed, f"{_text(value)} is {word}{describe({op: operand})}")
+    reason = f"{_text(value)} is {word}{describe({op: operand})}"
+    return Verdict(passed, reason, bounds=_bounds(op, operand, value))
 
 
 def _change(operand: Any, value: Any, baseline: Any) -> Verdict:
@@ -115,7 +134,44 @@ def _change(operand: Any, value: Any, baseline: Any) -> Verdict:
     bound = describe({"change": operand})
     word = "" if passed else "not "
     reason = f"{_text(now)} vs {_text(base)}: {change:+.1%}, {word}{bound}"
-    return Verdict(passed, reason, change)
+    verdict = Verdict(passed, reason, change)
+    if not _numeric(value):
+        return verdict
+    low = None if lo is None else base * (1 + fraction(lo))
+    high = None if hi is None else base * (1 + fraction(hi))
+    return replace(verdict, bounds=_finite_bounds(Bounds(low, high, base=base)))
+
+
+def _bounds(op: str, operand: Any, value: Any) -> Bounds | None:
+    """The thresholds ``op`` puts on ``value`` (a rule that applied to it), as numbers; None when
+    the value, or the rule, is not a number (``in``, ``contains``, a version)."""
+    if not _numeric(value):
+        return None
+    try:
+        if op in (">=", ">"):
+            return _finite_bounds(Bounds(low=fraction(operand), line=fraction(operand)))
+        if op in ("<=", "<"):
+            return _finite_bounds(Bounds(high=fraction(operand), line=fraction(operand)))
+        if op == "==":
+            return _finite_bounds(Bounds(line=fraction(operand)))
+        if op == "between":
+            return _finite_bounds(Bounds(fraction(operand[0]), fraction(operand[1])))
+        if op == "within":
+            of, allowed = _tolerance(operand)
+            return _finite_bounds(Bounds(of - allowed, of + allowed, line=of))
+    except RuleError:
+        return None
+    return None
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite_bounds(bounds: Bounds) -> Bounds | None:
+    """``bounds``, unless a number of it is not finite (a threshold too large for a float)."""
+    numbers = (bounds.low, bounds.high, bounds.line, bounds.base)
+    return bounds if all(n is None or math.isfinite(n) for n in numbers) else None
 
 
 def fraction(value: Any) -> float:
@@ -216,12 +272,17 @@ def _between(value: Any, operand: Any) -> bool:
 
 
 def _within(value: Any, operand: Any) -> bool:
+    of, allowed = _tolerance(operand)
+    return abs(_number(value) - of) <= allowed
+
+
+def _tolerance(operand: Any) -> tuple[float, float]:
+    """A ``within`` rule's value and the distance from it allowed, as numbers."""
     if not isinstance(operand, Mapping) or "of" not in operand or "tolerance" not in operand:
         raise RuleError("within takes {of: VALUE, tolerance: N or N%}")
     of, tolerance = _number(operand["of"]), operand["tolerance"]
     text = str(tolerance).strip()
-    allowed = abs(of) * fraction(text) if text.endswith("%") else _number(tolerance)
-    return abs(_number(value) - of) <= allowed
+    return of, abs(of) * fraction(text) if text.endswith("%") else _number(tolerance)
 
 
 def _compare(test: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:

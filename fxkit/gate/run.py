@@ -264,7 +264,8 @@ class GateRun:
                     checked = judge(check, rule, host.measurements[index], index, base, where)
                 host.checks.append(checked)
                 if self.progress:
-                    self.progress(plan.inv.name, CheckResult(**self.masker.data(asdict(checked))))
+                    shown = CheckResult.from_json(self.masker.data(asdict(checked)))
+                    self.progress(plan.inv.name, shown)
         finally:
             with contextlib.suppress(Exception):
                 conn.close()

@@ -3,10 +3,12 @@
 Statuses: PASS, FAIL (a critical check's rule does not hold), WARN (a warning's does not),
 ERROR (the check could not be judged: the tool is missing, the command failed, the output did
 not parse, the host was unreachable: never PASS, and the reason is kept) and SKIP (its ``when``
-is false; the reason says so). A host, and the gate, FAIL when a check FAILs, else are ERROR
-when a check is ERROR, else PASS.
+is false; the reason says so): :class:`CheckStatus`. A host, and the gate, FAIL when a check
+FAILs, else are ERROR when a check is ERROR, else PASS.
 
-:func:`judge` applies a check's rule to its measurement; :func:`reevaluate` judges an earlier
+:func:`judge` applies a check's rule to its measurement, once: the status, and the rule's
+thresholds as numbers (:class:`~fxkit.gate.rules.Bounds`, per item for per-item values) are
+kept in the result, and every report only shows them. :func:`reevaluate` judges an earlier
 run's measurements again against a gate file's current rules, without touching the hosts.
 The JSON format (``schema: fxkit-gate-result/1``) is documented in docs/GATES.md.
 """
@@ -18,17 +20,28 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from fxkit.engine.redaction import redact_data
 from fxkit.errors import FxkitError
 from fxkit.gate import rules
+from fxkit.gate.rules import Bounds
 from fxkit.gate.spec import CheckSpec, Gate, GateError
 from fxkit.localfile import write_whole
 
 SCHEMA = "fxkit-gate-result/1"
-STATUSES = ("PASS", "FAIL", "WARN", "ERROR", "SKIP")
+
+
+class CheckStatus(StrEnum):
+    """A check's status; a host's and the gate's verdict is PASS, FAIL or ERROR."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"  # a critical check's rule does not hold
+    WARN = "WARN"  # a warning's rule does not hold
+    ERROR = "ERROR"  # it could not be judged (not measured, a rule that cannot apply)
+    SKIP = "SKIP"  # its ``when`` is false
 
 
 @dataclass
@@ -44,11 +57,19 @@ class Measurement:
 
 
 @dataclass
+class ItemCheck:
+    """One item of a per-item value (a GPU, a port), judged by the check's rule alone."""
+
+    status: CheckStatus
+    bounds: Bounds | None = None
+
+
+@dataclass
 class CheckResult:
     id: str
     title: str
     severity: str
-    status: str
+    status: CheckStatus
     reason: str
     #: The value the rule was applied to (None when there is none).
     value: Any = None
@@ -64,6 +85,30 @@ class CheckResult:
     change: float | None = None
     #: The check's file:line.
     where: str = ""
+    #: The rule's thresholds for a number judged by a numeric rule (what the charts draw).
+    bounds: Bounds | None = None
+    #: For a per-item value: each item's status and thresholds.
+    items: dict[str, ItemCheck] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CheckResult:
+        """A check as result.json keeps it (one of an older fxkit, without thresholds, too)."""
+        items = data.get("items") or {}
+        return cls(
+            **{
+                **data,
+                "status": CheckStatus(data["status"]),
+                "bounds": _read_bounds(data.get("bounds")),
+                "items": {
+                    name: ItemCheck(CheckStatus(item["status"]), _read_bounds(item.get("bounds")))
+                    for name, item in items.items()
+                },
+            }
+        )
+
+
+def _read_bounds(data: Mapping[str, Any] | None) -> Bounds | None:
+    return None if data is None else Bounds(**data)
 
 
 @dataclass
@@ -79,7 +124,7 @@ class HostChecks:
     var_sources: dict[str, str] = field(default_factory=dict)
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> CheckStatus:
         return verdict(c.status for c in self.checks)
 
     def check(self, check_id: str) -> CheckResult | None:
@@ -104,23 +149,22 @@ class GateResult:
     reevaluated_from: str | None = None
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> CheckStatus:
         return verdict(h.verdict for h in self.hosts.values())
 
     @property
-    def summary(self) -> dict[str, int]:
-        counts = Counter(c.status for h in self.hosts.values() for c in h.checks)
-        return {status: counts.get(status, 0) for status in STATUSES}
+    def summary(self) -> dict[CheckStatus, int]:
+        """Checks by status, over every host (every status, in order)."""
+        return _count(c.status for h in self.hosts.values() for c in h.checks)
 
-    def summary_of(self, host: str) -> dict[str, int]:
-        counts = Counter(c.status for c in self.hosts[host].checks)
-        return {status: counts.get(status, 0) for status in STATUSES}
+    def summary_of(self, host: str) -> dict[CheckStatus, int]:
+        return _count(c.status for c in self.hosts[host].checks)
 
     @property
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
-        return 0 if self.verdict == "PASS" else 1
+        return 0 if self.verdict is CheckStatus.PASS else 1
 
     def to_json(self, secrets: Iterable[str] = ()) -> dict[str, Any]:
         data = {"schema": SCHEMA, "verdict": self.verdict, "summary": self.summary, **asdict(self)}
@@ -148,7 +192,7 @@ class GateResult:
             hosts = {
                 name: HostChecks(
                     name=host["name"],
-                    checks=[CheckResult(**c) for c in host["checks"]],
+                    checks=[CheckResult.from_json(c) for c in host["checks"]],
                     measurements=[Measurement(**m) for m in host["measurements"]],
                     unreachable=host.get("unreachable"),
                     vars=host.get("vars", {}),
@@ -158,7 +202,7 @@ class GateResult:
             }
             fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "hosts"}
             return cls(**fields, hosts=hosts)
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise GateError(
                 f"a gate results file with a broken entry ({exc})", where=where
             ) from None
@@ -175,13 +219,18 @@ def load_results(path: Path) -> GateResult:
     return GateResult.from_json(data, str(path))
 
 
-def verdict(statuses: Iterable[str]) -> str:
+def verdict(statuses: Iterable[CheckStatus]) -> CheckStatus:
     seen = set(statuses)
-    if "FAIL" in seen:
-        return "FAIL"
-    if "ERROR" in seen:
-        return "ERROR"
-    return "PASS"
+    if CheckStatus.FAIL in seen:
+        return CheckStatus.FAIL
+    if CheckStatus.ERROR in seen:
+        return CheckStatus.ERROR
+    return CheckStatus.PASS
+
+
+def _count(statuses: Iterable[CheckStatus]) -> dict[CheckStatus, int]:
+    counts = Counter(statuses)
+    return {status: counts[status] for status in CheckStatus}
 
 
 def select(data: Any, path: str | None) -> Any:
@@ -235,7 +284,7 @@ def judge(
         id=check.id,
         title=check.title,
         severity=check.severity,
-        status="ERROR",
+        status=CheckStatus.ERROR,
         reason="",
         rule=rule,
         expected=_describe(rule),
@@ -260,11 +309,18 @@ def judge(
         result.reason = str(exc)
         return result
     result.reason, result.change = outcome.reason, outcome.change
-    if outcome.passed:
-        result.status = "PASS"
-    else:
-        result.status = "FAIL" if check.severity == "critical" else "WARN"
+    result.status, result.bounds = _status(outcome, check), outcome.bounds
+    result.items = {
+        item: ItemCheck(_status(judged, check), judged.bounds)
+        for item, judged in outcome.items.items()
+    }
     return result
+
+
+def _status(outcome: rules.Verdict, check: CheckSpec) -> CheckStatus:
+    if outcome.passed:
+        return CheckStatus.PASS
+    return CheckStatus.FAIL if check.severity == "critical" else CheckStatus.WARN
 
 
 def baseline_value(baseline: GateResult | None, host: str, check: CheckSpec) -> Any:
@@ -275,7 +331,7 @@ def baseline_value(baseline: GateResult | None, host: str, check: CheckSpec) -> 
     of = operand.get("of", check.id) if isinstance(operand, Mapping) else check.id
     found = baseline.hosts.get(host)
     result = found.check(of) if found else None
-    return result.value if result and result.status != "ERROR" else None
+    return result.value if result and result.status is not CheckStatus.ERROR else None
 
 
 def skipped(check: CheckSpec, reason: str, where: str) -> CheckResult:
@@ -283,7 +339,7 @@ def skipped(check: CheckSpec, reason: str, where: str) -> CheckResult:
         id=check.id,
         title=check.title,
         severity=check.severity,
-        status="SKIP",
+        status=CheckStatus.SKIP,
         reason=reason,
         unit=check.unit,
         why=check.why,
@@ -344,9 +400,9 @@ def reevaluate(
         for check in gate.spec.checks:
             old = host.check(check.id)
             where = gate.where(check.id)
-            if old is None or (old.measurement is None and old.status != "SKIP"):
+            if old is None or (old.measurement is None and old.status is not CheckStatus.SKIP):
                 new.checks.append(_unmeasured(check, old, where))
-            elif old.status == "SKIP":
+            elif old.status is CheckStatus.SKIP:
                 new.checks.append(skipped(check, old.reason, where))
             else:
                 assert old.measurement is not None
@@ -365,7 +421,7 @@ def baseline_name(baseline: GateResult) -> str:
 
 def _unmeasured(check: CheckSpec, old: CheckResult | None, where: str) -> CheckResult:
     result = skipped(check, "", where)
-    result.status = "ERROR"
+    result.status = CheckStatus.ERROR
     result.reason = (
         old.reason
         if old is not None

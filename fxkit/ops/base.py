@@ -32,10 +32,14 @@ class OpError(FxkitError):
 
 
 class Status(StrEnum):
+    """An operation's status, and a task's in the run's results (the recap's columns)."""
+
     OK = "ok"
     CHANGED = "changed"
     FAILED = "failed"
     SKIPPED = "skipped"
+    #: Recorded by the engine for a task that found its host unreachable; never an operation's.
+    UNREACHABLE = "unreachable"
 
 
 @dataclass
