@@ -17,9 +17,8 @@ from typing import Any
 from fxkit.estimate.errors import EstimateError
 from fxkit.estimate.inputs import BY_KEY, Inputs, in_bounds
 from fxkit.estimate.units import UnitError, parse
+from fxkit.gate.verdicts import SCHEMA, CheckStatus
 from fxkit.yamlfile import read_json, short
-
-GATE_SCHEMA = "fxkit-gate-result/1"
 
 #: Gate check id -> the input it sets (its unit comes from the check's ``unit``).
 GATE_CHECKS = {
@@ -51,14 +50,14 @@ def apply(path: Path, inputs: Inputs) -> Used:
     data = read_json(
         path, EstimateError, "results", "give the JSON of fxkit bench load --json or of a gate run"
     )
-    if isinstance(data, dict) and data.get("schema") == GATE_SCHEMA:
+    if isinstance(data, dict) and data.get("schema") == SCHEMA:
         return _gate(path, data, inputs)
     if isinstance(data, dict) and isinstance(data.get("summaries"), list):
         return _bench(path, data, inputs)
     raise EstimateError(
         "not a results file fxkit knows",
         where=str(path),
-        hint=f"give fxkit bench load --json output or a gate result ({GATE_SCHEMA})",
+        hint=f"give fxkit bench load --json output or a gate result ({SCHEMA})",
     )
 
 
@@ -89,7 +88,7 @@ def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
                 continue
             key = GATE_CHECKS[check_id]
             value, status = check.get("value"), check.get("status")
-            if status in ("ERROR", "SKIP") or value is None:
+            if status in (CheckStatus.ERROR, CheckStatus.SKIP) or value is None:
                 used.skipped.append(
                     f"{host} {check_id}: status {short(status)}, value {short(value)}"
                 )
