@@ -29,7 +29,7 @@ from rich.text import Text
 from fxkit.cli.lab import dir_option, port_option, prefix_option
 from fxkit.cli.loader import Size
 from fxkit.connection import ConnectOptions
-from fxkit.engine.console import Reporter
+from fxkit.engine.console import console_recorder
 from fxkit.engine.record import Outcome, PlaybookResult
 from fxkit.engine.runner import RunOptions, load_inventory, run_playbook
 from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
@@ -141,7 +141,7 @@ def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> P
         limit=limit,
         connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
     )
-    return run_playbook("site", fleet.inventory, options, Reporter(console, diff=diff))
+    return run_playbook("site", fleet.inventory, options, console_recorder(console, diff=diff))
 
 
 # -- the loader -----------------------------------------------------------------------------
