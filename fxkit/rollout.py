@@ -136,7 +136,7 @@ def rollout(
     max_fail_percentage: float | None = None,
     canary: bool = False,
 ) -> Rollout:
-    """Roll the playbook's instances out (see the module's docstring). Each batch's run records
+    """Roll the playbook's instances out (see :mod:`fxkit.rollout`). Each batch's run records
     with a :meth:`~Recorder.fresh` copy of ``recorder``: its listeners show and log it (see
     :func:`fxkit.engine.console.console_recorder`), its masker masks the secrets of them all."""
     book = Playbook.load(paths.resolve(playbook, "playbooks"))

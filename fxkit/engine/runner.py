@@ -55,6 +55,10 @@ Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
 
 @dataclass
 class RunOptions:
+    """How a playbook runs: what ``fxkit play``'s options say (``--check``, ``--limit``, ``-e``,
+    ``--forks``...; ``extra_vars`` as :func:`~fxkit.engine.variables.parse_extra_vars` makes
+    them)."""
+
     check: bool = False
     diff: bool = False
     tags: TagFilter = field(default_factory=TagFilter)
@@ -79,15 +83,17 @@ def run_playbook(
     options: RunOptions,
     recorder: Recorder,
 ) -> PlaybookResult:
-    """What ``fxkit play`` does: load both (paths or built-in names), run, recap (the recorder's
-    listeners show it: :func:`fxkit.engine.console.console_recorder` prints as ``fxkit play``).
+    """Run ``playbook`` on the hosts of ``inventory`` (each a path or a built-in name; several
+    inventories merge in order) as ``fxkit play`` does, then the recap. ``recorder`` records
+    the run and tells its listeners (:func:`~fxkit.engine.console.console_recorder` prints as
+    ``fxkit play``).
 
     Returns the run's results (``.exit_code``: 0, 1 when a host failed or was unreachable, 130
     when interrupted). Ctrl-C, even during the recap, never raises here: it interrupts the run.
     """
     book = Playbook.load(paths.resolve(playbook, "playbooks"))
     runner = Runner(book, load_inventory(inventory), options, recorder)
-    with _ctrl_c(runner.interrupt):
+    with ctrl_c(runner.interrupt):
         with recorder:
             results = runner.run()
         recorder.recap()
@@ -95,7 +101,7 @@ def run_playbook(
 
 
 @contextlib.contextmanager
-def _ctrl_c(interrupt: Callable[[], None]) -> Iterator[None]:
+def ctrl_c(interrupt: Callable[[], object]) -> Iterator[None]:
     """While inside, SIGINT calls ``interrupt`` instead of raising KeyboardInterrupt (which
     could land anywhere: in the middle of the recap, or while host threads still report)."""
     if threading.current_thread() is not threading.main_thread():
@@ -148,7 +154,7 @@ class Runner:
         self.validate()
         self.recorder.run_started(check=self.options.check)
         try:
-            with _ctrl_c(self.interrupt):
+            with ctrl_c(self.interrupt):
                 for play in self.playbook.plays:
                     if not self._play(play):
                         break
