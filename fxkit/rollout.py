@@ -15,20 +15,18 @@ any) stops the rollout; the instances of later batches are reported ``not_run``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from fxkit import paths
-from fxkit.engine.console import Reporter
 from fxkit.engine.playbook import Play, Playbook, RoleRef
-from fxkit.engine.record import Outcome, PlaybookResult, TaskResult
+from fxkit.engine.record import Outcome, PlaybookResult, Recorder, TaskResult
 from fxkit.engine.role import Role
 from fxkit.engine.runner import Runner, RunOptions, load_inventory
 from fxkit.errors import PlaybookError, masked_errors
@@ -149,19 +147,20 @@ def rollout(
     playbook: str | Path,
     inventory: str | Path | Sequence[str | Path],
     options: RunOptions,
-    reporter_for: Callable[[], Reporter],
+    recorder: Recorder,
     *,
     serial: list[int | str] | None = None,
     max_fail_percentage: float | None = None,
     canary: bool = False,
 ) -> Rollout:
-    """Roll the playbook's instances out (see the module's docstring). ``reporter_for()`` makes
-    the engine's reporter for each batch's run (its live lines and JSON log)."""
+    """Roll the playbook's instances out (see :mod:`fxkit.rollout`). Each batch's run records
+    with a :meth:`~Recorder.fresh` copy of ``recorder``: its listeners show and log it (see
+    :func:`fxkit.engine.console.console_recorder`), its masker masks the secrets of them all."""
     book = Playbook.load(paths.resolve(playbook, "playbooks"))
     hosts = load_inventory(inventory)
-    planner = Runner(book, hosts, options, Reporter(Console(quiet=True)))
+    planner = Runner(book, hosts, options, Recorder(masker=recorder.masker))
     planner.validate()
-    with masked_errors(planner.reporter.redact):  # a role's instance_specs() may quote one
+    with masked_errors(planner.recorder.redact):  # a role's instance_specs() may quote one
         play, instances = plan(planner)
     if serial is not None:
         play = play.model_copy(update={"serial": serial})
@@ -174,7 +173,7 @@ def rollout(
         for item in group:
             item.batch = number
     try:
-        result.stopped = _run(book, hosts, options, reporter_for, groups, limit or 0.0)
+        result.stopped = _run(book, hosts, options, recorder, groups, limit or 0.0)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
     result.interrupted = (result.stopped or "").startswith("interrupted")
@@ -191,7 +190,7 @@ def _run(
     book: Playbook,
     hosts: Inventory,
     options: RunOptions,
-    reporter_for: Callable[[], Reporter],
+    recorder: Recorder,
     groups: list[list[Instance]],
     limit: float,
 ) -> str | None:
@@ -204,12 +203,10 @@ def _run(
             limit=":".join(chosen),
             extra_vars={**options.extra_vars, SELECT: [i.key for i in group]},
         )
-        reporter = reporter_for()
-        reporter.note(
-            f"batch {number}/{len(groups)}: {', '.join(i.key for i in group)}", style="bold"
-        )
-        with reporter:
-            results = Runner(book, hosts, batch_options, reporter).run()
+        batch = recorder.fresh()
+        batch.note(f"batch {number}/{len(groups)}: {', '.join(i.key for i in group)}", style="bold")
+        with batch:
+            results = Runner(book, hosts, batch_options, batch).run()
         _read(results, group)
         if results.interrupted:
             return f"interrupted during batch {number}"

@@ -71,7 +71,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import blake3
 
@@ -139,7 +139,7 @@ class Reader(Protocol):
 
 
 class Source(ABC):
-    """Where a model directory is read from."""
+    """Where a model directory is read from; closed at the end of a ``with`` block."""
 
     #: How messages name it: ``/mnt/nfs/llama`` or ``node1:/models/llama``.
     where: str
@@ -166,6 +166,12 @@ class Source(ABC):
 
     def close(self) -> None:  # noqa: B027  (a source with nothing to close)
         """Release what the source holds (connections)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _find_folders(self, real: str, resolve: Callable[[str], str | None]) -> None:
         """Set :attr:`folders` for the source folder whose real path is ``real``; ``resolve``
@@ -1119,7 +1125,7 @@ def stage(
     checksum: str = CHECKSUM,
     progress: Callable[[int], None] | None = None,
 ) -> Summary:
-    """Stage ``source`` into ``dest`` (see the module's docstring); ``progress`` is told of
+    """Stage ``source`` into ``dest`` (see :mod:`fxkit.staging`); ``progress`` is told of
     every byte copied or checked."""
     with prepare(source, dest, verify, checksum) as (plan, manifest):
         stager = Stager(

@@ -10,11 +10,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from fxkit import paths, reference
 from fxkit.connection.local import LocalConnection
-from fxkit.engine.console import Reporter
+from fxkit.engine.jsonlog import JsonLog
+from fxkit.engine.record import Recorder
 from fxkit.engine.role import Host, HostFailed, RoleLoader, TagFilter, roles_path
 from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import PlaybookError
@@ -141,8 +141,7 @@ def host_api(tmp_path: Path):
         ctx = OpContext(conn, FactCache(conn), check=check, diff=True)
         v = HostVars("localhost", [Layer("play vars", {"dir": str(tmp_path), "who": "gpu01"})])
         log = io.StringIO()
-        reporter = Reporter(Console(file=io.StringIO()), log_json=log)
-        host = Host(ctx, v, role=role, play="p", reporter=reporter)
+        host = Host(ctx, v, role=role, play="p", recorder=Recorder([JsonLog(log)]))
         host.events = lambda: [json.loads(line) for line in log.getvalue().splitlines()]
         return host
 

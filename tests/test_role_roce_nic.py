@@ -15,7 +15,6 @@ apply); `ip link set dev IF mtu N` is run for real below.
 
 from __future__ import annotations
 
-import io
 import json
 import optparse
 import re
@@ -29,11 +28,10 @@ from typing import Any
 
 import pytest
 import yaml
-from rich.console import Console
 
 from fxkit.connection.base import Connection, RunResult
 from fxkit.connection.local import LocalConnection
-from fxkit.engine.console import Reporter
+from fxkit.engine.record import Recorder
 from fxkit.engine.role import Host, RoleLoader
 from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import VarError
@@ -330,9 +328,8 @@ def test_each_step_names_what_this_machine_lacks() -> None:
     """The requirements, read on this machine (no RDMA NIC, no configfs): each step says why
     it cannot run, from the real tools and paths."""
     conn = LocalConnection("localhost")
-    reporter = Reporter(Console(file=io.StringIO()))
     host = Host(
-        OpContext(conn, FactCache(conn)), hostvars(), role=ROLE, play="p", reporter=reporter
+        OpContext(conn, FactCache(conn)), hostvars(), role=ROLE, play="p", recorder=Recorder()
     )
     lo_connectx = R.Nic("lo", 9000, "mlx5_0", "connectx")
     lo_thor2 = R.Nic("lo", 9000, "bnxt_re0", "thor2")

@@ -25,9 +25,9 @@ from rich.console import Console
 from sync_helpers import SAFETY, Transcript, when
 
 from fxkit.connection import Connection, ConnectOptions, RunResult
-from fxkit.engine.console import Reporter
+from fxkit.engine.console import Reporter, console_recorder
 from fxkit.engine.playbook import Playbook
-from fxkit.engine.record import Outcome, PlaybookResult
+from fxkit.engine.record import Outcome, PlaybookResult, Recorder
 from fxkit.engine.role import Host, TagFilter, operation
 from fxkit.engine.runner import Runner, RunOptions
 from fxkit.errors import ConnectionFailed, PlaybookError, VarError
@@ -164,7 +164,7 @@ def host_class(ops: dict[str, Any]) -> type[Host]:
 class Played:
     results: PlaybookResult
     fleet: Fleet
-    reporter: Reporter
+    recorder: Recorder
     output: str
     #: The JSON log: its task events, then its summary events (one per host).
     events: list[dict[str, Any]]
@@ -200,22 +200,23 @@ def play(
     fleet = fleet or Fleet()
     out, log = Transcript(), io.StringIO()
     SYNC["output"] = out  # what operations wait for (the runner's notes)
-    reporter = Reporter(Console(file=out, width=200), diff=options.get("diff", False), log_json=log)
+    console = Console(file=out, width=200)
+    recorder = console_recorder(console, diff=options.get("diff", False), log_json=log)
     runner = Runner(
         Playbook.load(tmp_path / "site.yml"),
         Inventory.load(tmp_path / "hosts.yml"),
         RunOptions(**options),
-        reporter,
+        recorder,
         connector=fleet,
         host_class=host_class(OPS),
     )
     results = runner.run()
-    reporter.recap()
+    recorder.recap()
     events = [json.loads(line) for line in log.getvalue().splitlines()]
     tasks = [e for e in events if e["event"] == "task"]
     summaries = [e for e in events if e["event"] == "summary"]
     assert events == tasks + summaries  # the summaries come last
-    return Played(results, fleet, reporter, out.getvalue(), tasks, summaries)
+    return Played(results, fleet, recorder, out.getvalue(), tasks, summaries)
 
 
 THREE = """
@@ -852,7 +853,7 @@ def test_live_progress_shows_each_busy_host_s_role_and_operation(tmp_path: Path)
         Playbook.load(tmp_path / "site.yml"),
         Inventory.load(tmp_path / "hosts.yml"),
         RunOptions(),
-        reporter,
+        Recorder([reporter]),
         connector=Fleet(),
         host_class=host_class({"look": look}),
     ).run()
@@ -1076,5 +1077,5 @@ def test_a_rollout_s_plan_never_quotes_a_secret(tmp_path: Path) -> None:
         },
     )
     with pytest.raises(VarError) as err:
-        rollout(tmp_path / "site.yml", tmp_path / "hosts.yml", RunOptions(), Reporter)
+        rollout(tmp_path / "site.yml", tmp_path / "hosts.yml", RunOptions(), Recorder())
     assert SECRET not in str(err.value) and err.value.message == "******** is wrong"

@@ -29,9 +29,9 @@ from rich.text import Text
 from fxkit.cli.lab import dir_option, port_option, prefix_option
 from fxkit.cli.loader import Size
 from fxkit.connection import ConnectOptions
-from fxkit.engine.console import Reporter
+from fxkit.engine.console import console_recorder
 from fxkit.engine.record import Outcome, PlaybookResult
-from fxkit.engine.runner import RunOptions, load_inventory, run_playbook
+from fxkit.engine.runner import RunOptions, run_playbook
 from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
 from fxkit.lab.fleet import host_name
 
@@ -141,7 +141,7 @@ def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> P
         limit=limit,
         connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
     )
-    return run_playbook("site", fleet.inventory, options, Reporter(console, diff=diff))
+    return run_playbook("site", fleet.inventory, options, console_recorder(console, diff=diff))
 
 
 # -- the loader -----------------------------------------------------------------------------
@@ -150,7 +150,6 @@ def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> P
 def gate_demo(fleet: Fleet, limit: str) -> None:
     """G1 on the fleet's hosts: each host's verdict and counts, the reasons of its ERRORs, the
     report files. Lab hosts have no GPU or RDMA: G1 cannot pass there, and says why."""
-    from fxkit.gate import spec
     from fxkit.gate.report import write_reports
     from fxkit.gate.run import GateOptions, GateRun
     from fxkit.gate.verdicts import CheckStatus
@@ -159,9 +158,8 @@ def gate_demo(fleet: Fleet, limit: str) -> None:
         limit=limit,
         connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
         extra_vars=GATE_VARS,
-        inventory_sources=[str(fleet.inventory)],
     )
-    runner = GateRun(spec.load("g1"), load_inventory([fleet.inventory]), options)
+    runner = GateRun.load("g1", fleet.inventory, options)
     result = runner.run()
     for name, host in result.hosts.items():
         counts = ", ".join(f"{n} {s}" for s, n in result.summary_of(name).items() if n)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +14,7 @@ from rich.markup import escape
 from fxkit import paths
 from fxkit.cli.play import CONNECT_OPTIONS, TARGET_OPTIONS, connect_options_from, with_options
 from fxkit.engine.redaction import Masker
-from fxkit.engine.runner import load_inventory
+from fxkit.engine.runner import ctrl_c
 from fxkit.engine.variables import parse_extra_vars
 from fxkit.errors import FxkitError, masked_errors
 from fxkit.gate import spec
@@ -102,21 +101,15 @@ def _run_command(name: str) -> click.Command:
             extra_vars=parse_extra_vars(params["extra_vars"]),
             roles_path=list(params["roles_path"]),
             baseline=load_results(baseline) if baseline else None,
-            inventory_sources=list(params["inventory"]),
         )
-        runner = GateRun(
-            gate_file, load_inventory(params["inventory"]), options, progress=_progress
-        )
+        runner = GateRun.load(gate_file, params["inventory"], options, progress=_progress)
         plans = runner.plan()  # mistakes show before any host is touched
         console.print(
             f"[bold]{escape(gate_file.spec.title)}[/] ({gate_file.path}): "
             f"{len(gate_file.spec.checks)} checks on {len(plans)} host(s)"
         )
-        previous = signal.signal(signal.SIGINT, lambda *_: _interrupt(runner))
-        try:
+        with ctrl_c(lambda: _interrupt(runner)):
             result = runner.run(plans)
-        finally:
-            signal.signal(signal.SIGINT, previous)
         _finish(result, out, runner.masker)
 
     return run

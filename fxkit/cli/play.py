@@ -12,8 +12,9 @@ import click
 
 from fxkit import paths
 from fxkit.connection import ConnectOptions
-from fxkit.engine.console import Reporter
+from fxkit.engine.console import console_recorder
 from fxkit.engine.playbook import Playbook
+from fxkit.engine.record import Recorder
 from fxkit.engine.role import TagFilter
 from fxkit.engine.runlock import LOCK_WAIT
 from fxkit.engine.runner import RunOptions, load_inventory, run_playbook
@@ -160,8 +161,8 @@ def connect_options_from(params: dict[str, Any]) -> ConnectOptions:
     )
 
 
-def options_from(params: dict[str, Any]) -> tuple[RunOptions, Reporter, IO[str] | None]:
-    """The run's options and its reporter (and the open --log-json file, to close) from the
+def options_from(params: dict[str, Any]) -> tuple[RunOptions, Recorder, IO[str] | None]:
+    """The run's options and its recorder (and the open --log-json file, to close) from the
     values of :data:`RUN_OPTIONS`."""
     options = RunOptions(
         check=params["check"],
@@ -175,8 +176,8 @@ def options_from(params: dict[str, Any]) -> tuple[RunOptions, Reporter, IO[str] 
         lock_wait=params["lock_wait"],
     )
     log = params["log_json"].open("w", encoding="utf-8") if params["log_json"] else None
-    reporter = Reporter(diff=params["diff"], verbose=params["verbose"], log_json=log)
-    return options, reporter, log
+    recorder = console_recorder(diff=params["diff"], verbose=params["verbose"], log_json=log)
+    return options, recorder, log
 
 
 @click.command(context_settings={"max_content_width": 100})
@@ -199,9 +200,9 @@ def play(playbook: str, list_hosts: bool, **params: Any) -> None:
     if list_hosts:
         _list_hosts(playbook, params["inventory"], params["limit"])
         return
-    options, reporter, log = options_from(params)
+    options, recorder, log = options_from(params)
     try:
-        results = run_playbook(playbook, params["inventory"], options, reporter)
+        results = run_playbook(playbook, params["inventory"], options, recorder)
     finally:
         if log:
             log.close()

@@ -56,14 +56,14 @@ def rollout(
     Exit code: 0 when every instance it acted on is ready, 1 when one failed or the rollout
     stopped, 2 for a mistake in the command line or the files, 130 when interrupted.
     """
-    options, reporter, log = options_from(params)
+    options, recorder, log = options_from(params)
     batches = _serial(serial) if serial else None
     try:
         result = run_rollout(
             playbook,
             params["inventory"],
             options,
-            reporter.fresh,
+            recorder,
             serial=batches,
             max_fail_percentage=max_fail_percentage,
             canary=canary,

@@ -1,26 +1,30 @@
-"""What a run shows and logs: live progress, one line per change or failure, diffs, the recap
-and a JSON event log; and the run's record, :class:`~fxkit.engine.record.PlaybookResult`. Every text
-passes through :meth:`Reporter.redact` first, so the values of secret variables (see
-:mod:`fxkit.engine.redaction`) never reach the terminal, the log or the results.
+"""What a run shows: live progress, one line per change or failure, diffs, and the recap. The
+:class:`Reporter` is a listener of the run's :class:`~fxkit.engine.record.Recorder`, which
+redacts every text before it comes here, so the values of secret variables (see
+:mod:`fxkit.engine.redaction`) never reach the terminal.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-import traceback
-from collections.abc import Iterable
-from dataclasses import asdict, replace
-from typing import IO, Any
+from dataclasses import asdict
+from typing import IO, Self
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from fxkit.engine.record import Counts, HostResult, Outcome, PlaybookResult, TaskResult
-from fxkit.engine.redaction import Masker
-from fxkit.ops.base import Result, Status
+from fxkit.engine.jsonlog import JsonLog
+from fxkit.engine.record import (
+    Counts,
+    HostResult,
+    Listener,
+    Outcome,
+    PlaybookResult,
+    Recorder,
+    TaskResult,
+)
+from fxkit.ops.base import Status
 
 STYLE = {
     Status.OK: "green",
@@ -32,53 +36,35 @@ STYLE = {
 }
 
 
-class Reporter:
-    """Thread-safe: host threads report to one instance, which records into :attr:`results`."""
+def console_recorder(
+    console: Console | None = None,
+    *,
+    diff: bool = False,
+    verbose: bool = False,
+    log_json: IO[str] | None = None,
+) -> Recorder:
+    """A recorder that shows the run on ``console`` (the terminal by default) as ``fxkit play``
+    does, and writes its JSON event log to ``log_json`` (``--log-json``), if given."""
+    reporter = Reporter(console, diff=diff, verbose=verbose)
+    return Recorder([reporter, JsonLog(log_json)] if log_json else [reporter])
+
+
+class Reporter(Listener):
+    """The run on the terminal: what each busy host does (live, on a terminal), a line per
+    change, failure or skip (every task with ``verbose``), diffs with ``diff``, the recap."""
 
     def __init__(
-        self,
-        console: Console | None = None,
-        *,
-        diff: bool = False,
-        verbose: bool = False,
-        log_json: IO[str] | None = None,
-        masker: Masker | None = None,
+        self, console: Console | None = None, *, diff: bool = False, verbose: bool = False
     ):
-        """``masker``: the secrets to mask (a new one by default)."""
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.show_diff = diff
         self.verbose = verbose
-        self.results = PlaybookResult()
-        self._log = log_json
-        self.masker = masker or Masker()
         self._current: dict[str, str] = {}
-        self._lock = threading.RLock()
         self._live: Live | None = None
-
-    def fresh(self) -> Reporter:
-        """A reporter for another run, printing and logging as this one does (masking its
-        secrets too), with results of its own."""
-        return Reporter(
-            self.console,
-            diff=self.show_diff,
-            verbose=self.verbose,
-            log_json=self._log,
-            masker=self.masker,
-        )
-
-    # -- secrets ---------------------------------------------------------------------------
-
-    def add_secrets(self, values: Iterable[str]) -> None:
-        """Secret values to redact from now on (with their variants:
-        :mod:`fxkit.engine.redaction`)."""
-        self.masker.add(values)
-
-    def redact(self, text: str) -> str:
-        return self.masker.text(text)
 
     # -- live progress ---------------------------------------------------------------------
 
-    def __enter__(self) -> Reporter:
+    def __enter__(self) -> Self:
         if self.console.is_terminal:
             self._live = Live(
                 get_renderable=self.progress,
@@ -97,115 +83,37 @@ class Reporter:
     def progress(self) -> RenderableType:
         """The live view: what each busy host is doing (its role and operation)."""
         # Called from Live's refresh thread: no lock here (a copy is atomic), so a host thread
-        # printing under self._lock can never wait on a refresh that waits on it.
+        # printing under the recorder's lock can never wait on a refresh that waits on it.
         table = Table.grid(padding=(0, 2))
         for host, doing in dict(self._current).items():
-            table.add_row(Text(host, style="bold"), Text(self.redact(doing), style="dim"))
+            table.add_row(Text(host, style="bold"), Text(doing, style="dim"))
         return table
 
     def _print(self, *renderables: RenderableType) -> None:
         self.console.print(Group(*renderables))
 
-    # -- what the runner and host threads report -------------------------------------------
-
-    def run_started(self, *, check: bool) -> None:
-        with self._lock:
-            self.results.check = check
-            self.results.start()
+    # -- what the recorder tells -----------------------------------------------------------
 
     def play_started(self, name: str, hosts: list[str]) -> None:
-        with self._lock:
-            for host in hosts:
-                self._host(host)
-            count = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
-            self._print(Text(f"\nPLAY {self.redact(name)} ({count})", style="bold"))
+        count = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
+        self._print(Text(f"\nPLAY {name} ({count})", style="bold"))
 
-    def op_started(self, host: str, role: str | None, operation: str) -> None:
-        with self._lock:
-            self._current[host] = f"{role} / {operation}" if role else operation
+    def op_started(self, host: str, doing: str) -> None:
+        self._current[host] = doing
 
-    def op_done(
-        self, host: str, play: str, role: str | None, result: Result, duration_s: float
-    ) -> None:
-        """Record, log and print (changes, failures, skips; all with verbose) one result."""
-        task = TaskResult(
-            play=play,
-            role=role,
-            operation=result.name,
-            status=result.status,
-            msg=result.msg,
-            diff=result.diff,
-            duration_s=round(duration_s, 6),
-            data=result.data,
-        )
-        self._record(host, task)
-
-    def host_unreachable(
-        self,
-        host: str,
-        play: str,
-        msg: str,
-        role: str | None = None,
-        operation: str = "connect",
-    ) -> None:
-        """The host could not be reached, or its link broke during ``role``'s ``operation``."""
-        self._record(host, TaskResult(play, role, operation, Status.UNREACHABLE, msg))
-
-    def host_error(self, host: str, play: str, role: str | None, msg: str) -> None:
-        """A role or template error stopped the host (not an operation's result)."""
-        self._record(host, TaskResult(play, role, "role", Status.FAILED, msg))
+    def task(self, host: str, task: TaskResult) -> None:
+        """Changes, failures, skips (all with verbose)."""
+        if task.status is not Status.OK or self.verbose:
+            self._print(*self._lines(host, task))
 
     def host_done(self, host: str, outcome: Outcome) -> None:
-        """The host's thread is done with a play: how its part ended, so far."""
-        with self._lock:
-            self._current.pop(host, None)
-            self._host(host).outcome = outcome
-
-    def run_done(self, *, interrupted: bool) -> None:
-        """Every host thread has reported: the run's end, and one summary event per host."""
-        with self._lock:
-            self.results.interrupted = interrupted
-            self.results.end()
-            for host in self.results.hosts.values():
-                self._write({"event": "summary", **host.summary()})
+        self._current.pop(host, None)
 
     def note(self, msg: str, style: str = "bold") -> None:
-        with self._lock:
-            self._print(Text(self.redact(msg), style=style))
+        self._print(Text(msg, style=style))
 
-    def traceback(self, exc: BaseException) -> None:
-        """Print the traceback of a bug (in fxkit or an operation), redacted like the rest."""
-        text = "".join(traceback.format_exception(exc))
-        with self._lock:
-            self._print(Text(self.redact(text), style="dim"))
-
-    def _record(self, host: str, task: TaskResult) -> None:
-        with self._lock:
-            record = self._host(host)
-            task = self._redacted(task)
-            record.tasks.append(task)
-            self._write({"event": "task", "host": record.name, **asdict(task)})
-            if task.status is not Status.OK or self.verbose:
-                self._print(*self._lines(record.name, task))
-
-    def _host(self, name: str) -> HostResult:
-        return self.results.host(self.redact(name))
-
-    def _write(self, event: dict[str, Any]) -> None:
-        if self._log:
-            self._log.write(json.dumps(event, default=str) + "\n")
-            self._log.flush()
-
-    def _redacted(self, task: TaskResult) -> TaskResult:
-        return replace(
-            task,
-            play=self.redact(task.play),
-            role=task.role and self.redact(task.role),
-            operation=self.redact(task.operation),
-            msg=self.redact(task.msg),
-            diff=task.diff and self.redact(task.diff),
-            data=self.masker.data(task.data),
-        )
+    def traceback(self, text: str) -> None:
+        self._print(Text(text, style="dim"))
 
     def _lines(self, host: str, task: TaskResult) -> list[RenderableType]:
         where = " | ".join(p for p in (host, task.role, task.operation) if p)
@@ -219,27 +127,26 @@ class Reporter:
 
     # -- the end ---------------------------------------------------------------------------
 
-    def recap(self) -> None:
+    def recap(self, results: PlaybookResult) -> None:
         """The per-host table (ok, changed, failed, skipped, unreachable), then the final notes:
         the hosts an interruption stopped, and check mode."""
         table = Table(title="RECAP", title_justify="left", title_style="bold")
         table.add_column("host")
         for column in asdict(Counts()):
             table.add_column(column, justify="right")
-        with self._lock:
-            for host in self.results.hosts.values():
-                cells = [
-                    Text(str(n), style=STYLE[Status(name)] if n else "dim")
-                    for name, n in asdict(host.counts).items()
-                ]
-                table.add_row(Text(host.name, style=_host_style(host)), *cells)
-            self.console.print(table)
-            stopped = self.results.hosts_with(Outcome.INTERRUPTED)
-            if self.results.interrupted:
-                which = f": {', '.join(stopped)} did not finish" if stopped else ""
-                self.note(f"interrupted (Ctrl-C){which}", style="bold red")
-            if self.results.check:
-                self.note("check mode: nothing was changed", style="dim")
+        for host in results.hosts.values():
+            cells = [
+                Text(str(n), style=STYLE[Status(name)] if n else "dim")
+                for name, n in asdict(host.counts).items()
+            ]
+            table.add_row(Text(host.name, style=_host_style(host)), *cells)
+        self.console.print(table)
+        stopped = results.hosts_with(Outcome.INTERRUPTED)
+        if results.interrupted:
+            which = f": {', '.join(stopped)} did not finish" if stopped else ""
+            self.note(f"interrupted (Ctrl-C){which}", style="bold red")
+        if results.check:
+            self.note("check mode: nothing was changed", style="dim")
 
 
 def _host_style(host: HostResult) -> str:

@@ -55,7 +55,7 @@ from fxkit.ops.base import OpContext, Operation, Result, Status
 from fxkit.ops.files import Mode, Owner
 
 if TYPE_CHECKING:
-    from fxkit.engine.console import Reporter
+    from fxkit.engine.record import Recorder
     from fxkit.facts.base import Fact
 
 T = TypeVar("T")
@@ -400,7 +400,7 @@ class Host:
         *,
         role: Role,
         play: str,
-        reporter: Reporter,
+        recorder: Recorder,
         tags: TagFilter = TagFilter(),
         role_tags: Iterable[str] = (),
         stop: threading.Event | None = None,
@@ -413,7 +413,7 @@ class Host:
         self.typed = v if typed is None else typed
         self.role = role
         self.play = play
-        self._reporter = reporter
+        self._recorder = recorder
         self._tags = tags
         self._role_tags = frozenset(role_tags)
         self._task = Task()
@@ -509,7 +509,7 @@ class Host:
         if not self._tags.selects(self._role_tags | task.tags):
             return Result(Status.SKIPPED, "not selected by --tags/--skip-tags", name=label)
         _check_arguments(name, op, self.ctx, args, kwargs)
-        self._reporter.op_started(self.name, self.role.name, label)
+        self._recorder.op_started(self.name, self.role.name, label)
         start = time.perf_counter()
         try:
             result = op(self.ctx, *args, **kwargs)
@@ -518,7 +518,7 @@ class Host:
         except FxkitError as exc:  # arguments the operation cannot work with
             result = Result(Status.FAILED, str(exc))
         result.name = result.name or label
-        self._reporter.op_done(
+        self._recorder.op_done(
             self.name, self.play, self.role.name, result, time.perf_counter() - start
         )
         if result.failed and not task.ignore_errors:
@@ -587,18 +587,18 @@ class Host:
         if not self._tags.selects(self._role_tags | self._task.tags):
             return False
         result = Result(Status.SKIPPED, msg, name=self._task.name or step)
-        self._reporter.op_done(self.name, self.play, self.role.name, result, 0.0)
+        self._recorder.op_done(self.name, self.play, self.role.name, result, 0.0)
         return False
 
     def fail(self, msg: str) -> None:
         """Stop this host with a failure (e.g. a precondition the role cannot fix)."""
         result = Result(Status.FAILED, msg, name="fail")
-        self._reporter.op_done(self.name, self.play, self.role.name, result, 0.0)
+        self._recorder.op_done(self.name, self.play, self.role.name, result, 0.0)
         raise HostFailed(result)
 
     def run_handlers(self) -> None:
         """Run the notified handlers once each, in the order they were first notified."""
         for handler in self._handlers:
-            self._reporter.op_started(self.name, self.role.name, f"handler {handler.__name__}")
+            self._recorder.op_started(self.name, self.role.name, f"handler {handler.__name__}")
             handler(self, self.typed)
         self._handlers.clear()

@@ -30,9 +30,8 @@ from typing import Any
 
 from fxkit import paths
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.engine.console import Reporter
 from fxkit.engine.playbook import Play, Playbook, RoleRef
-from fxkit.engine.record import Outcome, PlaybookResult
+from fxkit.engine.record import Outcome, PlaybookResult, Recorder
 from fxkit.engine.role import (
     Host,
     HostFailed,
@@ -57,6 +56,10 @@ Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
 
 @dataclass
 class RunOptions:
+    """How a playbook runs: what ``fxkit play``'s options say (``--check``, ``--limit``, ``-e``,
+    ``--forks``...; ``extra_vars`` as :func:`~fxkit.engine.variables.parse_extra_vars` makes
+    them)."""
+
     check: bool = False
     diff: bool = False
     tags: TagFilter = field(default_factory=TagFilter)
@@ -79,24 +82,27 @@ def run_playbook(
     playbook: str | Path,
     inventory: str | Path | Sequence[str | Path],
     options: RunOptions,
-    reporter: Reporter,
+    recorder: Recorder,
 ) -> PlaybookResult:
-    """What ``fxkit play`` does: load both (paths or built-in names), run, print the recap.
+    """Run ``playbook`` on the hosts of ``inventory`` (each a path or a built-in name; several
+    inventories merge in order) as ``fxkit play`` does, then the recap. ``recorder`` records
+    the run and tells its listeners (:func:`~fxkit.engine.console.console_recorder` prints as
+    ``fxkit play``).
 
     Returns the run's results (``.exit_code``: 0, 1 when a host failed or was unreachable, 130
     when interrupted). Ctrl-C, even during the recap, never raises here: it interrupts the run.
     """
     book = Playbook.load(paths.resolve(playbook, "playbooks"))
-    runner = Runner(book, load_inventory(inventory), options, reporter)
-    with _ctrl_c(runner.interrupt):
-        with reporter:
+    runner = Runner(book, load_inventory(inventory), options, recorder)
+    with ctrl_c(runner.interrupt):
+        with recorder:
             results = runner.run()
-        reporter.recap()
+        recorder.recap()
     return results
 
 
 @contextlib.contextmanager
-def _ctrl_c(interrupt: Callable[[], None]) -> Iterator[None]:
+def ctrl_c(interrupt: Callable[[], object]) -> Iterator[None]:
     """While inside, SIGINT calls ``interrupt`` instead of raising KeyboardInterrupt (which
     could land anywhere: in the middle of the recap, or while host threads still report)."""
     if threading.current_thread() is not threading.main_thread():
@@ -117,7 +123,7 @@ class Runner:
         playbook: Playbook,
         inventory: Inventory,
         options: RunOptions,
-        reporter: Reporter,
+        recorder: Recorder,
         *,
         connector: Connector = connect,
         host_class: type[Host] = Host,
@@ -125,7 +131,7 @@ class Runner:
         self.playbook = playbook
         self.inventory = inventory
         self.options = options
-        self.reporter = reporter
+        self.recorder = recorder
         self.connector = connector
         self.host_class = host_class
         self.roles = RoleLoader(roles_path(playbook.folder, options.roles_path))
@@ -145,25 +151,25 @@ class Runner:
     def run(self) -> PlaybookResult:
         """Every play; returns once every host thread has reported (see the module docstring)."""
         if self.options.connect.become_password:
-            self.reporter.add_secrets([self.options.connect.become_password])
+            self.recorder.add_secrets([self.options.connect.become_password])
         self.validate()
-        self.reporter.run_started(check=self.options.check)
+        self.recorder.run_started(check=self.options.check)
         try:
-            with _ctrl_c(self.interrupt):
+            with ctrl_c(self.interrupt):
                 for play in self.playbook.plays:
                     if not self._play(play):
                         break
         finally:
             self._release()
             self._close()
-            self.reporter.run_done(interrupted=self._stop.is_set())
-        return self.reporter.results
+            self.recorder.run_done(interrupted=self._stop.is_set())
+        return self.recorder.results
 
     def validate(self) -> None:
         """Every role's variable checks on every host of its play: mistakes show (all at once,
         as one error, the secrets masked as everything the run prints) before any host is
         touched."""
-        with masked_errors(self.reporter.redact):
+        with masked_errors(self.recorder.redact):
             for play in self.playbook.plays:
                 hosts = self._hosts(play)
                 for ref in play.roles:
@@ -178,14 +184,14 @@ class Runner:
         the connections, cutting off the operations still running."""
         if self._interrupts and not self._stop.is_set():
             self._stop.set()
-            self.reporter.note(
+            self.recorder.note(
                 "interrupted: hosts stop after their current operation (Ctrl-C again to cut "
                 "them off)",
                 style="bold red",
             )
         if self._interrupts > 1 and not self._abort.is_set():
             self._abort.set()
-            self.reporter.note("cutting off the running operations", style="bold red")
+            self.recorder.note("cutting off the running operations", style="bold red")
             self._close()
 
     def _release(self) -> None:
@@ -257,10 +263,10 @@ class Runner:
     def _play(self, play: Play) -> bool:
         """Run one play batch by batch; False when the failure policy stops the run."""
         hosts = self._hosts(play)
-        self.reporter.play_started(play.name, [h.name for h in hosts])
+        self.recorder.play_started(play.name, [h.name for h in hosts])
         if not hosts:
             within = f" within --limit {self.options.limit!r}" if self.options.limit else ""
-            self.reporter.note(f"  no hosts match {play.hosts!r}{within}", style="dim")
+            self.recorder.note(f"  no hosts match {play.hosts!r}{within}", style="dim")
             return True
         batches = play.batches(hosts)
         for number, batch in enumerate(batches, 1):
@@ -279,14 +285,14 @@ class Runner:
             limit = play.max_fail_percentage
             label = f"batch {number}/{len(batches)}" if len(batches) > 1 else "the play"
             if limit is not None and percent > limit:
-                self.reporter.note(
+                self.recorder.note(
                     f"STOPPED: {failed} of {len(batch)} hosts failed in {label} "
                     f"({percent:.0f}% > max_fail_percentage {limit:g}%)",
                     style="bold red",
                 )
                 return False
             if failed == len(batch) and number < len(batches):
-                self.reporter.note(f"STOPPED: every host failed in {label}", style="bold red")
+                self.recorder.note(f"STOPPED: every host failed in {label}", style="bold red")
                 return False
         return True
 
@@ -316,7 +322,7 @@ class Runner:
         except Exception as exc:
             outcome = self._stopped(play, name, role, exc)
         finally:
-            self.reporter.host_done(name, outcome)
+            self.recorder.host_done(name, outcome)
         if outcome is not Outcome.OK:
             self._down.add(name)
         return outcome
@@ -329,13 +335,13 @@ class Runner:
         if isinstance(exc, HostFailed):
             return Outcome.FAILED  # the failed operation is already reported
         if isinstance(exc, HostUnreachable):
-            self.reporter.host_unreachable(host, play.name, str(exc), role_name, exc.operation)
+            self.recorder.host_unreachable(host, play.name, str(exc), role_name, exc.operation)
             return Outcome.UNREACHABLE
         if isinstance(exc, ConnectionFailed):
-            self.reporter.host_unreachable(host, play.name, str(exc))
+            self.recorder.host_unreachable(host, play.name, str(exc))
             return Outcome.UNREACHABLE
         if isinstance(exc, FxkitError):
-            self.reporter.host_error(host, play.name, role_name, str(exc))
+            self.recorder.host_error(host, play.name, role_name, str(exc))
         else:
             self._crashed(play, host, role, exc)
         return Outcome.FAILED
@@ -346,15 +352,15 @@ class Runner:
         in_role = [f for f in frames if role and Path(f.filename).is_relative_to(role.path)]
         where = f"{in_role[-1].filename}:{in_role[-1].lineno}: " if in_role else ""
         message = f"{where}{type(exc).__name__}: {exc}"
-        self.reporter.host_error(host, play.name, role.name if role else None, message)
+        self.recorder.host_error(host, play.name, role.name if role else None, message)
         if not (in_role and in_role[-1] == frames[-1]) and not isinstance(exc, UnknownOperation):
-            self.reporter.traceback(exc)
+            self.recorder.traceback(exc)
 
     def _context(self, play: Play, inv: InventoryHost) -> OpContext:
         """The host's operation context; opens its connection on first use in the run."""
         hostvars = self._vars(play, inv)
         if inv.name not in self._connections:
-            self.reporter.op_started(inv.name, None, "connecting")
+            self.recorder.op_started(inv.name, None, "connecting")
             conn = self.connector(inv.name, hostvars, self.options.connect)
             self._connections[inv.name] = conn
             conn.open()
@@ -378,17 +384,17 @@ class Runner:
         lock = self._locks.get(name)
         if lock is None:
             lock = self._locks[name] = RunLock(conn, wait=self.options.lock_wait, owner=self._owner)
-        self.reporter.op_started(name, None, "run lock")
+        self.recorder.op_started(name, None, "run lock")
 
         def note(msg: str) -> None:
-            self.reporter.note(f"  {name}: {msg}", style="yellow")
+            self.recorder.note(f"  {name}: {msg}", style="yellow")
 
         try:
             lock.take(become=become, note=note)
         except RunLockError as exc:
             result = failed(str(exc))
             result.name = "run lock"
-            self.reporter.op_done(name, play.name, None, result, 0.0)
+            self.recorder.op_done(name, play.name, None, result, 0.0)
             raise HostFailed(result) from None
 
     def _apply(
@@ -407,12 +413,12 @@ class Runner:
             typed=role.typed(v),
             role=role,
             play=play.name,
-            reporter=self.reporter,
+            recorder=self.recorder,
             tags=self.options.tags,
             role_tags=role_tags,
             stop=self._stop,
         )
-        self.reporter.op_started(inv.name, role.name, "starting")
+        self.recorder.op_started(inv.name, role.name, "starting")
         role.apply(host, host.typed)
         host.run_handlers()
 
@@ -420,7 +426,7 @@ class Runner:
         self, play: Play, inv: InventoryHost, role: Role | None = None, ref: RoleRef | None = None
     ) -> HostVars:
         """The host's variables, by precedence (see :mod:`fxkit.engine.variables`); their secrets
-        are the reporter's from here on."""
+        are the recorder's from here on."""
         layers = [
             Layer(f"role {role.name} defaults", role.defaults) if role else None,
             Layer("inventory", inv.vars),
@@ -434,9 +440,9 @@ class Runner:
             inv.name,
             [lay for lay in layers if lay],
             play.secret_vars,
-            on_secret=self.reporter.add_secrets,
+            on_secret=self.recorder.add_secrets,
         )
-        self.reporter.add_secrets(v.secret_values())
+        self.recorder.add_secrets(v.secret_values())
         return v
 
 

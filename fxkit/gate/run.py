@@ -22,10 +22,11 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from jinja2 import meta
@@ -34,12 +35,14 @@ from pydantic import ValidationError
 from fxkit.connection import Connection, ConnectOptions, connect
 from fxkit.engine.redaction import Masker
 from fxkit.engine.role import RoleLoader, roles_path
+from fxkit.engine.runner import ctrl_c, load_inventory
 from fxkit.engine.variables import HostVars, Layer, environment, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, masked_errors
 from fxkit.facts.base import FactCache
 from fxkit.gate.measure import KINDS, MeasuredHost, MeasureError, Params
-from fxkit.gate.report import masked
+from fxkit.gate.report import masked, write_reports
 from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
+from fxkit.gate.spec import load as load_gate
 from fxkit.gate.verdicts import (
     CheckResult,
     GateResult,
@@ -58,6 +61,9 @@ Progress = Callable[[str, CheckResult], None]
 
 @dataclass
 class GateOptions:
+    """How a gate runs: what ``fxkit gate NAME``'s options say (``--limit``, ``-e``,
+    ``--baseline`` as a loaded result...)."""
+
     limit: str | None = None
     forks: int = 50
     connect: ConnectOptions = field(default_factory=ConnectOptions)
@@ -65,7 +71,7 @@ class GateOptions:
     roles_path: list[str] = field(default_factory=list)
     #: An earlier run's results, for ``change`` rules (``--baseline``).
     baseline: GateResult | None = None
-    #: The ``-i`` sources (recorded in the results).
+    #: The ``-i`` sources (recorded in the results; :meth:`GateRun.load` sets them).
     inventory_sources: list[str] = field(default_factory=list)
 
 
@@ -117,6 +123,23 @@ class GateRun:
         self._connections: list[Connection] = []
         #: The variables the rules name: their values are kept in the results.
         self._referenced = sorted(referenced(gate))
+
+    @classmethod
+    def load(
+        cls,
+        gate: str | Path | Gate,
+        inventory: str | Path | Sequence[str | Path],
+        options: GateOptions | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> GateRun:
+        """A run of ``gate`` (a built-in name such as ``g1``, a gate file, or one loaded) on the
+        hosts of ``inventory`` (paths or built-in names, merged in order, as ``-i`` gives
+        them), which the results name."""
+        sources = [inventory] if isinstance(inventory, str | Path) else list(inventory)
+        options = replace(options or GateOptions(), inventory_sources=[str(s) for s in sources])
+        loaded = gate if isinstance(gate, Gate) else load_gate(gate)
+        return cls(loaded, load_inventory(sources), options, progress=progress)
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -292,6 +315,28 @@ class GateRun:
                     measurement.error = str(exc)
         measurement.duration_s = round(time.monotonic() - started, 3)
         return measurement
+
+
+def run_gate(
+    gate: str | Path | Gate,
+    inventory: str | Path | Sequence[str | Path],
+    options: GateOptions | None = None,
+    *,
+    progress: Progress | None = None,
+    reports: str | Path | None = None,
+) -> GateResult:
+    """Run ``gate`` on the hosts of ``inventory`` (see :meth:`GateRun.load`), as ``fxkit gate``
+    does: every check rendered first (mistakes raise before any host is touched), then the hosts
+    in parallel, Ctrl-C stopping them (a second one cuts off the running measurements). Writes
+    result.json and the reports into the folder ``reports``, when given. The results, with
+    every secret masked."""
+    runner = GateRun.load(gate, inventory, options, progress=progress)
+    plans = runner.plan()
+    with ctrl_c(runner.interrupt):
+        result = runner.run(plans)
+    if reports is not None:
+        write_reports(result, Path(reports), runner.secrets)
+    return result
 
 
 def _cancel(conn: Connection) -> None:

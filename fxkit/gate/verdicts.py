@@ -133,6 +133,8 @@ class HostChecks:
 
 @dataclass
 class GateResult:
+    """A gate's run: every host's checks and measurements, the verdict (result.json)."""
+
     gate: str
     title: str
     gate_file: str
