@@ -44,6 +44,20 @@ Load it (``fxkit load``; needs the ``loader`` extra: torch, safetensors, numpy):
 
 A mistake in the files or the arguments raises :class:`FxkitError` (``where``: file:line,
 host or variable; ``hint``: what to do), before any host is touched.
+
+Write a role of your own (docs/HOWTO-ROLE.md): its variables declared once, typed, and the Host
+API its ``apply`` calls::
+
+    from pydantic import Field
+
+    from fxkit.api import AbsolutePath, Host, RoleVars, Whole
+
+    class Vars(RoleVars):
+        motd_file: AbsolutePath = Field("/etc/motd", description="where the banner goes")
+        motd_width: Whole = Field(80, ge=20, description="its width")
+
+    def apply(host: Host, v: Vars) -> None:
+        host.template("motd.j2", v.motd_file, mode="0644")
 """
 
 from __future__ import annotations
@@ -53,8 +67,20 @@ from typing import TYPE_CHECKING, Any
 
 from fxkit.engine.console import console_recorder
 from fxkit.engine.record import Listener, PlaybookResult, Recorder
+from fxkit.engine.role import Host
+from fxkit.engine.rolevars import (
+    AbsolutePath,
+    InterfaceName,
+    IpAddress,
+    Nqn,
+    Number,
+    RoleVars,
+    Size,
+    Whole,
+    pattern,
+)
 from fxkit.engine.runner import RunOptions, run_playbook
-from fxkit.errors import FxkitError
+from fxkit.errors import FxkitError, VarError
 from fxkit.gate.run import GateOptions, GateRun, run_gate
 from fxkit.gate.verdicts import GateResult
 from fxkit.rollout import Rollout, rollout
@@ -64,23 +90,34 @@ if TYPE_CHECKING:
     from fxkit.loader import LoadOptions, iter_tensors, load, make_checkpoint, open_checkpoint
 
 __all__ = [
+    "AbsolutePath",
     "FxkitError",
     "GateOptions",
     "GateResult",
     "GateRun",
+    "Host",
+    "InterfaceName",
+    "IpAddress",
     "Listener",
     "LoadOptions",
+    "Nqn",
+    "Number",
     "PlaybookResult",
     "Recorder",
+    "RoleVars",
     "Rollout",
     "RunOptions",
+    "Size",
     "Summary",
+    "VarError",
+    "Whole",
     "console_recorder",
     "iter_tensors",
     "load",
     "make_checkpoint",
     "open_checkpoint",
     "open_source",
+    "pattern",
     "rollout",
     "run_gate",
     "run_playbook",
