@@ -829,7 +829,7 @@ def check_local_disk(host: Host, v: Vars) -> None:
         gib = 1024**3
         host.fail(
             f"{host.name}: vllm_lmcache_max_local_disk_size: {workers} GPU workers x "
-            f"{v.vllm_lmcache_max_local_disk_size} GiB = {budget / gib:.1f} GiB, but {mount.path} "
+            f"{v.vllm_lmcache_max_local_disk_size:g} GiB = {budget / gib:.1f} GiB, but {mount.path} "
             f"has {free / gib:.1f} GiB free (with what the cache holds): lower the budget"
         )
 
