@@ -30,7 +30,7 @@ import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import Number, RoleVars, Rule, Whole, pattern
+from fxkit.engine.rolevars import IpAddress, Number, RoleVars, Rule, Whole, pattern
 from fxkit.errors import VarError
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.python import VenvPackages
@@ -96,14 +96,6 @@ def _program(words: list[str]) -> str:
             f"{words[0]!r} is not an absolute path (without white space, %, \\, quotes, $ or ;): "
             "systemd runs it without a shell, written as it is in ExecStart"
         )
-    return ""
-
-
-def _ip_address(text: str) -> str:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return "not an IP address"
     return ""
 
 
@@ -275,7 +267,7 @@ class Vars(RoleVars):
     vllm_lmcache_served_name: Annotated[
         str, pattern(r"[^\s']*", "a name without white space or '")
     ] = Field("", description='`--served-model-name` (`""`: the model folder\'s name)')
-    vllm_lmcache_bind_host: Annotated[str, AfterValidator(Rule("IP address", _ip_address))] = Field(
+    vllm_lmcache_bind_host: IpAddress = Field(
         "0.0.0.0",
         description="`--host`; the health URLs use 127.0.0.1 for 0.0.0.0",
         examples=["0.0.0.0", "10.1.2.3"],
@@ -829,8 +821,9 @@ def check_local_disk(host: Host, v: Vars) -> None:
         gib = 1024**3
         host.fail(
             f"{host.name}: vllm_lmcache_max_local_disk_size: {workers} GPU workers x "
-            f"{v.vllm_lmcache_max_local_disk_size:g} GiB = {budget / gib:.1f} GiB, but {mount.path} "
-            f"has {free / gib:.1f} GiB free (with what the cache holds): lower the budget"
+            f"{v.vllm_lmcache_max_local_disk_size:g} GiB = {budget / gib:.1f} GiB, but "
+            f"{mount.path} has {free / gib:.1f} GiB free (with what the cache holds): lower the "
+            "budget"
         )
 
 
