@@ -242,6 +242,8 @@ def test_systemd_analyze_accepts_the_unit(wheel: str, tmp_path: Path) -> None:
         ({"vllm_lmcache_kv_role": "both"}, "vllm_lmcache_kv_role",
          "Input should be 'kv_both', 'kv_producer' or 'kv_consumer'"),
         ({"vllm_lmcache_fxkit_wheel": ""}, "vllm_lmcache_fxkit_wheel", "not given"),
+        ({"vllm_lmcache_wheelhouse": "/no/such/wheels"}, "vllm_lmcache_wheelhouse",
+         "not a folder on the controller"),
         ({"vllm_lmcache_vllm_source": "wheels/"}, "vllm_lmcache_vllm_source", "not a path"),
         ({"vllm_lmcache_command": ["vllm", "serve"]}, "vllm_lmcache_command",
          "not an absolute path"),

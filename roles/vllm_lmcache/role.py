@@ -186,8 +186,8 @@ class Vars(RoleVars):
         str, pattern(r"([0-9a-f]{40})?", "a full commit hash")
     ] = Field(
         "",
-        description="the pinned commit to build (the full 40-digit hash: a tag or branch can move)",
-        examples=["git rev-parse v0.5.6^{commit}"],
+        description="the pinned commit to build: the full 40-digit hash (`git rev-parse "
+        "v0.5.6^{commit}`), as a tag or branch can move",
     )
     vllm_lmcache_src_dir: Folder = Field(
         "/opt/fxkit/src", description="where the checkout goes (`lmcache-<deployment>`)"
@@ -435,7 +435,8 @@ def validate(v: Vars) -> None:
             "the full 40-digit commit hash (git rev-parse v0.5.6^{commit}): a tag or branch "
             "can move",
         )
-    fxkit_wheel(v)  # and the wheelhouse
+    wheelhouse(v)
+    fxkit_wheel(v)
     if v.vllm_lmcache_local_disk and v.vllm_lmcache_max_local_disk_size <= 0:
         raise _wrong(
             v,
