@@ -11,16 +11,15 @@ import json
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from test_runner import write
 
-from fxkit.engine.console import Reporter
 from fxkit.engine.playbook import Playbook
-from fxkit.engine.record import HostResult, Outcome, PlaybookResult, TaskResult
+from fxkit.engine.record import HostResult, Outcome, PlaybookResult, Recorder, TaskResult
 from fxkit.engine.role import RoleLoader
 from fxkit.engine.runner import Runner, RunOptions
 from fxkit.errors import PlaybookError
 from fxkit.inventory import Inventory
+from fxkit.ops.base import Status
 from fxkit.ops.instances import InstanceReady, InstanceReport, InstanceStarted
 from fxkit.rollout import Instance, _read, plan, rollout
 
@@ -101,7 +100,7 @@ def test_a_role_without_any_of_the_contract_is_no_serving_role(tmp_path: Path) -
     )
     assert RoleLoader([tmp_path / "roles"]).load("plain").serving is None
     with pytest.raises(PlaybookError) as caught:
-        rollout(tmp_path / "site.yml", tmp_path / "hosts.yml", RunOptions(), Reporter)
+        rollout(tmp_path / "site.yml", tmp_path / "hosts.yml", RunOptions(), Recorder())
     assert caught.value.message == (
         f"no play of {tmp_path / 'site.yml'} has a serving role (roles: plain)"
     )
@@ -121,7 +120,7 @@ def test_the_plan_asks_the_role_for_its_instances_with_its_typed_vars(tmp_path: 
         Playbook.load(tmp_path / "site.yml"),
         Inventory.load(tmp_path / "hosts.yml"),
         RunOptions(),
-        Reporter(Console(quiet=True)),
+        Recorder(),
     )
     _, role, instances = plan(runner)
     assert role.SELECT == "svc_instances"
@@ -132,7 +131,7 @@ def test_the_plan_asks_the_role_for_its_instances_with_its_typed_vars(tmp_path: 
     ]
 
 
-def task(status: str, msg: str, data: dict[str, object]) -> TaskResult:
+def task(status: Status, msg: str, data: dict[str, object]) -> TaskResult:
     """A task as the run's results hold it: its data as the JSON log writes it."""
     return TaskResult("rollout", "svc", "instance", status, msg, data=json.loads(json.dumps(data)))
 
@@ -151,12 +150,14 @@ def test_the_rollout_reads_each_instance_from_the_typed_reports_of_its_operation
     same = InstanceStarted(unit="svc@i1.service", backend="systemd", restarted=False)
     dead = InstanceReport(unit="svc@i2.service")
     tasks = [
-        task("changed", "started svc@i0.service", started.data()),
-        task("ok", "env file", {"path": "/etc/svc/i1.env"}),  # not an instance operation's
-        task("ok", "serves m", ready.data()),
-        task("ok", "runs as configured", same.data()),
-        task("ok", "serves m", {**ready.data(), "unit": "svc@i1.service", "load_s": None}),
-        task("failed", "svc@i2.service stopped before it was ready", {**dead.data(), "seen": ""}),
+        task(Status.CHANGED, "started svc@i0.service", started.data()),
+        task(Status.OK, "env file", {"path": "/etc/svc/i1.env"}),  # not an instance operation's
+        task(Status.OK, "serves m", ready.data()),
+        task(Status.OK, "runs as configured", same.data()),
+        task(Status.OK, "serves m", {**ready.data(), "unit": "svc@i1.service", "load_s": None}),
+        task(
+            Status.FAILED, "svc@i2.service stopped before it was ready", {**dead.data(), "seen": ""}
+        ),
     ]
     results = PlaybookResult(hosts={"h1": HostResult("h1", Outcome.FAILED, tasks)})
     group = [Instance("h1", f"i{n}", f"svc@i{n}.service", [n], 9000 + n, "m") for n in range(3)]
