@@ -2,14 +2,17 @@
 and awaited by the playbook's role, stopped when too many of a batch fail; a report per instance
 and for the whole fleet, read from the engine's results.
 
-The instances come from the role's ``instance_specs(v)`` (role vllm_lmcache), for every host of
-the play. They are ordered round-robin across hosts (the first instance of every host, then the
-second, ...), so a batch spreads over the nodes, and cut into batches by the play's ``serial``
-(or ``--serial``); ``canary`` makes the first batch one instance. Each batch is one run of the
-playbook on the batch's hosts with ``vllm_lmcache_rollout_instances`` naming the batch's
-instances (``host/name``): the role touches only those; earlier batches' instances are left as
-they run. A batch in which more than ``max_fail_percentage`` of the instances failed (default 0:
-any) stops the rollout; the instances of later batches are reported ``not_run``.
+The playbook's first serving role (:mod:`fxkit.engine.serving`; role vllm_lmcache) lists the
+instances: its ``instance_specs(v)``, for every host of its play. They are ordered round-robin
+across hosts (the first instance of every host, then the second, ...), so a batch spreads over
+the nodes, and cut into batches by the play's ``serial`` (or ``--serial``); ``canary`` makes the
+first batch one instance. Each batch is one run of the playbook on the batch's hosts with the
+role's ``SELECT`` variable (vllm_lmcache_rollout_instances) naming the batch's instances
+(``host/name``): the role touches only those; earlier batches' instances are left as they run.
+How each instance went is read from the reports of its instance operations
+(:class:`~fxkit.ops.instances.InstanceStarted`, :class:`~fxkit.ops.instances.InstanceReady`).
+A batch in which more than ``max_fail_percentage`` of the instances failed (default 0: any)
+stops the rollout; the instances of later batches are reported ``not_run``.
 """
 
 from __future__ import annotations
@@ -20,21 +23,23 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.table import Table
 
 from fxkit import paths
-from fxkit.engine.playbook import Play, Playbook, RoleRef
+from fxkit.engine.playbook import Play, Playbook
 from fxkit.engine.record import Outcome, PlaybookResult, Recorder, TaskResult
-from fxkit.engine.role import Role
+from fxkit.engine.rolevars import RoleVars
 from fxkit.engine.runner import Runner, RunOptions, load_inventory
+from fxkit.engine.serving import ServingRole
+from fxkit.engine.variables import HostVars
 from fxkit.errors import PlaybookError, masked_errors
 from fxkit.inventory import Inventory
 from fxkit.ops.base import Status
+from fxkit.ops.instances import InstanceReady, InstanceReport, InstanceStarted
 
-#: The variable that tells the role which instances a batch acts on.
-SELECT = "vllm_lmcache_rollout_instances"
+R = TypeVar("R", bound=InstanceReport)
 
 
 class InstanceStatus(StrEnum):
@@ -111,25 +116,31 @@ class Rollout:
         }
 
 
-def plan(runner: Runner) -> tuple[Play, list[Instance]]:
-    """The play that rolls instances out and its instances, round-robin across its hosts."""
+def plan(runner: Runner) -> tuple[Play, ServingRole[RoleVars], list[Instance]]:
+    """The play that rolls instances out, its serving role, and its instances, round-robin
+    across its hosts."""
+    seen = []
     for play in runner.playbook.plays:
         for ref in play.roles:
             role = runner.roles.load(ref.role, ref.where)
-            if role.module is not None and hasattr(role.module, "instance_specs"):
-                return play, _instances(runner, play, ref, role)
+            if role.serving is not None:
+                hosts = runner.role_vars(play, ref, role)
+                return play, role.serving, _instances(role.serving, hosts.values())
+            seen.append(role.name)
     raise PlaybookError(
-        f"no play of {runner.playbook.path} has a role that lists instances",
-        hint="fxkit rollout needs a role with instance_specs(v), such as vllm_lmcache",
+        f"no play of {runner.playbook.path} has a serving role (roles: "
+        f"{', '.join(dict.fromkeys(seen)) or 'none'})",
+        hint="fxkit rollout needs a role whose role.py defines instance_specs(v), SELECT and "
+        "Vars (fxkit.engine.serving), such as vllm_lmcache",
     )
 
 
-def _instances(runner: Runner, play: Play, ref: RoleRef, role: Role) -> list[Instance]:
+def _instances(role: ServingRole[RoleVars], hosts: Iterable[HostVars]) -> list[Instance]:
     per_host = []
-    for host, v in runner.role_vars(play, ref, role).items():
-        specs = role.module.instance_specs(v)  # type: ignore[union-attr]
+    for v in hosts:
+        specs = role.instance_specs(role.Vars.of(v))
         per_host.append(
-            [Instance(host, s.name, s.unit, list(s.gpus), s.port, s.served_name) for s in specs]
+            [Instance(v.host, s.name, s.unit, list(s.gpus), s.port, s.served_name) for s in specs]
         )
     depth = max((len(h) for h in per_host), default=0)
     return [h[i] for i in range(depth) for h in per_host if i < len(h)]
@@ -161,7 +172,7 @@ def rollout(
     planner = Runner(book, hosts, options, Recorder(masker=recorder.masker))
     planner.validate()
     with masked_errors(planner.recorder.redact):  # a role's instance_specs() may quote one
-        play, instances = plan(planner)
+        play, role, instances = plan(planner)
     if serial is not None:
         play = play.model_copy(update={"serial": serial})
     limit = max_fail_percentage if max_fail_percentage is not None else play.max_fail_percentage
@@ -173,7 +184,7 @@ def rollout(
         for item in group:
             item.batch = number
     try:
-        result.stopped = _run(book, hosts, options, recorder, groups, limit or 0.0)
+        result.stopped = _run(book, hosts, options, recorder, groups, limit or 0.0, role.SELECT)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
     result.interrupted = (result.stopped or "").startswith("interrupted")
@@ -193,15 +204,17 @@ def _run(
     recorder: Recorder,
     groups: list[list[Instance]],
     limit: float,
+    select: str,
 ) -> str | None:
-    """Run the batches in turn; why the rollout stopped (None: it did not)."""
+    """Run the batches in turn, each with the role's ``select`` variable naming its instances;
+    why the rollout stopped (None: it did not)."""
     order = [i.host for group in groups for i in group]
     for number, group in enumerate(groups, 1):
         chosen = sorted({i.host for i in group}, key=order.index)
         batch_options = replace(
             options,
             limit=":".join(chosen),
-            extra_vars={**options.extra_vars, SELECT: [i.key for i in group]},
+            extra_vars={**options.extra_vars, select: [i.key for i in group]},
         )
         batch = recorder.fresh()
         batch.note(f"batch {number}/{len(groups)}: {', '.join(i.key for i in group)}", style="bold")
@@ -227,31 +240,47 @@ def _run(
 
 
 def _read(results: PlaybookResult, group: Iterable[Instance]) -> None:
-    """Each instance's status, load time and time to ready, from its host's tasks."""
+    """Each instance's status, load time and time to ready, from the reports of its instance
+    operations among its host's tasks."""
     for item in group:
         host = results.hosts.get(item.host)
         if host is None:
             item.status, item.msg = InstanceStatus.FAILED, "its host did not run"
             continue
-        mine = [t for t in host.tasks if t.data.get("unit") == item.unit]
-        started = next((t for t in mine if "restarted" in t.data), None)
-        ready = next((t for t in mine if "time_to_ready_s" in t.data), None)
+        mine = [t for t in host.tasks if _unit(t) == item.unit]
+        started, ready = _first(mine, InstanceStarted), _first(mine, InstanceReady)
         failure = next((t for t in mine if t.status is Status.FAILED), None)
-        item.restarted = started is not None and started.status is Status.CHANGED
+        item.restarted = started is not None and started[0].status is Status.CHANGED
         if host.outcome is Outcome.UNREACHABLE:
             item.status, item.msg = InstanceStatus.UNREACHABLE, _last_failure(host.tasks)
         elif failure is not None:
             item.status, item.msg = InstanceStatus.FAILED, failure.msg
         elif results.check and started is not None:
             item.status = InstanceStatus.WOULD_START if item.restarted else InstanceStatus.UNCHANGED
-            item.msg = started.msg
+            item.msg = started[0].msg
         elif ready is not None:
+            task, report = ready
             item.status = InstanceStatus.READY if item.restarted else InstanceStatus.UNCHANGED
-            item.load_s = ready.data.get("load_s")
-            item.time_to_ready_s = ready.data.get("time_to_ready_s") if item.restarted else None
-            item.msg = ready.msg
+            item.load_s = report.load_s
+            item.time_to_ready_s = report.time_to_ready_s if item.restarted else None
+            item.msg = task.msg
         else:
             item.status, item.msg = InstanceStatus.FAILED, _last_failure(host.tasks)
+
+
+def _unit(task: TaskResult) -> str | None:
+    """The instance a task's result reports on (None: not an instance operation's)."""
+    report = InstanceReport.read(task.data)
+    return report.unit if report else None
+
+
+def _first(tasks: Iterable[TaskResult], kind: type[R]) -> tuple[TaskResult, R] | None:
+    """The first task whose result is a ``kind`` report, with that report."""
+    for task in tasks:
+        report = kind.read(task.data)
+        if report is not None:
+            return task, report
+    return None
 
 
 def _last_failure(tasks: list[TaskResult]) -> str:

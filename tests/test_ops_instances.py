@@ -14,7 +14,7 @@ from test_ops_systemd import SystemdHost
 
 from fxkit.facts import FactCache
 from fxkit.ops.base import OpContext, OpError, Status
-from fxkit.ops.instances import instance
+from fxkit.ops.instances import InstanceReady, InstanceStarted, instance
 
 UNIT = "vllm@tp4-0.service"
 ARGV = ["/opt/venv/bin/vllm", "serve", "/mnt/models/m"]
@@ -52,13 +52,21 @@ def test_systemd_starts_enables_and_restarts_only_on_change(tmp_path: Path, syst
     preview = run(tmp_path, env, check=True)
     assert preview.msg == f"would start {UNIT} under systemd (stopped)"
     assert calls(systemctl) == []
+    # What it reports of the instance, typed: the rollout reads it back from the results.
+    would = InstanceStarted(unit=UNIT, backend="systemd", restarted=True)
+    assert InstanceStarted.read(preview.data) == would  # no start time in check mode
 
     started = run(tmp_path, env)
     assert started.changed and started.data["backend"] == "systemd"
     assert calls(systemctl) == [f"enable -q -- {UNIT}", f"restart -- {UNIT}"]
     assert (tmp_path / "state" / f"{UNIT}.json").exists()
+    report = InstanceStarted.read(started.data)
+    assert report is not None and report.restarted and report.pid == 0
+    assert report.started_at is not None and InstanceReady.read(started.data) is None
 
-    assert run(tmp_path, env).status is Status.OK
+    same = run(tmp_path, env)
+    assert same.status is Status.OK
+    assert InstanceStarted.read(same.data) == report.model_copy(update={"restarted": False})
     assert len(calls(systemctl)) == 2  # running as configured: nothing
 
     changed = run(tmp_path, {"HIP_VISIBLE_DEVICES": "4,5,6,7"})

@@ -20,7 +20,7 @@ from test_ops_lab import sh
 from fxkit.connection.base import Connection
 from fxkit.facts import FactCache
 from fxkit.ops.base import OpContext, Result, Status
-from fxkit.ops.instances import PATH, instance, instance_ready, load_seconds
+from fxkit.ops.instances import PATH, InstanceReady, instance, instance_ready, load_seconds
 
 pytestmark = pytest.mark.lab
 
@@ -78,6 +78,9 @@ def test_an_instance_starts_once_restarts_on_change_and_is_awaited(root: Connect
     assert ready.status is Status.OK, ready
     assert 0 < ready.data["time_to_ready_s"] < 30
     assert ready.data["load_s"] == 0.731 and ready.data["load_source"] == "log"
+    report = InstanceReady.read(ready.data)  # as the rollout reads it
+    assert report is not None and (report.unit, report.backend) == (UNIT, "direct")
+    assert report.time_to_ready_s == ready.data["time_to_ready_s"]
 
     again = run(root, env)
     assert again.status is Status.OK and again.data["pid"] == pid, again

@@ -39,9 +39,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def host_vars(wheel: str, **values: Any) -> HostVars:
+def host_vars(wheel: str, **values: Any) -> Any:
+    """The role's typed ``Vars`` of host gpu01 (a wrong type or value raises VarError)."""
     inventory = {"vllm_lmcache_model": MODEL, "vllm_lmcache_fxkit_wheel": wheel, **values}
-    return HostVars("gpu01", [Layer("role defaults", ROLE.defaults), Layer("inventory", inventory)])
+    layers = [Layer("role defaults", ROLE.defaults), Layer("inventory", inventory)]
+    return ROLE.typed(HostVars("gpu01", layers))
 
 
 # -- systemd's reading of the files -----------------------------------------------------------
@@ -201,17 +203,24 @@ def test_systemd_analyze_accepts_the_unit(wheel: str, tmp_path: Path) -> None:
         ({"vllm_lmcache_layout": "4xTP2"}, "vllm_lmcache_layout", "unknown layout"),
         ({"vllm_lmcache_layout": [[0, 1, 2, 3], [3, 4]]}, "vllm_lmcache_layout",
          "GPU 3 is in instance 0 and instance 1: GPU sets must not overlap"),
-        ({"vllm_lmcache_layout": [[0, -1]]}, "vllm_lmcache_layout", "not a list of GPU indices"),
+        ({"vllm_lmcache_layout": [[0, -1]]}, "vllm_lmcache_layout",
+         "layout[0][1] is -1: Input should be greater than or equal to 0"),
+        ({"vllm_lmcache_layout": [[0, True]]}, "vllm_lmcache_layout", "a boolean is not a number"),
+        ({"vllm_lmcache_layout": [[]]}, "vllm_lmcache_layout", "at least 1 item"),
+        ({"vllm_lmcache_layout": 8}, "vllm_lmcache_layout", "Input should be a valid list"),
         ({"vllm_lmcache_layout": [[2, 2]]}, "vllm_lmcache_layout", "GPU 2 is listed twice"),
         ({"vllm_lmcache_layout": "TP4x2", "vllm_lmcache_gpus": 4}, "vllm_lmcache_layout",
          "instance 1 wants GPU 4, the host has 4"),
         ({"vllm_lmcache_extra_args": ["--max-model-len 8192"]}, "vllm_lmcache_extra_args",
-         "without white space"),
+         "not a word (no white space"),
+        ({"vllm_lmcache_extra_args": "--max-model-len=8192"}, "vllm_lmcache_extra_args",
+         "Input should be a valid list"),
         ({"vllm_lmcache_env": {"FXKIT_MODEL": "x"}}, "vllm_lmcache_env", "not FXKIT_"),
-        ({"vllm_lmcache_env": {"A": "line\nbreak"}}, "vllm_lmcache_env.A",
-         "cannot be written to an EnvironmentFile"),
-        ({"vllm_lmcache_model": "/mnt/models/it's"}, "vllm_lmcache_model",
-         "wanted the model's path"),
+        ({"vllm_lmcache_env": {"A": "line\nbreak"}}, "vllm_lmcache_env",
+         "env.A is 'line\\nbreak': not a value without ', newline or control characters"),
+        ({"vllm_lmcache_env": {"A": "it's"}}, "vllm_lmcache_env", "not a value without '"),
+        ({"vllm_lmcache_env": ["A=1"]}, "vllm_lmcache_env", "Input should be a valid dict"),
+        ({"vllm_lmcache_model": "/mnt/models/it's"}, "vllm_lmcache_model", "not a path"),
         ({"vllm_lmcache_rollout_instances": ["tp8-1"]}, "vllm_lmcache_rollout_instances",
          "names instances the layout lacks"),
         ({"vllm_lmcache_local_disk": "lmcache"}, "vllm_lmcache_local_disk", "not an absolute"),
@@ -225,16 +234,53 @@ def test_systemd_analyze_accepts_the_unit(wheel: str, tmp_path: Path) -> None:
          "vllm_lmcache_lmcache_git_version", "needs a pinned commit"),
         ({"vllm_lmcache_lmcache_git": "https://github.com/LMCache/LMCache",
           "vllm_lmcache_lmcache_git_version": "v0.5.6"}, "vllm_lmcache_lmcache_git_version",
-         "needs a pinned commit"),
-        ({"vllm_lmcache_model": ""}, "vllm_lmcache_model", "wanted the model's path"),
+         "not a full commit hash"),
+        ({"vllm_lmcache_model": ""}, "vllm_lmcache_model", "not a path"),
         ({"vllm_lmcache_base_port": 65535, "vllm_lmcache_layout": "TP1x2"},
          "vllm_lmcache_base_port", "pass 65535"),
         ({"vllm_lmcache_bind_host": "gpu01"}, "vllm_lmcache_bind_host", "not an IP address"),
-        ({"vllm_lmcache_kv_role": "both"}, "vllm_lmcache_kv_role", "not one of kv_both"),
+        ({"vllm_lmcache_kv_role": "both"}, "vllm_lmcache_kv_role",
+         "Input should be 'kv_both', 'kv_producer' or 'kv_consumer'"),
         ({"vllm_lmcache_fxkit_wheel": ""}, "vllm_lmcache_fxkit_wheel", "not given"),
+        ({"vllm_lmcache_wheelhouse": "/no/such/wheels"}, "vllm_lmcache_wheelhouse",
+         "not a folder on the controller"),
         ({"vllm_lmcache_vllm_source": "wheels/"}, "vllm_lmcache_vllm_source", "not a path"),
         ({"vllm_lmcache_command": ["vllm", "serve"]}, "vllm_lmcache_command",
          "not an absolute path"),
+        ({"vllm_lmcache_command": ["/bin/fxkit", "serve probe"]}, "vllm_lmcache_command",
+         "command[1] is 'serve probe': not a word"),
+        # One case per type of the declaration beside those above.
+        ({"vllm_lmcache_deployment": "my deployment"}, "vllm_lmcache_deployment", "not a name"),
+        ({"vllm_lmcache_venv_prefix": "opt/venvs"}, "vllm_lmcache_venv_prefix",
+         "not an absolute path without white space"),
+        ({"vllm_lmcache_wheel_dir": "/opt/my wheels"}, "vllm_lmcache_wheel_dir",
+         "not an absolute path without white space"),
+        ({"vllm_lmcache_python": ""}, "vllm_lmcache_python", "at least 1 character"),
+        ({"vllm_lmcache_vllm_version": "latest"}, "vllm_lmcache_vllm_version", "not a version"),
+        ({"vllm_lmcache_lmcache_version": 0.6}, "vllm_lmcache_lmcache_version",
+         "Input should be a valid string"),
+        ({"vllm_lmcache_packages": ["numpy>=2"]}, "vllm_lmcache_packages", "not a pin"),
+        ({"vllm_lmcache_chunk_size": 0}, "vllm_lmcache_chunk_size", "greater than or equal to 1"),
+        ({"vllm_lmcache_chunk_size": True}, "vllm_lmcache_chunk_size", "a boolean is not a number"),
+        ({"vllm_lmcache_local_cpu": "maybe"}, "vllm_lmcache_local_cpu", "valid boolean"),
+        ({"vllm_lmcache_max_local_cpu_size": -1}, "vllm_lmcache_max_local_cpu_size",
+         "greater than or equal to 0"),
+        ({"vllm_lmcache_max_local_disk_size": "lots"}, "vllm_lmcache_max_local_disk_size",
+         "valid number"),
+        ({"vllm_lmcache_extra_config": ["use_odirect"]}, "vllm_lmcache_extra_config",
+         "Input should be a valid dict"),
+        ({"vllm_lmcache_server": "sglang"}, "vllm_lmcache_server",
+         "Input should be 'vllm' or 'serve-probe'"),
+        ({"vllm_lmcache_served_name": "my model"}, "vllm_lmcache_served_name", "not a name"),
+        ({"vllm_lmcache_base_port": 0}, "vllm_lmcache_base_port", "greater than or equal to 1"),
+        ({"vllm_lmcache_gpus": 0}, "vllm_lmcache_gpus", "greater than or equal to 1"),
+        ({"vllm_lmcache_load_format": ""}, "vllm_lmcache_load_format", "not a name"),
+        ({"vllm_lmcache_kv_connector": "LMCache Connector"}, "vllm_lmcache_kv_connector",
+         "not a name"),
+        ({"vllm_lmcache_unit": "vllm.service"}, "vllm_lmcache_unit", "not a template unit name"),
+        ({"vllm_lmcache_ready_timeout": 0}, "vllm_lmcache_ready_timeout", "greater than 0"),
+        ({"vllm_lmcache_rollout_instances": "tp8-0"}, "vllm_lmcache_rollout_instances",
+         "Input should be a valid list"),
     ],
 )  # fmt: skip
 def test_wrong_variables_name_the_host_and_the_variable(
@@ -242,8 +288,35 @@ def test_wrong_variables_name_the_host_and_the_variable(
 ) -> None:
     with pytest.raises(VarError) as caught:
         CODE.validate(host_vars(wheel, **values))
-    assert caught.value.where == f"gpu01: {where}"
+    # A wrong type also says where the value was set: "gpu01: vllm_lmcache_layout (inventory)"
+    assert caught.value.where.removesuffix(" (inventory)") == f"gpu01: {where}"
     assert says in caught.value.message
+
+
+def test_the_model_must_be_given(wheel: str) -> None:
+    layers = [Layer("role defaults", ROLE.defaults), Layer("inventory", {})]
+    with pytest.raises(VarError, match="vllm_lmcache_model is not set") as caught:
+        ROLE.typed(HostVars("gpu01", layers))
+    assert caught.value.where == "gpu01: vllm_lmcache_model"
+    assert caught.value.hint == "e.g. /mnt/models/Llama-3.1-8B"
+
+
+def test_values_are_converted_as_an_inventory_gives_them(wheel: str) -> None:
+    """Digits from an INI inventory or -e make numbers; "false" or "" turn an install off; an
+    environment value that YAML read as a number is the text written."""
+    v = host_vars(
+        wheel,
+        vllm_lmcache_base_port="9000",
+        vllm_lmcache_local_cpu="no",
+        vllm_lmcache_lmcache_version="",
+        vllm_lmcache_layout="tp2x2",
+        vllm_lmcache_env={"VLLM_RPC_TIMEOUT": 100000, "FLAG": True},
+    )
+    assert (v.vllm_lmcache_base_port, v.vllm_lmcache_local_cpu) == (9000, False)
+    assert v.vllm_lmcache_lmcache_version is None
+    assert v.vllm_lmcache_layout == [(0, 1), (2, 3)]
+    assert CODE.instance_specs(v)[0].env["VLLM_RPC_TIMEOUT"] == "100000"
+    assert CODE.instance_specs(v)[0].env["FLAG"] == "True"
 
 
 def test_the_defaults_with_a_model_and_a_wheel_pass(wheel: str) -> None:
@@ -254,11 +327,11 @@ def test_the_defaults_with_a_model_and_a_wheel_pass(wheel: str) -> None:
 def test_pip_takes_each_source_as_pip_means_it(wheel: str, tmp_path: Path) -> None:
     args = CODE.pip_source_args
     v = host_vars(wheel, vllm_lmcache_vllm_source="/srv/wheels/vllm-0.20.1+rocm721-cp312.whl")
-    assert args(v, "vllm_lmcache_vllm_source") == ["--find-links", "/srv/wheels"]
+    assert args(v, v.vllm_lmcache_vllm_source) == ["--find-links", "/srv/wheels"]
     v = host_vars(wheel, vllm_lmcache_vllm_source="http://mirror/simple")
-    assert args(v, "vllm_lmcache_vllm_source") == ["--index-url", "http://mirror/simple"]
+    assert args(v, v.vllm_lmcache_vllm_source) == ["--index-url", "http://mirror/simple"]
     v = host_vars(wheel, vllm_lmcache_wheelhouse=str(tmp_path))
-    assert args(v, "vllm_lmcache_vllm_source") == [
+    assert args(v, v.vllm_lmcache_vllm_source) == [
         "--no-index", "--find-links", "/opt/fxkit/wheels/default",
     ]  # fmt: skip
     with pytest.raises(VarError, match="beside vllm_lmcache_wheelhouse"):

@@ -58,12 +58,13 @@ LMCACHE_CACHE = Path(
 LMCACHE_FILES = ("lmcache/logging.py", "lmcache/v1/config_base.py", "lmcache/v1/config.py")
 
 
-def host_vars(tmp_path: Path, **values: Any) -> HostVars:
+def host_vars(tmp_path: Path, **values: Any) -> Any:
+    """The role's typed ``Vars`` of host gpu01."""
     wheel = tmp_path / "fxkit-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"")
     inventory = {"vllm_lmcache_model": "/mnt/models/m", "vllm_lmcache_fxkit_wheel": str(wheel)}
     layers = [Layer("role defaults", ROLE.defaults), Layer("inventory", {**inventory, **values})]
-    return HostVars("gpu01", layers)
+    return ROLE.typed(HostVars("gpu01", layers))
 
 
 # -- LMCache ----------------------------------------------------------------------------------
@@ -243,7 +244,7 @@ def serve_flags(version: str) -> tuple[set[str], list[str]]:
     return flags, [SERVE, cli_args, ARG_UTILS]
 
 
-def our_flags(v: HostVars) -> set[str]:
+def our_flags(v: Any) -> set[str]:
     return {a.split("=")[0] for spec in CODE.instance_specs(v) for a in spec.argv if a[:2] == "--"}
 
 

@@ -127,7 +127,7 @@ def test_the_files_on_the_host_are_what_the_specs_say(
     address = fleet.address("lab02")
     inventory = {**converged["vars"], "ansible_host": address}
     layers = [Layer("role defaults", ROLE.defaults), Layer("inventory", inventory)]
-    v = HostVars("lab02", layers)
+    v = ROLE.typed(HostVars("lab02", layers))
     with fleet.connect("lab02") as conn:
         bound = v.vllm_lmcache_bind_host
         assert bound == address  # the inventory's ansible_host, rendered

@@ -22,7 +22,18 @@ pytestmark = pytest.mark.lab
 ROLE = f"""
 from dataclasses import dataclass
 
+from pydantic import Field
+
+from fxkit.engine.rolevars import RoleVars
+
 SERVER = {SERVER!r}
+SELECT = "fake_serve_instances"
+
+
+class Vars(RoleVars):
+    model: str = Field(description="what the instances serve")
+    crash: str = Field("", description="a model folder the server fails on")
+    fake_serve_instances: list[str] | None = Field(None, description="the instances a run acts on")
 
 
 @dataclass(frozen=True)
@@ -34,18 +45,17 @@ class Spec:
     served_name: str
 
 
-def instance_specs(v):
+def instance_specs(v: Vars) -> list[Spec]:
     return [Spec(f"i{{n}}", f"fxserve@i{{n}}.service", (2 * n, 2 * n + 1), 18200 + n, v.model)
             for n in range(2)]
 
 
-def apply(host, v):
-    chosen = v.get("vllm_lmcache_rollout_instances")
-    specs = [s for s in instance_specs(v)
-             if chosen is None or f"{{v.inventory_hostname}}/{{s.name}}" in chosen]
+def apply(host, v: Vars) -> None:
+    chosen = v.fake_serve_instances
+    specs = [s for s in instance_specs(v) if chosen is None or f"{{v.host}}/{{s.name}}" in chosen]
     for s in specs:
         env = {{"MODEL": v.model, "PORT": str(s.port)}}
-        if v.get("crash"):
+        if v.crash:
             env["CRASH"] = v.crash
         host.instance(s.unit, ["python3", "-c", SERVER], env)
     for s in specs:

@@ -1066,10 +1066,21 @@ def test_a_rollout_s_plan_never_quotes_a_secret(tmp_path: Path) -> None:
             "site.yml": "- hosts: all\n  roles: [svc]\n",
             "hosts.yml": f"all:\n  hosts:\n    h1: {{registry_auth_key: '{SECRET}'}}\n",
             "roles/svc/role.py": """
-                from fxkit.engine.rolevars import var_error
+                from pydantic import Field
+
+                from fxkit.engine.rolevars import RoleVars
+                from fxkit.errors import VarError
+
+                SELECT = "svc_instances"
+
+
+                class Vars(RoleVars):
+                    registry_auth_key: str = Field(description="a secret")
+                    svc_instances: list[str] | None = Field(None, description="chosen")
+
 
                 def instance_specs(v):
-                    raise var_error(v, "registry_auth_key", f"{v.registry_auth_key} is wrong")
+                    raise VarError(f"{v.registry_auth_key} is wrong", where=f"{v.host}: key")
 
                 def apply(host, v):
                     pass

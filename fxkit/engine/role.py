@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 
 from fxkit import ops, paths
 from fxkit.engine.rolevars import RoleVars
+from fxkit.engine.serving import ServingRole, serving_role
 from fxkit.engine.variables import HostVars, load_vars_file, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.ops.base import OpContext, Operation, Result, Status
@@ -120,11 +121,10 @@ class Role:
     validate: Callable[[Any], None] | None = None
     #: ``validate_all({host: v})``: checks across the play's hosts (an NQN used twice).
     validate_all: Callable[[dict[str, Any]], None] | None = None
-    #: The loaded role.py, for what a command reads from a role beside ``apply`` (the instances
-    #: that ``fxkit rollout`` rolls out: ``instance_specs(v)``).
-    module: ModuleType | None = field(default=None, repr=False, compare=False)
     #: The declaration of the role's variables (role.py's ``Vars``), if it has one.
     vars_model: type[RoleVars] | None = None
+    #: role.py as a serving role, if it is one: the instances ``fxkit rollout`` rolls out.
+    serving: ServingRole[RoleVars] | None = field(default=None, repr=False, compare=False)
 
     @property
     def templates(self) -> Path:
@@ -168,8 +168,8 @@ class RoleLoader:
                     _apply_function(module, path / "role.py"),
                     _hook(module, "validate", path / "role.py"),
                     _hook(module, "validate_all", path / "role.py"),
-                    module,
                     model,
+                    serving_role(name, module, model, path / "role.py"),
                 )
         known = sorted({p.parent.name for folder in self.search for p in folder.glob("*/role.py")})
         close = difflib.get_close_matches(name, known, n=1)

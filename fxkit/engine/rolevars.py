@@ -30,7 +30,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Annotated, Any, Self, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Generic, Self, TypeVar, get_args, get_origin
 
 import yaml
 from annotated_types import BaseMetadata, Ge, Gt, Le, Lt, MaxLen, MinLen
@@ -85,6 +85,7 @@ class RoleVars(BaseModel):
 
 
 V = TypeVar("V", bound=RoleVars)
+T = TypeVar("T")
 
 
 def check(cls: type[V], v: HostVars) -> tuple[V | None, list[FxkitError]]:
@@ -172,14 +173,15 @@ def _not_bool(value: object) -> object:
     return value
 
 
-class Rule:
-    """A check of a string, named for messages and the README (``what`` it must be)."""
+class Rule(Generic[T]):
+    """A check of a value (a string, a list), named for messages and the README (``what`` it
+    must be): ``test`` returns the problem, "" when there is none."""
 
-    def __init__(self, what: str, test: Callable[[str], str]) -> None:
+    def __init__(self, what: str, test: Callable[[T], str]) -> None:
         self.what = what
         self.test = test
 
-    def __call__(self, value: str) -> str:
+    def __call__(self, value: T) -> T:
         problem = self.test(value)
         if problem:
             raise ValueError(problem)

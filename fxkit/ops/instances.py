@@ -9,6 +9,11 @@ Either way the operation records, on the host, a digest of the command and envir
 it started (``STATE_DIR/<unit>.json``): a run restarts the instance only when that digest
 differs or it is not running, and :func:`instance_ready` measures the time to ready from it.
 
+Every result names its instance (:class:`InstanceReport`: its ``unit``, in ``Result.data``);
+once the instance runs :func:`instance` reports :class:`InstanceStarted`, once it serves
+:func:`instance_ready` reports :class:`InstanceReady`. ``fxkit rollout`` reads them back from
+the run's results with :meth:`InstanceReport.read`.
+
 The environment holds secrets (``HF_TOKEN``), and every user's ``ps`` shows every process's
 command line: no value of it, nor its digest, is ever in one. They go on the command's stdin;
 a direct instance reads its environment from ``STATE_DIR/<unit>.env`` (root's alone, 0600,
@@ -25,7 +30,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from shlex import quote
-from typing import ParamSpec
+from typing import Any, Literal, ParamSpec, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fxkit.connection.base import RunResult
 from fxkit.facts.tools import Executables
@@ -58,12 +65,63 @@ LOAD_LINES = (
 _METRIC = re.compile(r"^fxkit_load_seconds(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
 
 
+class InstanceReport(BaseModel):
+    """What every result of an instance operation says of its instance: the keys it adds to
+    ``Result.data`` (and so to the task's ``data`` in the run's results and its JSON log)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    #: The instance: ``vllm@tp4-0.service``.
+    unit: str
+
+    def data(self) -> dict[str, Any]:
+        """The report as ``Result.data`` holds it: the fields given."""
+        return self.model_dump(exclude_unset=True)
+
+    @classmethod
+    def read(cls, data: Mapping[str, Any]) -> Self | None:
+        """The report of this kind in a result's ``data``; None when it holds none."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            return None
+
+
+Backend = Literal["systemd", "direct"]
+#: Where an instance's load time was read: its /metrics, its log, or nowhere.
+LoadSource = Literal["metrics", "log", "unknown"]
+
+
+class InstanceStarted(InstanceReport):
+    """:func:`instance`'s report when it left the instance running or (re)started it (in check
+    mode: would)."""
+
+    backend: Backend
+    #: This run (re)started it.
+    restarted: bool
+    #: When it started, on the host's clock (seconds since the epoch); unknown in check mode.
+    started_at: float | None = None
+    #: A direct instance's session leader (0 under systemd); unknown in check mode.
+    pid: int | None = None
+
+
+class InstanceReady(InstanceReport):
+    """:func:`instance_ready`'s report when the instance serves."""
+
+    backend: Backend
+    #: Seconds from its last start until it served (the host's clock).
+    time_to_ready_s: float
+    #: The weights' load time as the instance tells it (None: it does not), and where from.
+    load_s: float | None
+    load_source: LoadSource
+
+
 @dataclass(frozen=True)
 class Record:
     """What the host keeps of an instance's last start."""
 
     digest: str
-    backend: str  # "systemd" or "direct"
+    backend: Backend
     started_at: float  # the host's clock, seconds since the epoch
     pid: int = 0  # direct: the session leader
     ticks: str = ""  # direct: its start time in /proc/PID/stat (guards against a reused PID)
@@ -78,13 +136,14 @@ class Record:
 
 
 def _names_unit(op: Callable[P, Result]) -> Callable[P, Result]:
-    """Every result of ``op`` names its instance (``data["unit"]``): the rollout's report reads
-    the instances' results by it."""
+    """Every result of ``op`` names its instance (:class:`InstanceReport`): the rollout's report
+    reads the instances' results by it."""
 
     @functools.wraps(op)
     def named(*args: P.args, **kwargs: P.kwargs) -> Result:
         result = op(*args, **kwargs)
-        result.data["unit"] = kwargs["unit"] if "unit" in kwargs else args[1]
+        unit = kwargs["unit"] if "unit" in kwargs else args[1]
+        result.data.update(InstanceReport(unit=str(unit)).data())
         return result
 
     return named
@@ -154,7 +213,8 @@ def instance(
     restarts it when the command or environment differ from its last start; ``restarted``
     always restarts; ``stopped`` stops it. Under systemd it starts/restarts and enables the unit
     (whose files must say the same as ``argv`` and ``env``); without systemd it runs the command
-    itself (see the module's docstring). ``data``: unit, backend, started_at, pid, restarted.
+    itself (see the module's docstring). ``data``: :class:`InstanceStarted` (unit, backend,
+    restarted, started_at, pid).
 
     Example::
 
@@ -164,7 +224,7 @@ def instance(
     _check(unit, argv, env)
     record_path, log = _paths(unit, state_dir, log_dir)
     env_path = f"{state_dir}/{unit}.env"
-    backend = "direct" if systemd_missing(ctx) else "systemd"
+    backend: Backend = "direct" if systemd_missing(ctx) else "systemd"
     record = Record.parse(ctx.get(record_path))
     alive = ctx.read(_alive_command(unit, record)).stdout.strip() == "alive"
     wanted = digest(argv, env)
@@ -181,13 +241,14 @@ def instance(
     same = record is not None and record.digest == wanted and record.backend == backend
     if alive and same and state == "started":
         assert record is not None
-        return ok(
-            f"{unit} runs as configured {how}",
+        running = InstanceStarted(
+            unit=unit,
             backend=backend,
+            restarted=False,
             started_at=record.started_at,
             pid=record.pid,
-            restarted=False,
         )
+        return ok(f"{unit} runs as configured {how}", **running.data())
     why = "restart" if state == "restarted" else "configuration changed" if alive else "stopped"
     old = "running" if alive else "stopped"
     start = (
@@ -211,10 +272,12 @@ def instance(
         diff=f"{unit}: {old} -> started ({why})\n",
         stdin=f"{wanted}\n{_env_file(env) if backend == 'direct' else ''}".encode(),
     )
-    result.data.update(backend=backend, restarted=True)
+    started: dict[str, Any] = {}
     if result.changed and "stdout" in result.data:
         stamp, _, pid = result.data["stdout"].strip().rpartition("\n")[2].partition(" ")
-        result.data.update(started_at=float(stamp), pid=int(pid or 0))
+        started = {"started_at": float(stamp), "pid": int(pid or 0)}
+    report = InstanceStarted(unit=unit, backend=backend, restarted=True, **started)
+    result.data.update(report.data())
     return result
 
 
@@ -271,8 +334,9 @@ def instance_ready(
 ) -> Result:
     """Wait until the instance ``unit`` answers ``url`` (its ``/v1/models``) with ``model`` among
     the served models; fail at once when it stops running, or after ``timeout`` seconds, with the
-    tail of its log. ``data``: time_to_ready_s (from its last start, on the host's clock),
-    load_s and load_source (its ``/metrics`` ``fxkit_load_seconds``, else its log's line).
+    tail of its log. ``data``: :class:`InstanceReady` (unit, backend, time_to_ready_s from its
+    last start on the host's clock, load_s and load_source: its ``/metrics``
+    ``fxkit_load_seconds``, else its log's line).
 
     Check mode probes once and does not wait, as :func:`fxkit.ops.wait.wait_for`.
 
@@ -300,13 +364,14 @@ def instance_ready(
             took = float(now) - record.started_at
             load_s, source = _load_time(ctx, unit, url, record, tools[0], log)
             where = f"; weights loaded in {load_s:.1f} s ({source})" if load_s is not None else ""
-            return ok(
-                f"{unit} serves {model} {took:.1f} s after its start{where}",
+            report = InstanceReady(
+                unit=unit,
+                backend=record.backend,
                 time_to_ready_s=round(took, 3),
                 load_s=load_s,
                 load_source=source,
-                backend=record.backend,
             )
+            return ok(f"{unit} serves {model} {took:.1f} s after its start{where}", **report.data())
         if ctx.check:
             return skipped(f"check mode: would wait up to {timeout:g} s for {ready.what}")
         if record is None:
@@ -340,7 +405,7 @@ def _log_tail(ctx: OpContext, unit: str, record: Record, log: str) -> str:
 
 def _load_time(
     ctx: OpContext, unit: str, url: str, record: Record, tool: str, log: str
-) -> tuple[float | None, str]:
+) -> tuple[float | None, LoadSource]:
     """The instance's own account of its weights' load time: ``/metrics``, else its log."""
     metrics = re.sub(r"(https?://[^/]+).*", r"\1/metrics", url)
     answer = ctx.read(http_condition(tool, metrics, 200, None, PROBE_TIMEOUT).command)

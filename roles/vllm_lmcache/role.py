@@ -10,8 +10,9 @@
    ``TP4x2`` or explicit GPU sets, ports from a base port);
 4. :func:`start_instances` (the rollout's part).
 
-:func:`instance_specs` is pure: the rollout reads each instance's argv, environment, unit and
-health URLs from it without touching a host.
+A serving role (:class:`fxkit.engine.serving.ServingRole`): :func:`instance_specs` is pure, the
+rollout reads each instance's argv, environment, unit and health URLs from it without touching
+a host, and names the instances of a batch in :data:`SELECT`.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from shlex import quote
-from typing import Any
+from typing import Annotated, Any, Literal, cast, get_args
 
 import yaml
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import var_error, whole_number
-from fxkit.engine.variables import HostVars
+from fxkit.engine.rolevars import IpAddress, Number, RoleVars, Rule, Whole, pattern
+from fxkit.errors import VarError
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.python import VenvPackages
 from fxkit.facts.system import Mount, Mounts
@@ -37,8 +39,6 @@ from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok
 from fxkit.ops.files import file as write_file
 from fxkit.ops.transfer import copy
 
-SERVERS = ("vllm", "serve-probe")
-KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")  # vLLM's KVTransferConfig.kv_role
 #: Filesystems that hold no files of their own: never a place for LMCache's disk tier.
 PSEUDO_FS = frozenset(
     {
@@ -47,16 +47,277 @@ PSEUDO_FS = frozenset(
         "fusectl", "binfmt_misc", "rpc_pipefs", "nsfs",
     }
 )  # fmt: skip
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_VERSION = re.compile(r"[0-9][A-Za-z0-9.+!_-]*")
-_PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LAYOUT = re.compile(r"TP([1-9][0-9]*)(?:x([1-9][0-9]*))?", re.IGNORECASE)
+_LAYOUT = re.compile(r"\s*TP([1-9][0-9]*)(?:x([1-9][0-9]*))?\s*", re.IGNORECASE)
 _WHEEL = re.compile(r"([A-Za-z0-9_.]+)-([0-9][^-]*)-.+\.whl")
 _URL = re.compile(r"(https?|file)://\S+")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-#: What a value in an EnvironmentFile, single-quoted, cannot hold (systemd.exec(5)).
-_UNQUOTABLE = re.compile(r"['\x00-\x08\x0a-\x1f\x7f]")
+#: What systemd's ExecStart takes as the program itself, written as it is (no shell).
+_PROGRAM = re.compile(r"/[^\s%\\\"'$;]*")
+#: The variable the rollout sets to the instances a batch acts on (``HOST/NAME`` each).
+SELECT = "vllm_lmcache_rollout_instances"
+
+
+# -- the types of the variables ---------------------------------------------------------------
+
+
+def _off(value: object) -> object:
+    """``false`` and ``""`` mean "not installed", as null does."""
+    return None if value is False or value == "" else value
+
+
+def _tp_layout(value: object) -> object:
+    """``TP<n>x<m>``: m instances of n GPUs, in order, as GPU sets (a list of them is as given)."""
+    if not isinstance(value, str):
+        return value
+    match = _LAYOUT.fullmatch(value)
+    if not match:
+        raise ValueError(f"unknown layout {value!r}")
+    size, instances = int(match[1]), int(match[2] or 1)
+    return [list(range(i * size, (i + 1) * size)) for i in range(instances)]
+
+
+def _overlap(sets: list[tuple[int, ...]]) -> str:
+    seen: dict[int, int] = {}
+    for i, gpus in enumerate(sets):
+        for gpu in gpus:
+            if gpu in seen:
+                if seen[gpu] == i:
+                    return f"GPU {gpu} is listed twice in instance {i}"
+                return (
+                    f"GPU {gpu} is in instance {seen[gpu]} and instance {i}: GPU sets must "
+                    "not overlap"
+                )
+            seen[gpu] = i
+    return ""
+
+
+def _program(words: list[str]) -> str:
+    if words and not _PROGRAM.fullmatch(words[0]):
+        return (
+            f"{words[0]!r} is not an absolute path (without white space, %, \\, quotes, $ or ;): "
+            "systemd runs it without a shell, written as it is in ExecStart"
+        )
+    return ""
+
+
+def _text(value: object) -> object:
+    """A number or boolean as the text an environment file holds (``str``)."""
+    return str(value) if isinstance(value, int | float) else value
+
+
+#: A name: the deployment's, a load format's, a KV connector's.
+Name = Annotated[
+    str, pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", "a name (letters, digits, _ . -)")
+]
+#: A folder on the node, one word in pip's and systemd's command lines.
+Folder = Annotated[str, pattern(r"/\S*", "an absolute path without white space")]
+#: A pinned version; null, ``false`` or ``""``: not installed.
+Pin = Annotated[
+    Annotated[str, pattern(r"[0-9][A-Za-z0-9.+!_-]*", "a version")] | None,
+    BeforeValidator(_off),
+]
+#: Where pip finds a package: a wheel file or a folder on the node, or an index URL.
+Source = Annotated[
+    str, pattern(r"(/\S*|(https?|file)://\S+)?", "a path on the node or an index URL")
+]
+#: One word of a command line that systemd splits at white space, from a single-quoted value.
+Word = Annotated[str, pattern(r"[^\s'\x00-\x1f\x7f]+", "a word (no white space, ' or control)")]
+#: GPU sets, one per instance: ``TP<n>x<m>`` or the sets themselves, no GPU in two.
+Layout = Annotated[
+    list[Annotated[tuple[Annotated[Whole, Field(ge=0)], ...], Field(min_length=1)]],
+    BeforeValidator(_tp_layout),
+    AfterValidator(Rule("`TP<n>x<instances>` or a list of GPU sets", _overlap)),
+]
+KvRole = Literal["kv_both", "kv_producer", "kv_consumer"]  # vLLM's KVTransferConfig.kv_role
+KV_ROLES = get_args(KvRole)
+EnvName = Annotated[
+    str, pattern(r"(?!FXKIT_)[A-Za-z_][A-Za-z0-9_]*", "a variable name (not FXKIT_*)")
+]
+#: A value an EnvironmentFile holds single-quoted (systemd.exec(5)): no ', newline or control.
+EnvValue = Annotated[
+    str,
+    BeforeValidator(_text),
+    pattern(r"[^'\x00-\x08\x0a-\x1f\x7f]*", "a value without ', newline or control characters"),
+]
+
+
+class Vars(RoleVars):
+    vllm_lmcache_deployment: Name = Field(
+        "default", description="the deployment's name: its venv and config folder"
+    )
+    vllm_lmcache_venv_prefix: Folder = Field(
+        "/opt/fxkit/venvs", description="where the virtualenvs are made"
+    )
+    vllm_lmcache_config_dir: Folder = Field(
+        "/etc/fxkit/vllm",
+        description="`<this>/<deployment>/`: lmcache.yaml and the environment files",
+    )
+    vllm_lmcache_python: str = Field(
+        "python3", min_length=1, description="the Python that makes the venv"
+    )
+    vllm_lmcache_vllm_version: Pin = Field(
+        "0.20.1+rocm721",
+        description="vLLM's pin; `false`: no vLLM (then give vllm_lmcache_torch_version, and "
+        "serve-probe or a command)",
+        examples=["0.20.1+rocm721", False],
+    )
+    vllm_lmcache_vllm_source: Source = Field(
+        "",
+        description='a wheel file or folder on the node, or an index URL (`""`: pip\'s config)',
+        examples=["/srv/wheels/vllm-0.20.1+rocm721-cp312-cp312-linux_x86_64.whl"],
+    )
+    vllm_lmcache_torch_version: Pin = Field(
+        None,
+        description="torch installed where vLLM is not (the lab: `2.13.0+cpu`); vLLM's torch is "
+        "never replaced",
+        examples=["2.13.0+cpu"],
+    )
+    vllm_lmcache_lmcache_version: Pin = Field(
+        "0.5.6", description="LMCache's wheel pin; `false`: none", examples=["0.5.6", False]
+    )
+    vllm_lmcache_lmcache_source: Source = Field(
+        "", description="where that wheel comes from, as for vLLM"
+    )
+    vllm_lmcache_lmcache_git: str = Field(
+        "",
+        description="build LMCache from this repository instead (HIP)",
+        examples=["https://github.com/LMCache/LMCache"],
+    )
+    vllm_lmcache_lmcache_git_version: Annotated[
+        str, pattern(r"([0-9a-f]{40})?", "a full commit hash")
+    ] = Field(
+        "",
+        description="the pinned commit to build: the full 40-digit hash (`git rev-parse "
+        "v0.5.6^{commit}`), as a tag or branch can move",
+    )
+    vllm_lmcache_src_dir: Folder = Field(
+        "/opt/fxkit/src", description="where the checkout goes (`lmcache-<deployment>`)"
+    )
+    vllm_lmcache_fxkit_wheel: str = Field(
+        "",
+        description='fxkit\'s wheel on the controller (`""`: the one in the wheelhouse)',
+        examples=["wheels/fxkit-0.1.0-py3-none-any.whl"],
+    )
+    vllm_lmcache_packages: list[
+        Annotated[
+            str,
+            pattern(
+                r"[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?", "a pin (name or name==version)"
+            ),
+        ]
+    ] = Field(
+        [],
+        description="more packages for the venv (`name` or `name==version`)",
+        examples=[["uvicorn", "prometheus_client==0.21.1"]],
+    )
+    vllm_lmcache_wheelhouse: str = Field(
+        "", description="a controller folder of wheels: copied, the only source"
+    )
+    vllm_lmcache_wheel_dir: Folder = Field(
+        "/opt/fxkit/wheels", description="`<this>/<deployment>/`: the wheels on the node"
+    )
+    vllm_lmcache_chunk_size: Whole = Field(
+        256, ge=1, le=1 << 20, description="LMCache `chunk_size` (tokens; lmcache/v1/config.py)"
+    )
+    vllm_lmcache_local_cpu: bool = Field(True, description="LMCache `local_cpu`")
+    vllm_lmcache_max_local_cpu_size: Number = Field(
+        5.0, ge=0, description="LMCache `max_local_cpu_size`, GiB per GPU worker"
+    )
+    vllm_lmcache_local_disk: Annotated[
+        str,
+        pattern(
+            r"((file://)?/[^\s,%\\']*)?",
+            "an absolute path or file:// URL (no white space, ',', %, \\ or ')",
+        ),
+    ] = Field(
+        "",
+        description="LMCache's disk tier: a folder (or `file://` URL) on a mounted filesystem",
+        examples=["/mnt/fx/lmcache"],
+    )
+    vllm_lmcache_max_local_disk_size: Number = Field(
+        0.0, ge=0, description="LMCache `max_local_disk_size`, GiB per GPU worker"
+    )
+    vllm_lmcache_extra_config: dict[str, object] = Field(
+        {},
+        description="LMCache `extra_config`",
+        examples=[{"use_odirect": True}],
+    )
+    vllm_lmcache_server: Literal["vllm", "serve-probe"] = Field(
+        "vllm", description="`vllm`, or `serve-probe` (fxkit's stand-in, its flags)"
+    )
+    vllm_lmcache_command: Annotated[
+        list[Word], AfterValidator(Rule("a command: `[/program, word, ...]`", _program))
+    ] = Field(
+        [],
+        description="the command as a list (`[]`: the venv's `vllm serve` / `fxkit serve-probe`)",
+        examples=[["/usr/bin/env", "fxkit", "serve-probe"]],
+    )
+    vllm_lmcache_model: Annotated[
+        str, pattern(r"[^\s%\\']+", "a path without white space, %, \\ or '")
+    ] = Field(
+        description="the model's path on the node",
+        examples=["/mnt/models/Llama-3.1-8B"],
+    )
+    vllm_lmcache_model_source: str = Field(
+        "",
+        description="where the model is staged from (a folder on the node such as an NFS mount, "
+        "or `[user@]host:/path`), by the venv's `fxkit stage` before the instances start "
+        '(verified, resumable, skipped when staged); `""`: the model is there already',
+        examples=["/nfs/models/Llama-3.1-8B"],
+    )
+    vllm_lmcache_served_name: Annotated[
+        str, pattern(r"[^\s']*", "a name without white space or '")
+    ] = Field("", description='`--served-model-name` (`""`: the model folder\'s name)')
+    vllm_lmcache_bind_host: IpAddress = Field(
+        "0.0.0.0",
+        description="`--host`; the health URLs use 127.0.0.1 for 0.0.0.0",
+        examples=["0.0.0.0", "10.1.2.3"],
+    )
+    vllm_lmcache_base_port: Whole = Field(
+        8000, ge=1, le=65535, description="instance *i* listens on this + *i*"
+    )
+    vllm_lmcache_layout: Layout = Field(
+        cast(Any, "TP8x1"),  # as written: validated into GPU sets
+        description="`TP<n>x<m>` (TP8x1, TP4x2, TP2x4, TP1x8: m instances of n GPUs, in "
+        "order) or a list of GPU sets",
+        examples=["TP4x2", [[0, 1, 2, 3], [4, 5, 6, 7]]],
+    )
+    vllm_lmcache_gpus: Whole = Field(8, ge=1, le=1024, description="the GPUs a node has (0..n-1)")
+    vllm_lmcache_load_format: Name | None = Field(
+        "fxkit", description="`--load-format` (fxkit's loader)"
+    )
+    vllm_lmcache_kv_connector: Name | None = Field(
+        "LMCacheConnectorV1", description="`--kv-transfer-config`'s connector (`null`: none)"
+    )
+    vllm_lmcache_kv_role: KvRole = Field(
+        "kv_both", description="its `kv_role` (vLLM's KVTransferConfig, vllm/config/kv_transfer.py)"
+    )
+    vllm_lmcache_extra_args: list[Word] = Field(
+        [],
+        description="more arguments, one word each: systemd splits `$FXKIT_EXTRA_ARGS` at white "
+        "space (systemd.service(5), Command lines)",
+        examples=[["--max-model-len=8192"]],
+    )
+    vllm_lmcache_env: dict[EnvName, EnvValue] = Field(
+        {},
+        description="more environment variables for every instance (its EnvironmentFile, values "
+        "single-quoted: systemd.exec(5))",
+        examples=[{"VLLM_RPC_TIMEOUT": "100000"}],
+    )
+    vllm_lmcache_unit: Annotated[
+        str, pattern(r"[A-Za-z0-9_.:-]+@\.service", "a template unit name")
+    ] = Field("vllm@.service", description="the template unit's name")
+    vllm_lmcache_ready_timeout: Number = Field(
+        900,
+        gt=0,
+        description="seconds an instance may take from its start until `/v1/models` lists it "
+        "(loading included)",
+    )
+    vllm_lmcache_rollout_instances: list[str] | None = Field(
+        None,
+        description="the instances a run acts on (names such as `tp4-0`, or `HOST/NAME` as "
+        "`fxkit rollout` passes them; null: all)",
+        examples=[["tp4-1"]],
+    )
 
 
 @dataclass(frozen=True)
@@ -79,110 +340,35 @@ class InstanceSpec:
     health_url: str
 
 
-# -- variables --------------------------------------------------------------------------------
+# -- what the variables make ------------------------------------------------------------------
 
 
-def deployment_dir(v: HostVars, var: str) -> str:
-    return posixpath.join(v[var], v.vllm_lmcache_deployment)
+def _wrong(v: Vars, var: str, msg: str, hint: str | None = None) -> VarError:
+    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
 
 
-def venv(v: HostVars) -> str:
-    return deployment_dir(v, "vllm_lmcache_venv_prefix")
+def deployment_dir(v: Vars, folder: str) -> str:
+    return posixpath.join(folder, v.vllm_lmcache_deployment)
 
 
-def lmcache_file(v: HostVars) -> str:
-    return posixpath.join(deployment_dir(v, "vllm_lmcache_config_dir"), "lmcache.yaml")
+def venv(v: Vars) -> str:
+    return deployment_dir(v, v.vllm_lmcache_venv_prefix)
 
 
-def gpu_sets(v: HostVars) -> list[tuple[int, ...]]:
-    """``vllm_lmcache_layout``: ``TP4x2`` (2 instances of 4 GPUs, in order), ``TP8`` (one), or a
-    list of GPU sets ``[[0, 1, 2, 3], [4, 5, 6, 7]]``; each GPU of ``vllm_lmcache_gpus`` at most
-    once."""
-    var, layout = "vllm_lmcache_layout", v.vllm_lmcache_layout
-    count = whole_number(v, "vllm_lmcache_gpus", v.vllm_lmcache_gpus, 1, 1024)
-    if isinstance(layout, str):
-        match = _LAYOUT.fullmatch(layout.strip())
-        if not match:
-            raise var_error(
-                v,
-                var,
-                f"unknown layout {layout!r}",
-                "TP<n>x<instances> (TP8x1, TP4x2, TP2x4), "
-                "or a list of GPU sets: [[0, 1, 2, 3], [4, 5, 6, 7]]",
-            )
-        size, instances = int(match[1]), int(match[2] or 1)
-        sets = [tuple(range(i * size, (i + 1) * size)) for i in range(instances)]
-    elif isinstance(layout, list) and layout and all(isinstance(s, list) and s for s in layout):
-        sets = []
-        for gpus in layout:
-            if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
-                raise var_error(v, var, f"GPU set {gpus!r} is not a list of GPU indices")
-            sets.append(tuple(gpus))
-    else:
-        raise var_error(v, var, f"{layout!r} is neither TP<n>x<m> nor a list of GPU sets")
-    seen: dict[int, int] = {}
-    for i, gpus in enumerate(sets):
-        for gpu in gpus:
-            if gpu >= count:
-                raise var_error(
-                    v,
-                    var,
-                    f"instance {i} wants GPU {gpu}, the host has {count} (0-{count - 1})",
-                    "fewer or smaller instances, or set vllm_lmcache_gpus",
-                )
-            if gpu in seen:
-                raise var_error(
-                    v,
-                    var,
-                    f"GPU {gpu} is in instance {seen[gpu]} and instance {i}: GPU sets "
-                    "must not overlap"
-                    if seen[gpu] != i
-                    else f"GPU {gpu} is listed twice in instance {i}",
-                )
-            seen[gpu] = i
-    return sets
+def lmcache_file(v: Vars) -> str:
+    return posixpath.join(deployment_dir(v, v.vllm_lmcache_config_dir), "lmcache.yaml")
 
 
-def local_disk_path(v: HostVars) -> str:
+def local_disk_path(v: Vars) -> str:
     """``vllm_lmcache_local_disk`` as a directory path with one trailing slash ("" when off)."""
-    disk = v.vllm_lmcache_local_disk or ""
-    path = disk.removeprefix("file://")
+    path = v.vllm_lmcache_local_disk.removeprefix("file://")
     return posixpath.normpath(path) + "/" if path else ""
 
 
-def _is_version(value: object) -> bool:
-    return isinstance(value, str) and bool(_VERSION.fullmatch(value))
-
-
-def _number(v: HostVars, var: str) -> float:
-    value = v[var]
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise var_error(v, var, f"{var} is {value!r}: wanted a size in GiB (a number >= 0)")
-    return float(value)
-
-
-def _source(v: HostVars, var: str) -> None:
-    value = v[var] or ""
-    if re.search(r"\s", value) or (value and not (posixpath.isabs(value) or _URL.fullmatch(value))):
-        raise var_error(
-            v,
-            var,
-            f"{value!r} is not a path on the node or a URL",
-            "a wheel file or a folder of wheels on the node, or an index URL (http(s)://, file://)",
-        )
-    if value and _URL.fullmatch(value) and v.vllm_lmcache_wheelhouse:
-        raise var_error(
-            v,
-            var,
-            f"an index URL ({value}) beside vllm_lmcache_wheelhouse",
-            "air-gapped: the wheelhouse is the only source; put the wheels there",
-        )
-
-
-def fxkit_wheel(v: HostVars) -> Path:
+def fxkit_wheel(v: Vars) -> Path:
     """The controller's fxkit wheel: ``vllm_lmcache_fxkit_wheel``, else the one wheelhouse
     ``fxkit-*.whl``."""
-    given = v.vllm_lmcache_fxkit_wheel
+    given, var = v.vllm_lmcache_fxkit_wheel, "vllm_lmcache_fxkit_wheel"
     hint = (
         "build it on the controller (pip wheel --no-deps -w wheels/ <fxkit source>) and give "
         "its path, or put it in vllm_lmcache_wheelhouse"
@@ -190,254 +376,137 @@ def fxkit_wheel(v: HostVars) -> Path:
     if given:
         path = Path(given)
         if not path.is_file():
-            raise var_error(v, "vllm_lmcache_fxkit_wheel", f"{given}: no such file here", hint)
+            raise _wrong(v, var, f"{given}: no such file here", hint)
         if not path.name.startswith("fxkit-") or path.suffix != ".whl":
-            raise var_error(v, "vllm_lmcache_fxkit_wheel", f"{given} is not an fxkit wheel", hint)
+            raise _wrong(v, var, f"{given} is not an fxkit wheel", hint)
         return path
-    found = sorted(Path(v.vllm_lmcache_wheelhouse).glob("fxkit-*.whl")) if wheelhouse(v) else []
+    house = wheelhouse(v)
+    found = sorted(house.glob("fxkit-*.whl")) if house else []
     if len(found) != 1:
         what = "no fxkit-*.whl" if not found else f"{len(found)} fxkit wheels"
-        raise var_error(
-            v, "vllm_lmcache_fxkit_wheel", f"not given, and the wheelhouse has {what}", hint
-        )
+        raise _wrong(v, var, f"not given, and the wheelhouse has {what}", hint)
     return found[0]
 
 
-def wheelhouse(v: HostVars) -> Path | None:
+def wheelhouse(v: Vars) -> Path | None:
     folder = v.vllm_lmcache_wheelhouse
     if not folder:
         return None
     if not Path(folder).is_dir():
-        raise var_error(v, "vllm_lmcache_wheelhouse", f"{folder} is not a folder on the controller")
+        raise _wrong(v, "vllm_lmcache_wheelhouse", f"{folder} is not a folder on the controller")
     return Path(folder)
 
 
-def command(v: HostVars) -> list[str]:
+def command(v: Vars) -> list[str]:
     """The server's command: ``vllm_lmcache_command``, else the venv's ``vllm serve`` or
     ``fxkit serve-probe``."""
     if v.vllm_lmcache_command:
-        return [str(word) for word in v.vllm_lmcache_command]
+        return list(v.vllm_lmcache_command)
     if v.vllm_lmcache_server == "vllm":
         return [f"{venv(v)}/bin/vllm", "serve"]
     return [f"{venv(v)}/bin/fxkit", "serve-probe"]
 
 
-def validate(v: HostVars) -> None:
-    """Every variable, before any host is touched (the mounts and free space are checked on the
-    host, before anything is written there)."""
-    for var in ("vllm_lmcache_deployment",):
-        if not isinstance(v[var], str) or not _NAME.fullmatch(v[var]):
-            raise var_error(v, var, f"{v[var]!r} is not a name", "letters, digits, _ . -")
-    for var in (
-        "vllm_lmcache_venv_prefix",
-        "vllm_lmcache_config_dir",
-        "vllm_lmcache_wheel_dir",
-        "vllm_lmcache_src_dir",
-    ):
-        if not isinstance(v[var], str) or not posixpath.isabs(v[var]) or re.search(r"\s", v[var]):
-            raise var_error(v, var, f"{v[var]!r} is not an absolute path without white space")
-    for var in (
-        "vllm_lmcache_vllm_version",
-        "vllm_lmcache_torch_version",
-        "vllm_lmcache_lmcache_version",
-    ):
-        if v[var] not in (None, False, "") and not _is_version(v[var]):
-            raise var_error(v, var, f"{v[var]!r} is not a version", "e.g. 0.20.1+rocm721, or null")
+def validate(v: Vars) -> None:
+    """What the types of :class:`Vars` cannot say: how variables go together, and the
+    controller's files (the mounts and free space are checked on the host, before anything is
+    written there)."""
     for var in ("vllm_lmcache_vllm_source", "vllm_lmcache_lmcache_source"):
-        _source(v, var)
+        source = getattr(v, var)
+        if _URL.fullmatch(source) and v.vllm_lmcache_wheelhouse:
+            raise _wrong(
+                v,
+                var,
+                f"an index URL ({source}) beside vllm_lmcache_wheelhouse",
+                "air-gapped: the wheelhouse is the only source; put the wheels there",
+            )
     if not v.vllm_lmcache_vllm_version and not v.vllm_lmcache_torch_version:
-        raise var_error(
+        raise _wrong(
             v,
             "vllm_lmcache_torch_version",
             "neither vLLM nor torch is to be installed: fxkit's loader needs torch",
             "set vllm_lmcache_vllm_version, or vllm_lmcache_torch_version",
         )
-    git, git_version = v.vllm_lmcache_lmcache_git, v.vllm_lmcache_lmcache_git_version
-    if git and not (isinstance(git_version, str) and _COMMIT.fullmatch(git_version)):
-        raise var_error(
+    if v.vllm_lmcache_lmcache_git and not v.vllm_lmcache_lmcache_git_version:
+        raise _wrong(
             v,
             "vllm_lmcache_lmcache_git_version",
-            f"{git_version!r}: building LMCache from {git} needs a pinned commit",
+            f"building LMCache from {v.vllm_lmcache_lmcache_git} needs a pinned commit",
             "the full 40-digit commit hash (git rev-parse v0.5.6^{commit}): a tag or branch "
             "can move",
         )
     wheelhouse(v)
     fxkit_wheel(v)
-    packages = v.vllm_lmcache_packages
-    if not isinstance(packages, list) or not all(
-        isinstance(p, str) and _PIN.fullmatch(p) for p in packages
+    if v.vllm_lmcache_local_disk and v.vllm_lmcache_max_local_disk_size <= 0:
+        raise _wrong(
+            v,
+            "vllm_lmcache_max_local_disk_size",
+            "is 0 with vllm_lmcache_local_disk set: LMCache makes no disk backend without a budget",
+            "the GiB per GPU worker",
+        )
+    if (
+        v.vllm_lmcache_server == "vllm"
+        and not v.vllm_lmcache_vllm_version
+        and not v.vllm_lmcache_command
     ):
-        raise var_error(
-            v,
-            "vllm_lmcache_packages",
-            f"{packages!r} is not a list of pins",
-            "name or name==version",
-        )
-    whole_number(v, "vllm_lmcache_chunk_size", v.vllm_lmcache_chunk_size, 1, 1 << 20)
-    if not isinstance(v.vllm_lmcache_local_cpu, bool):
-        raise var_error(v, "vllm_lmcache_local_cpu", "wanted true or false")
-    _number(v, "vllm_lmcache_max_local_cpu_size")
-    disk_size = _number(v, "vllm_lmcache_max_local_disk_size")
-    disk = v.vllm_lmcache_local_disk
-    if disk:
-        path = str(disk).removeprefix("file://")
-        if not posixpath.isabs(path) or re.search(r"[\s,%\\']", path):
-            raise var_error(
-                v,
-                "vllm_lmcache_local_disk",
-                f"{disk!r} is not an absolute path (or file:// URL)",
-                "one folder on the NVMe-oF mount, e.g. /mnt/fx/lmcache (no white space, ',', %, "
-                "\\ or ')",
-            )
-        if disk_size <= 0:
-            raise var_error(
-                v,
-                "vllm_lmcache_max_local_disk_size",
-                "is 0 with vllm_lmcache_local_disk set: "
-                "LMCache makes no disk backend without a budget",
-                "the GiB per GPU worker",
-            )
-    if not isinstance(v.vllm_lmcache_extra_config, dict):
-        raise var_error(
-            v, "vllm_lmcache_extra_config", "wanted a mapping", "e.g. {use_odirect: true}"
-        )
-    if v.vllm_lmcache_server not in SERVERS:
-        raise var_error(
-            v,
-            "vllm_lmcache_server",
-            f"{v.vllm_lmcache_server!r} is not one of {', '.join(SERVERS)}",
-        )
-    words = v.vllm_lmcache_command
-    if not isinstance(words, list) or any(
-        not isinstance(w, str) or not w or _UNQUOTABLE.search(w) or (i and re.search(r"\s", w))
-        for i, w in enumerate(words)
-    ):
-        raise var_error(
-            v,
-            "vllm_lmcache_command",
-            f"{words!r} is not a command as a list",
-            "[/path/to/program, subcommand]: words after the first without spaces",
-        )
-    if words and (not posixpath.isabs(words[0]) or re.search(r"[\s%\\\"'$;]", words[0])):
-        raise var_error(
-            v,
-            "vllm_lmcache_command",
-            f"{words[0]!r} is not an absolute path (without white space, %, \\, quotes, $ or ;)",
-            "systemd runs it without a shell, written as it is in ExecStart",
-        )
-    if v.vllm_lmcache_server == "vllm" and not v.vllm_lmcache_vllm_version and not words:
-        raise var_error(
+        raise _wrong(
             v,
             "vllm_lmcache_command",
             "vLLM is not installed (vllm_lmcache_vllm_version is off) and no command is given",
             "give the command, or vllm_lmcache_server: serve-probe",
         )
-    model = v.vllm_lmcache_model
-    if not isinstance(model, str) or not model or re.search(r"[\s%\\']", model):
-        raise var_error(
-            v,
-            "vllm_lmcache_model",
-            f"{model!r}: wanted the model's path on the node",
-            "e.g. /mnt/models/Llama-3.1-8B (no white space, %, \\ or ')",
-        )
-    source = v.vllm_lmcache_model_source
-    if source and (not isinstance(source, str) or not model.startswith("/")):
-        raise var_error(
+    source, model = v.vllm_lmcache_model_source, v.vllm_lmcache_model
+    if source and not model.startswith("/"):
+        raise _wrong(
             v,
             "vllm_lmcache_model_source",
-            f"{source!r} staged to {model!r}: wanted a folder or [user@]host:/path, and an "
-            "absolute vllm_lmcache_model",
+            f"{source!r} staged to {model!r}: wanted an absolute vllm_lmcache_model",
             "e.g. /nfs/models/Llama-3.1-8B, staged to /mnt/fx/models/Llama-3.1-8B",
         )
-    name = v.vllm_lmcache_served_name
-    if name and (not isinstance(name, str) or re.search(r"[\s']", name)):
-        raise var_error(v, "vllm_lmcache_served_name", f"{name!r} is not a name without spaces")
-    try:
-        ipaddress.ip_address(str(v.vllm_lmcache_bind_host))
-    except ValueError:
-        raise var_error(
-            v,
-            "vllm_lmcache_bind_host",
-            f"{v.vllm_lmcache_bind_host!r} is not an IP address",
-            "0.0.0.0 (all), or the node's address",
-        ) from None
-    sets = gpu_sets(v)
-    base = whole_number(v, "vllm_lmcache_base_port", v.vllm_lmcache_base_port, 1, 65535)
+    sets, count = v.vllm_lmcache_layout, v.vllm_lmcache_gpus
+    for i, gpus in enumerate(sets):
+        beyond = [gpu for gpu in gpus if gpu >= count]
+        if beyond:
+            raise _wrong(
+                v,
+                "vllm_lmcache_layout",
+                f"instance {i} wants GPU {beyond[0]}, the host has {count} (0-{count - 1})",
+                "fewer or smaller instances, or set vllm_lmcache_gpus",
+            )
+    base = v.vllm_lmcache_base_port
     if base + len(sets) - 1 > 65535:
-        raise var_error(v, "vllm_lmcache_base_port", f"{len(sets)} ports from {base} pass 65535")
-    for var in ("vllm_lmcache_load_format", "vllm_lmcache_kv_connector"):
-        if v[var] is not None and not (isinstance(v[var], str) and _NAME.fullmatch(v[var])):
-            raise var_error(v, var, f"{v[var]!r} is not a name")
-    if v.vllm_lmcache_kv_role not in KV_ROLES:
-        raise var_error(
-            v,
-            "vllm_lmcache_kv_role",
-            f"{v.vllm_lmcache_kv_role!r} is not one of {', '.join(KV_ROLES)}",
-        )
-    extra = v.vllm_lmcache_extra_args
-    if not isinstance(extra, list) or not all(
-        isinstance(a, str) and a and not re.search(r"\s", a) and not _UNQUOTABLE.search(a)
-        for a in extra
-    ):
-        raise var_error(
-            v,
-            "vllm_lmcache_extra_args",
-            f"{extra!r}: wanted a list of arguments without white space or '",
-            "systemd splits $FXKIT_EXTRA_ARGS at white space: one word per item, "
-            "values joined with = (--max-model-len=8192)",
-        )
-    env = v.vllm_lmcache_env
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and _ENV_NAME.fullmatch(k) and not k.startswith("FXKIT_") for k in env
-    ):
-        raise var_error(v, "vllm_lmcache_env", f"{env!r}: wanted NAME: value (names not FXKIT_*)")
-    unit = v.vllm_lmcache_unit
-    if not isinstance(unit, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]+@\.service", unit):
-        raise var_error(
-            v, "vllm_lmcache_unit", f"{unit!r} is not a template unit name", "e.g. vllm@.service"
-        )
+        raise _wrong(v, "vllm_lmcache_base_port", f"{len(sets)} ports from {base} pass 65535")
     names = [_instance_name(i, gpus) for i, gpus in enumerate(sets)]
-    chosen = v.vllm_lmcache_rollout_instances
-    if chosen is not None and (
-        not isinstance(chosen, list)
-        or any(_own(v, entry) not in [*names, None] for entry in chosen)
-    ):
-        raise var_error(
+    wanted = v.vllm_lmcache_rollout_instances or []
+    if any(_own(v, entry) not in [*names, None] for entry in wanted):
+        raise _wrong(
             v,
             "vllm_lmcache_rollout_instances",
-            f"{chosen!r} names instances the layout lacks",
+            f"{wanted!r} names instances the layout lacks",
             f"null (all), or some of {', '.join(names)} (or HOST/NAME: fxkit rollout's form)",
         )
-    for key, value in env.items():
-        if _UNQUOTABLE.search(str(value)):
-            raise var_error(
-                v,
-                f"vllm_lmcache_env.{key}",
-                f"{value!r} cannot be written to an EnvironmentFile",
-                "no ', newline or control characters",
-            )
 
 
 # -- what is written and run ------------------------------------------------------------------
 
 
-def lmcache_config(v: HostVars) -> dict[str, Any]:
+def lmcache_config(v: Vars) -> dict[str, Any]:
     """LMCache's configuration (LMCACHE_CONFIG_FILE) from the variables."""
     config: dict[str, Any] = {
-        "chunk_size": int(v.vllm_lmcache_chunk_size),
-        "local_cpu": bool(v.vllm_lmcache_local_cpu),
-        "max_local_cpu_size": float(v.vllm_lmcache_max_local_cpu_size),
+        "chunk_size": v.vllm_lmcache_chunk_size,
+        "local_cpu": v.vllm_lmcache_local_cpu,
+        "max_local_cpu_size": v.vllm_lmcache_max_local_cpu_size,
     }
     disk = local_disk_path(v)
     if disk:
         config["local_disk"] = f"file://{disk}"
-        config["max_local_disk_size"] = float(v.vllm_lmcache_max_local_disk_size)
+        config["max_local_disk_size"] = v.vllm_lmcache_max_local_disk_size
     if v.vllm_lmcache_extra_config:
         config["extra_config"] = dict(v.vllm_lmcache_extra_config)
     return config
 
 
-def lmcache_yaml(v: HostVars) -> str:
+def lmcache_yaml(v: Vars) -> str:
     header = "# Written by fxkit (role vllm_lmcache): LMCache's LMCACHE_CONFIG_FILE.\n"
     return header + yaml.safe_dump(lmcache_config(v), sort_keys=False)
 
@@ -446,7 +515,7 @@ def _instance_name(index: int, gpus: tuple[int, ...]) -> str:
     return f"tp{len(gpus)}-{index}"
 
 
-def _arguments(v: HostVars, gpus: tuple[int, ...], port: int) -> list[tuple[str, str, str]]:
+def _arguments(v: Vars, gpus: tuple[int, ...], port: int) -> list[tuple[str, str, str]]:
     """(flag, variable of the env file, value) of one instance, the model (no flag) first.
     serve-probe takes vLLM's spellings of the flags it has: no tensor parallelism, no KV
     transfer."""
@@ -456,7 +525,7 @@ def _arguments(v: HostVars, gpus: tuple[int, ...], port: int) -> list[tuple[str,
     args = [
         ("", "FXKIT_MODEL", model),
         ("--served-model-name", "FXKIT_SERVED_NAME", served),
-        ("--host", "FXKIT_HOST", str(v.vllm_lmcache_bind_host)),
+        ("--host", "FXKIT_HOST", v.vllm_lmcache_bind_host),
         ("--port", "FXKIT_PORT", str(port)),
     ]
     if vllm:
@@ -469,12 +538,12 @@ def _arguments(v: HostVars, gpus: tuple[int, ...], port: int) -> list[tuple[str,
     return args
 
 
-def exec_start(v: HostVars) -> str:
+def exec_start(v: Vars) -> str:
     """The unit's ExecStart (systemd.service(5), "Command lines"): the program itself literal
     (it "may not be a variable"), each value ``${VAR}``, exactly one argument, and the
     command's later words and the extra args ``$VAR``, split at white space."""
     words = [command(v)[0], "$FXKIT_COMMAND_ARGS"]
-    for flag, var, _ in _arguments(v, gpu_sets(v)[0], 0):
+    for flag, var, _ in _arguments(v, v.vllm_lmcache_layout[0], 0):
         words += [flag, f"${{{var}}}"] if flag else [f"${{{var}}}"]
     return " ".join([*words, "$FXKIT_EXTRA_ARGS"])
 
@@ -487,13 +556,13 @@ def _url(host: str, port: int, path: str) -> str:
     return f"http://{shown}:{port}{path}"
 
 
-def instance_specs(v: HostVars) -> list[InstanceSpec]:
+def instance_specs(v: Vars) -> list[InstanceSpec]:
     """Every instance of the host's layout, in order."""
     cmd = command(v)
-    env_dir = deployment_dir(v, "vllm_lmcache_config_dir")
+    env_dir = deployment_dir(v, v.vllm_lmcache_config_dir)
     specs = []
-    for i, gpus in enumerate(gpu_sets(v)):
-        name, port = _instance_name(i, gpus), int(v.vllm_lmcache_base_port) + i
+    for i, gpus in enumerate(v.vllm_lmcache_layout):
+        name, port = _instance_name(i, gpus), v.vllm_lmcache_base_port + i
         args = _arguments(v, gpus, port)
         argv = cmd[:]
         for flag, _, value in args:
@@ -507,8 +576,8 @@ def instance_specs(v: HostVars) -> list[InstanceSpec]:
         }
         if v.vllm_lmcache_kv_connector:
             env["LMCACHE_CONFIG_FILE"] = lmcache_file(v)
-        env.update({k: str(value) for k, value in v.vllm_lmcache_env.items()})
-        host = str(v.vllm_lmcache_bind_host)
+        env.update(v.vllm_lmcache_env)
+        host = v.vllm_lmcache_bind_host
         specs.append(
             InstanceSpec(
                 name=name,
@@ -535,9 +604,9 @@ def env_file_text(spec: InstanceSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def unit_text(v: HostVars) -> str:
+def unit_text(v: Vars) -> str:
     """The template unit: the instance name (%i) picks its environment file."""
-    env_dir = deployment_dir(v, "vllm_lmcache_config_dir")
+    env_dir = deployment_dir(v, v.vllm_lmcache_config_dir)
     mounts = [p for p in (v.vllm_lmcache_model, local_disk_path(v)) if posixpath.isabs(p)]
     return "\n".join(
         [
@@ -565,11 +634,10 @@ def unit_text(v: HostVars) -> str:
     )
 
 
-def pip_source_args(v: HostVars, var: str) -> list[str]:
-    """pip arguments for where a package comes from: the node's wheel folder (wheelhouse:
-    nothing else), a wheel file's folder, a folder, or an index URL."""
+def pip_source_args(v: Vars, source: str = "") -> list[str]:
+    """pip arguments for where a package comes from (``source``): the node's wheel folder
+    (wheelhouse: nothing else), a wheel file's folder, a folder, or an index URL."""
     args = ["--no-index", "--find-links", wheel_dir(v)] if wheelhouse(v) else []
-    source = v[var] if var else ""
     if not source:
         return args
     if _URL.fullmatch(source):  # (validate refuses one beside a wheelhouse)
@@ -578,8 +646,8 @@ def pip_source_args(v: HostVars, var: str) -> list[str]:
     return [*args, "--find-links", folder]
 
 
-def wheel_dir(v: HostVars) -> str:
-    return deployment_dir(v, "vllm_lmcache_wheel_dir")
+def wheel_dir(v: Vars) -> str:
+    return deployment_dir(v, v.vllm_lmcache_wheel_dir)
 
 
 # -- operations of this role ------------------------------------------------------------------
@@ -626,13 +694,13 @@ def verify_venv(ctx: OpContext, path: str, torch: str | None) -> Result:
     return ok(f"{path}: torch {now}, fxkit {packages.get('fxkit', '?')}, fxkit.loader imports")
 
 
-def apply(host: Host, v: HostVars) -> None:
+def apply(host: Host, v: Vars) -> None:
     specs = instance_specs(v)
     check_local_disk(host, v)
     environment(host, v)
     if v.vllm_lmcache_model_source:
         host.stage(v.vllm_lmcache_model_source, v.vllm_lmcache_model, f"{venv(v)}/bin/fxkit")
-    config_dir = deployment_dir(v, "vllm_lmcache_config_dir")
+    config_dir = deployment_dir(v, v.vllm_lmcache_config_dir)
     host.directory(config_dir, mode="0755")
     host.task(f"file {lmcache_file(v)}").file(lmcache_file(v), lmcache_yaml(v), mode="0644")
     disk = local_disk_path(v)
@@ -642,7 +710,7 @@ def apply(host: Host, v: HostVars) -> None:
     start_instances(host, v, specs)
 
 
-def environment(host: Host, v: HostVars) -> None:
+def environment(host: Host, v: Vars) -> None:
     """The virtualenv: vLLM (or torch), a torch pin, LMCache, fxkit; torch verified."""
     path = venv(v)
     host.directory(posixpath.dirname(path), mode="0755")
@@ -651,12 +719,10 @@ def environment(host: Host, v: HostVars) -> None:
         host.directory(wheel_dir(v), mode="0755")
         wheels = sorted(house.glob("*.whl"))
         host.task(f"copy wheelhouse to {wheel_dir(v)}").call(copy_wheels, wheels, wheel_dir(v))
-    base = (
-        {"vllm": v.vllm_lmcache_vllm_version}
-        if v.vllm_lmcache_vllm_version
-        else {"torch": v.vllm_lmcache_torch_version}
-    )
-    first = "vllm_lmcache_vllm_source" if v.vllm_lmcache_vllm_version else ""
+    vllm = v.vllm_lmcache_vllm_version
+    # (validate: without vLLM, torch has a pin)
+    base = {"vllm": vllm} if vllm else {"torch": v.vllm_lmcache_torch_version or ""}
+    first = v.vllm_lmcache_vllm_source if vllm else ""
     python = v.vllm_lmcache_python
     host.virtualenv(path, base, python=python, pip_args=pip_source_args(v, first))
     torch = (host.fact(VenvPackages, path) or {}).get("torch")
@@ -670,7 +736,7 @@ def environment(host: Host, v: HostVars) -> None:
             path,
             {"lmcache": v.vllm_lmcache_lmcache_version},
             python=python,
-            pip_args=[*pip_source_args(v, "vllm_lmcache_lmcache_source"), *constrained],
+            pip_args=[*pip_source_args(v, v.vllm_lmcache_lmcache_source), *constrained],
         )
     wheel = fxkit_wheel(v)
     if house is None:
@@ -681,12 +747,12 @@ def environment(host: Host, v: HostVars) -> None:
     for pin_spec in v.vllm_lmcache_packages:
         name, _, version = pin_spec.partition("==")
         fxkit[name] = version
-    args = pip_source_args(v, "") if house else ["--find-links", wheel_dir(v)]
+    args = pip_source_args(v) if house else ["--find-links", wheel_dir(v)]
     host.virtualenv(path, fxkit, python=python, pip_args=[*args, *constrained])
     host.task(f"verify {path}").call(verify_venv, path, torch)
 
 
-def lmcache_from_git(host: Host, v: HostVars, constrained: list[str]) -> None:
+def lmcache_from_git(host: Host, v: Vars, constrained: list[str]) -> None:
     """LMCache built from a pinned commit for HIP (hipify, CXX=hipcc), without build isolation:
     its extensions compile against the venv's own (ROCm) torch."""
     version = v.vllm_lmcache_lmcache_git_version
@@ -696,7 +762,7 @@ def lmcache_from_git(host: Host, v: HostVars, constrained: list[str]) -> None:
     # The venv records the commit it was built from: a new pin rebuilds, nothing else does.
     stamp = f"{venv(v)}/.fxkit-lmcache-commit"
     pip = f"{quote(venv(v))}/bin/python -m pip install -q --no-build-isolation"
-    args = " ".join(quote(a) for a in [*pip_source_args(v, ""), *constrained, src])
+    args = " ".join(quote(a) for a in [*pip_source_args(v), *constrained, src])
     host.task(f"build LMCache {version[:12]} for HIP").command(
         f"{pip} {args} && echo {version} > {quote(stamp)}",
         unless=f'[ "$(cat {quote(stamp)} 2>/dev/null)" = {version} ]',
@@ -716,7 +782,7 @@ def _mount_of(path: str, mounts: list[Mount]) -> Mount | None:
     return best
 
 
-def check_local_disk(host: Host, v: HostVars) -> None:
+def check_local_disk(host: Host, v: Vars) -> None:
     """LMCache's disk tier lies on a mounted filesystem other than / (the NVMe-oF mount: if it
     failed, a folder on / would fill the root disk), writable, that holds files, with room for
     every GPU worker's budget (each keeps up to max_local_disk_size GiB) beside what the cache
@@ -740,8 +806,8 @@ def check_local_disk(host: Host, v: HostVars) -> None:
             f"{'read-only' if mount.read_only else 'no files'}): not a cache disk"
         )
         return
-    workers = sum(len(gpus) for gpus in gpu_sets(v))
-    budget = int(float(v.vllm_lmcache_max_local_disk_size) * workers * 1024**3)
+    workers = sum(len(gpus) for gpus in v.vllm_lmcache_layout)
+    budget = int(v.vllm_lmcache_max_local_disk_size * workers * 1024**3)
     df = host.fact(
         CommandOutput,
         f"df -P -B1 -- {quote(mount.path)} | awk 'NR==2 {{print $4}}'; "
@@ -756,19 +822,20 @@ def check_local_disk(host: Host, v: HostVars) -> None:
         gib = 1024**3
         host.fail(
             f"{host.name}: vllm_lmcache_max_local_disk_size: {workers} GPU workers x "
-            f"{v.vllm_lmcache_max_local_disk_size} GiB = {budget / gib:.1f} GiB, but {mount.path} "
-            f"has {free / gib:.1f} GiB free (with what the cache holds): lower the budget"
+            f"{v.vllm_lmcache_max_local_disk_size:g} GiB = {budget / gib:.1f} GiB, but "
+            f"{mount.path} has {free / gib:.1f} GiB free (with what the cache holds): lower the "
+            "budget"
         )
 
 
-def _own(v: HostVars, entry: object) -> str | None:
+def _own(v: Vars, entry: str) -> str | None:
     """The instance an entry of ``vllm_lmcache_rollout_instances`` names on this host: ``NAME``
     or ``HOST/NAME`` (None: another host's)."""
-    host, _, name = str(entry).rpartition("/")
+    host, _, name = entry.rpartition("/")
     return name if host in ("", v.host) else None
 
 
-def chosen(v: HostVars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
+def chosen(v: Vars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
     """The instances this run acts on (``vllm_lmcache_rollout_instances``; null: all)."""
     names = v.vllm_lmcache_rollout_instances
     if names is None:
@@ -777,7 +844,7 @@ def chosen(v: HostVars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
     return [spec for spec in specs if spec.name in wanted]
 
 
-def start_instances(host: Host, v: HostVars, specs: list[InstanceSpec]) -> None:
+def start_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
     """The chosen instances: each one's environment file, then each started (restarted only
     when its command or environment changed) and, once all are starting, awaited in turn."""
     specs = chosen(v, specs)
@@ -786,6 +853,7 @@ def start_instances(host: Host, v: HostVars, specs: list[InstanceSpec]) -> None:
             spec.env_file, env_file_text(spec), mode="0600", secret=bool(v.vllm_lmcache_env)
         )
         host.instance(spec.unit, spec.argv, spec.env)
-    timeout = float(v.vllm_lmcache_ready_timeout)
     for spec in specs:
-        host.instance_ready(spec.unit, spec.ready_url, spec.served_name, timeout=timeout)
+        host.instance_ready(
+            spec.unit, spec.ready_url, spec.served_name, timeout=v.vllm_lmcache_ready_timeout
+        )
