@@ -76,6 +76,7 @@ from fxkit.engine.rolevars import (
     Number,
     RoleVars,
     Size,
+    Text,
     Whole,
     pattern,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "RunOptions",
     "Size",
     "Summary",
+    "Text",
     "VarError",
     "Whole",
     "console_recorder",

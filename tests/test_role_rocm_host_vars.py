@@ -61,7 +61,7 @@ def test_the_key_pin_is_required_and_the_hint_says_how_to_get_it() -> None:
         ("rocm_repo_base", "repo.radeon.com", "not an http(s):// or file:// URL"),
         ("rocm_host_key_url", "https://mirror/rocm key", "not an http(s):// or file:// URL"),
         ("rocm_host_rocm_repo", "latest", "not a repository version"),
-        ("rocm_host_amdgpu_repo", True, "valid string"),
+        ("rocm_host_amdgpu_repo", True, "not a repository version"),  # "True"
         ("rocm_host_rocm_version", "7.2 beta", 'not an apt version or ""'),
         ("rocm_host_apt_arch", "amd 64", "not a Debian architecture"),
         ("rocm_host_key_file", "keyrings/rocm.gpg.key", "not absolute"),

@@ -14,7 +14,7 @@ import posixpath
 from shlex import quote
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import (
@@ -24,6 +24,7 @@ from fxkit.engine.rolevars import (
     RoleVars,
     Rule,
     Size,
+    Text,
     Whole,
     pattern,
 )
@@ -44,11 +45,6 @@ def _printable(limit: int) -> AfterValidator:
     """attr_serial / attr_model: 1 to ``limit`` printable ASCII characters (NVMe Identify
     Controller SN 20, MN 40 bytes; nvmet's nvmet_is_ascii refuses the rest)."""
     return pattern(rf"[ -~]{{1,{limit}}}", f"1 to {limit} printable ASCII characters")
-
-
-def _scalar_text(value: object) -> object:
-    """An attribute value as nvmetcli writes it: numbers (``version: 1.3``) as their text."""
-    return str(value) if isinstance(value, int | float) else value
 
 
 Uuid = Annotated[
@@ -99,7 +95,7 @@ class Subsystem(BaseModel):
     model: Annotated[str, _printable(40)] | None = Field(None, description="attr_model")
     attr: dict[
         Annotated[str, pattern(r"[a-z][a-z0-9_]*", "an attribute name (a-z, 0-9, _)")],
-        Annotated[str, BeforeValidator(_scalar_text)],
+        Text,  # as nvmetcli writes them: version: 1.3 is "1.3"
     ] = Field(
         {}, description="other `attr_*` values of the subsystem", examples=[{"version": "1.3"}]
     )

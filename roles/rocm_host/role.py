@@ -15,10 +15,10 @@ import posixpath
 from shlex import quote
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import AbsolutePath, RoleVars, Whole, pattern
+from fxkit.engine.rolevars import AbsolutePath, RoleVars, Text, Whole, pattern
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.files import FileStat
 from fxkit.facts.gpu import GpuInventory, Gpus
@@ -32,19 +32,11 @@ from fxkit.ops.packages import version_matches
 UBUNTU = {"jammy": "22.04", "noble": "24.04"}
 
 
-def _number_as_text(value: object) -> object:
-    """A version YAML or an INI inventory read as a number (``7.2``), as text: ``"7.2"``."""
-    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-
-
-_AS_TEXT = BeforeValidator(_number_as_text)
 #: A word that goes into a shell command or an apt file as it is.
 _WORD = r"[^\s\"'`$\\]+"
 Url = Annotated[str, pattern(r"(https?|file)://[^\s\"'#\[\]]+", "an http(s):// or file:// URL")]
-RepoVersion = Annotated[str, _AS_TEXT, pattern(r"\d+\.\d+(\.\d+)?", "a repository version")]
-AptVersion = Annotated[
-    str, _AS_TEXT, pattern(r"(([0-9]+:)?[0-9][A-Za-z0-9.+~-]*)?", 'an apt version or ""')
-]
+RepoVersion = Annotated[Text, pattern(r"\d+\.\d+(\.\d+)?", "a repository version")]
+AptVersion = Annotated[Text, pattern(r"(([0-9]+:)?[0-9][A-Za-z0-9.+~-]*)?", 'an apt version or ""')]
 Sha256 = Annotated[str, pattern(r"(?i)(sha256:)?[0-9a-f]{64}", "a sha256 (64 hex digits)")]
 _ACCOUNT = r"[a-z_][a-z0-9_-]*\$?"
 User = Annotated[str, pattern(_ACCOUNT, "a user name")]

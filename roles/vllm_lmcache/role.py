@@ -30,7 +30,7 @@ import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import IpAddress, Number, RoleVars, Rule, Whole, pattern
+from fxkit.engine.rolevars import IpAddress, Number, RoleVars, Rule, Text, Whole, pattern
 from fxkit.errors import VarError
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.python import VenvPackages
@@ -99,11 +99,6 @@ def _program(words: list[str]) -> str:
     return ""
 
 
-def _text(value: object) -> object:
-    """A number or boolean as the text an environment file holds (``str``)."""
-    return str(value) if isinstance(value, int | float) else value
-
-
 #: A name: the deployment's, a load format's, a KV connector's.
 Name = Annotated[
     str, pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", "a name (letters, digits, _ . -)")
@@ -134,8 +129,7 @@ EnvName = Annotated[
 ]
 #: A value an EnvironmentFile holds single-quoted (systemd.exec(5)): no ', newline or control.
 EnvValue = Annotated[
-    str,
-    BeforeValidator(_text),
+    Text,
     pattern(r"[^'\x00-\x08\x0a-\x1f\x7f]*", "a value without ', newline or control characters"),
 ]
 
