@@ -212,7 +212,7 @@ def test_wrong_variables_name_the_host_and_the_variable(
 ) -> None:
     with pytest.raises(VarError) as caught:
         CODE.validate(host_vars(**values))
-    assert caught.value.where == f"gpu01: {where}"
+    assert caught.value.where == f"gpu01: {where} (inventory)"
     assert says in caught.value.message
 
 

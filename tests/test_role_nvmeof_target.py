@@ -229,7 +229,7 @@ def test_wrong_variables_name_the_host_and_the_variable(
     CODE.validate(host_vars(**GOOD))  # the good ones pass
     with pytest.raises(VarError) as caught:
         CODE.validate(host_vars(**values))
-    assert caught.value.where == f"storage01: {where}"
+    assert caught.value.where == f"storage01: {where} (inventory)"
     assert says in caught.value.message
 
 
@@ -374,7 +374,8 @@ def test_wrong_variables_stop_the_play_before_any_host_is_touched(
     wrong = bad({"nvmeof_target_ports": [{"id": 1, "transport": "rdma"}]})
     run = play_role(target, tmp_path, "nvmeof_target", "lab01", wrong, executable=True)
     assert run.code != 0 and run.events == []
-    assert "lab01: nvmeof_target_ports[0].address: port 1 (rdma) has no address" in run.output
+    where = f"lab01: nvmeof_target_ports[0].address ({tmp_path / 'inventory.yml'}:"
+    assert where in run.output and "): port 1 (rdma) has no address" in run.output
     assert changes(before, snapshot(target, "lab01")) == []
 
 

@@ -113,7 +113,7 @@ def test_the_defaults_and_a_full_interface_list_validate() -> None:
 def test_wrong_variables_name_host_and_variable(values: dict, where: str, words: str) -> None:
     with pytest.raises(VarError) as caught:
         R.validate(hostvars(**values))
-    assert caught.value.where == f"gpu01: {where}"
+    assert caught.value.where == f"gpu01: {where} (inventory)"
     assert words in caught.value.message
     assert caught.value.hint
 

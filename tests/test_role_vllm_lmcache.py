@@ -240,9 +240,10 @@ def test_systemd_analyze_accepts_the_unit(wheel: str, tmp_path: Path) -> None:
 def test_wrong_variables_name_the_host_and_the_variable(
     wheel: str, values: dict[str, Any], where: str, says: str
 ) -> None:
+    v = host_vars(wheel, **values)
     with pytest.raises(VarError) as caught:
-        CODE.validate(host_vars(wheel, **values))
-    assert caught.value.where == f"gpu01: {where}"
+        CODE.validate(v)
+    assert caught.value.where == f"gpu01: {where} ({v.where(where)})"  # inventory, defaults.yml
     assert says in caught.value.message
 
 

@@ -1053,7 +1053,8 @@ def test_errors_before_any_host_is_touched_never_quote_a_secret(tmp_path: Path) 
     with pytest.raises(VarError) as err:
         play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, files, fleet)
     assert SECRET not in str(err.value) and err.value.message.endswith("******** is too short")
-    assert err.value.where == "h1: registry_auth_key" and fleet.hosts == {}
+    assert err.value.where == f"h1: registry_auth_key ({tmp_path / 'hosts.yml'}:3)"
+    assert fleet.hosts == {}
 
 
 def test_a_rollout_s_plan_never_quotes_a_secret(tmp_path: Path) -> None:

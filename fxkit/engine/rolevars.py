@@ -15,7 +15,7 @@ _IFNAME = re.compile(r"[^\s/:]{1,15}")
 
 
 def var_error(v: HostVars, var: str, msg: str, hint: str | None = None) -> VarError:
-    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
+    return VarError(msg, where=f"{v.host}: {var} ({v.where(var)})", hint=hint)
 
 
 def mappings(v: HostVars, name: str) -> list[dict[str, Any]]:
