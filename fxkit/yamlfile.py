@@ -37,6 +37,7 @@ MAX_ALIAS_VALUES = 1_000_000
 MAX_JSON_DEPTH = 64
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # without libyaml: pure Python
+_TEXT = "tag:yaml.org,2002:str"
 
 
 class Marked(dict):
@@ -105,14 +106,18 @@ class _MarkingLoader(_Base):
 
 
 class _TopMarkingLoader(_PlainLoader):
-    """A :class:`Marked` top mapping (a vars file's variables), plain values under it."""
-
-    construct_marked = _MarkingLoader.construct_marked
+    """Plain values under a :class:`Marked` top mapping that knows the lines of its text keys
+    (a vars file's variables)."""
 
     def construct_document(self, node: yaml.Node) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            self.constructed_objects[node] = self.construct_marked(node)
-        return super().construct_document(node)
+        data = super().construct_document(node)
+        if not isinstance(data, dict):
+            return data
+        top = Marked(_line(node))
+        top.update(data)
+        # node.value is flattened by now (merge keys in place), so the last line of a key wins
+        top.key_lines = {k.value: k.start_mark.line + 1 for k, _ in node.value if k.tag == _TEXT}
+        return top
 
 
 def _checked(construct: Any, what: str) -> Any:
@@ -390,7 +395,8 @@ def key_origins(path: Path, mapping: Any) -> dict[str, str]:
     :class:`Marked`)."""
     if not isinstance(mapping, Marked):
         return {}
-    return {key: f"{path}:{line}" for key, line in mapping.key_lines.items()}
+    at = f"{path}:"  # formatting the path once: a vars file may set thousands of variables
+    return {key: at + str(line) for key, line in mapping.key_lines.items()}
 
 
 def type_name(value: Any) -> str:

@@ -15,7 +15,7 @@ from fxkit.engine.console import Reporter
 from fxkit.engine.playbook import Playbook
 from fxkit.engine.rolevars import var_error
 from fxkit.engine.runner import Runner, RunOptions
-from fxkit.engine.variables import HostVars, Layer, parse_extra_vars
+from fxkit.engine.variables import HostVars, Layer, load_vars_file, parse_extra_vars
 from fxkit.errors import TemplateError
 from fxkit.inventory import Inventory
 
@@ -162,6 +162,14 @@ def test_every_level_says_where_it_set_a_variable(tmp_path: Path) -> None:
 def test_the_winning_level_s_origin_is_given(tmp_path: Path, extra: list[str], where: str) -> None:
     write(tmp_path, "extra.yml", "everywhere: extra file\n")
     assert role_vars(tmp_path, extra).where("everywhere") == where.format(tmp=tmp_path)
+
+
+def test_a_vars_file_gives_the_line_that_wins(tmp_path: Path) -> None:
+    path = write(tmp_path, "vars.yml", "<<: {merged: 1}\nrack: r1\nrack: r2\n1: one\n'q': 2\n")
+    values = load_vars_file(path)
+    assert values == {"merged": 1, "rack": "r2", 1: "one", "q": 2}
+    # a key repeated: its last line; a key that is no text (1) has no line
+    assert values.origins == {"merged": f"{path}:1", "rack": f"{path}:3", "q": f"{path}:5"}
 
 
 def test_a_path_into_a_variable_is_where_the_variable_was_set_and_unset_ones_say_so() -> None:

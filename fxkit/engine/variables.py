@@ -261,8 +261,9 @@ class Variables(dict[str, Any]):
     def merge(self, *others: Variables) -> None:
         """``update`` with each of ``others`` in turn, their origins too (later wins)."""
         for other in others:
-            self.update(other)
-            self.origins.update(other.origins)
+            if other:
+                self.update(other)
+                self.origins.update(other.origins)
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ class Layer:
     #: they are :class:`Variables`. A variable with none was set in "``source``".
     origins: Mapping[str, str] | None = None
 
-    def where(self) -> Mapping[str, str]:
+    def where_set(self) -> Mapping[str, str]:
         """Where each variable of this level was set, as far as known."""
         if self.origins is not None:
             return self.origins
@@ -307,7 +308,7 @@ class HostVars(Mapping[str, Any]):
         self._rendered: dict[str, Any] = {}
         marked = set(secret_names)
         for layer in layers:
-            origins = layer.where()
+            origins = layer.where_set()
             for key, value in layer.values.items():
                 self._raw[key] = value
                 self._source[key] = layer.source

@@ -162,18 +162,22 @@ class Inventory:
             for host in group.hosts:
                 direct[host].append(group.name)
         hosts = {}
+        all_files = files(group_vars, "all")
+        # what the groups set, by merge order: merged once for all hosts of the same groups
+        by_groups: dict[tuple[str, ...], Variables] = {}
         for name, inline in draft.hosts.items():
             order = _merge_order(groups, direct[name])
-            merged = Variables()
-            merged.merge(*(draft.groups[group].vars for group in order))
-            merged.merge(*files(group_vars, "all"))
-            # source by source, and in each the groups in order
-            merged.merge(*(source.read(other) for source in group_vars for other in order[1:]))
+            shared = by_groups.get(tuple(order))
+            if shared is None:
+                shared = by_groups[tuple(order)] = Variables()
+                shared.merge(*(draft.groups[group].vars for group in order), *all_files)
+                # source by source, and in each the groups in order
+                shared.merge(*(source.read(other) for source in group_vars for other in order[1:]))
+            merged = Variables(shared, shared.origins)
             merged.merge(inline, *files(host_vars, name))
             hosts[name] = InventoryHost(name, merged, order, merged.origins)
         implicit = Variables()
-        implicit.merge(draft.groups["all"].vars, *files(group_vars, "all"))
-        implicit.merge(_LOCAL, *files(host_vars, "localhost"))
+        implicit.merge(draft.groups["all"].vars, *all_files, _LOCAL, *files(host_vars, "localhost"))
         return cls(hosts, groups, draft.localhost, implicit)
 
 
