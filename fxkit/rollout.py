@@ -33,7 +33,7 @@ from fxkit.engine.record import Outcome, PlaybookResult, Recorder, TaskResult
 from fxkit.engine.rolevars import RoleVars
 from fxkit.engine.runner import Runner, RunOptions, load_inventory
 from fxkit.engine.serving import ServingRole
-from fxkit.engine.variables import HostVars
+from fxkit.engine.variables import HostVars, Variables
 from fxkit.errors import PlaybookError, masked_errors
 from fxkit.inventory import Inventory
 from fxkit.ops.base import Status
@@ -211,11 +211,9 @@ def _run(
     order = [i.host for group in groups for i in group]
     for number, group in enumerate(groups, 1):
         chosen = sorted({i.host for i in group}, key=order.index)
-        batch_options = replace(
-            options,
-            limit=":".join(chosen),
-            extra_vars={**options.extra_vars, select: [i.key for i in group]},
-        )
+        extra = Variables(options.extra_vars, getattr(options.extra_vars, "origins", {}))
+        extra.merge(Variables({select: [i.key for i in group]}, {select: "fxkit rollout's batch"}))
+        batch_options = replace(options, limit=":".join(chosen), extra_vars=extra)
         batch = recorder.fresh()
         batch.note(f"batch {number}/{len(groups)}: {', '.join(i.key for i in group)}", style="bold")
         with batch:

@@ -1,7 +1,9 @@
 """Reading YAML files with line numbers, so every mistake in one can name its file and line.
 
 :func:`read_yaml` returns mappings as :class:`Marked` and lists as :class:`MarkedList`, which
-remember their lines (or, with ``lines=False``, plain dicts and lists: quicker, for vars files);
+remember their lines (or, with ``lines=False``, plain dicts and lists: quicker; with
+``lines="top"``, plain ones under a top mapping that remembers its keys' lines, for vars files);
+:func:`key_origins` names where each key of a mapping was set (``path:line``);
 :func:`line_at` finds the line of a location such as ``["roles", 2]``; :func:`plain` turns the
 result back into plain dicts and lists, :func:`type_name` names a value's type in messages.
 Every problem (a missing file, a file that is not UTF-8, a syntax error, aliases that expand
@@ -21,7 +23,7 @@ import json
 import reprlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -35,6 +37,7 @@ MAX_ALIAS_VALUES = 1_000_000
 MAX_JSON_DEPTH = 64
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # without libyaml: pure Python
+_TEXT = "tag:yaml.org,2002:str"
 
 
 class Marked(dict):
@@ -102,6 +105,21 @@ class _MarkingLoader(_Base):
         return items
 
 
+class _TopMarkingLoader(_PlainLoader):
+    """Plain values under a :class:`Marked` top mapping that knows the lines of its text keys
+    (a vars file's variables)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        data = super().construct_document(node)
+        if not isinstance(data, dict):
+            return data
+        top = Marked(_line(node))
+        top.update(data)
+        # node.value is flattened by now (merge keys in place), so the last line of a key wins
+        top.key_lines = {k.value: k.start_mark.line + 1 for k, _ in node.value if k.tag == _TEXT}
+        return top
+
+
 def _checked(construct: Any, what: str) -> Any:
     """``construct`` (a scalar constructor) raising a marked error for a value Python refuses
     (an integer of more than 4300 digits, the date 2001-13-01) instead of a bare ValueError."""
@@ -131,21 +149,30 @@ _MarkingLoader.add_constructor(
 )
 
 
+_LOADERS: dict[bool | str, Any] = {
+    True: _MarkingLoader,
+    "top": _TopMarkingLoader,
+    False: _PlainLoader,
+}
+
+
 def read_yaml(
     path: Path,
     error: type[FxkitError] = FxkitError,
     *,
     what: str = "file",
     hint: str | None = None,
-    lines: bool = True,
+    lines: bool | Literal["top"] = True,
 ) -> Any:
-    """Parse ``path`` (``None`` when empty); ``lines=False`` gives plain dicts and lists.
+    """Parse ``path`` (``None`` when empty); ``lines=False`` gives plain dicts and lists,
+    ``lines="top"`` plain ones under a :class:`Marked` top mapping (quick, and a vars file's
+    variables keep their lines).
 
     A file that cannot be read (``hint`` says what to do), is not UTF-8 or is not valid YAML
     raises ``error`` naming file:line.
     """
     text = read_text(path, error, what, hint)
-    loader = (_MarkingLoader if lines else _PlainLoader)(text)
+    loader = _LOADERS[lines](text)
     try:
         with _cyclic_gc_paused():
             node = loader.get_single_node()
@@ -361,6 +388,15 @@ def line_at(data: Any, location: Sequence[Any]) -> tuple[int | None, list[int | 
             continue
         followed.append(part)
     return line, followed
+
+
+def key_origins(path: Path, mapping: Any) -> dict[str, str]:
+    """``path:line`` of each key of a mapping from :func:`read_yaml` (none unless it is a
+    :class:`Marked`)."""
+    if not isinstance(mapping, Marked):
+        return {}
+    at = f"{path}:"  # formatting the path once: a vars file may set thousands of variables
+    return {key: at + str(line) for key, line in mapping.key_lines.items()}
 
 
 def type_name(value: Any) -> str:

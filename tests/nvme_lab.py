@@ -44,12 +44,9 @@ def refusal(role: Role, v: HostVars) -> VarError:
 
 
 def place(problem: VarError) -> str:
-    """The variable or key a problem names, after its host: a wrong type or value names it
-    first in its message (its where says the variable and who set it), ``validate`` in its
-    where."""
-    if problem.where.endswith(")"):
-        return problem.message.split(" is ")[0]
-    return problem.where.split(": ", 1)[1]
+    """The variable or key a problem names: its where, after the host and before where the
+    value was set."""
+    return problem.where.split(": ", 1)[1].rsplit(" (", 1)[0]
 
 
 def stand_in_packages(conn: Connection, *names: str) -> None:

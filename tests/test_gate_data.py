@@ -90,7 +90,11 @@ def test_a_gate_template_runs_no_code(tmp_path: Path, place: str) -> None:
     assert "gate.yml:7: " in proc.stderr  # the check's line
     assert "SecurityError for host h1" in proc.stderr and "unsafe" in proc.stderr
     if place != "rule":
-        source = {"gate vars": "gate data vars", "-e": "extra vars"}.get(place, place)
+        source = {
+            "gate vars": "gate data vars",
+            "inventory": "hosts.yml:3",
+            "-e": "-e #1 on the command line",
+        }[place]
         assert f"variable 'thr' ({source}), line 1" in proc.stderr
 
 
@@ -102,7 +106,7 @@ def test_a_broken_connection_variable_stops_the_gate_before_any_host(tmp_path: P
     )
     proc = fxkit("gate", "./gate.yml", "-i", "hosts.yml", "--out", "out", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "variable 'ansible_port' (inventory), line 1: ZeroDivisionError" in proc.stderr
+    assert "variable 'ansible_port' (hosts.yml:3), line 1: ZeroDivisionError" in proc.stderr
     assert "unreachable" not in proc.stdout  # h2 was not tried either
     assert not (tmp_path / "out").exists() and "Traceback" not in proc.stderr
 
@@ -139,7 +143,7 @@ def test_a_play_variable_runs_no_code_and_its_error_is_one_clear_line(
     assert proc.returncode == 1, output
     assert not marker.exists()
     assert "Traceback" not in output
-    source = "extra vars" if place == "-e" else place
+    source = "-e #1 on the command line" if place == "-e" else "hosts.yml:1"  # JSON: one line
     assert f"variable '{name}' ({source}), line 1: {error} for host h1" in output
 
 

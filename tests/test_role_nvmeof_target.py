@@ -281,7 +281,7 @@ def namespace(**keys: Any) -> dict[str, Any]:
         (bad(subsystem(model="")),
          "nvmeof_target_subsystems[0].model", "not 1 to 40 printable ASCII characters"),
         (bad(subsystem(attr={"Version": "1.3"})),
-         "nvmeof_target_subsystems[0].attr.Version.[key]", "not an attribute name"),
+         "nvmeof_target_subsystems[0].attr.Version[key]", "not an attribute name"),
         (bad(subsystem(attr={"version": ["1.3"]})),
          "nvmeof_target_subsystems[0].attr.version", "Input should be a valid string"),
         (bad({"nvmeof_target_hosts": ["host1"]}), "nvmeof_target_hosts[0]", "not in the form"),
@@ -321,7 +321,7 @@ def test_an_nqn_on_two_targets_is_refused_naming_both() -> None:
     }
     with pytest.raises(VarError) as caught:
         CODE.validate_all(hosts)
-    assert caught.value.where == "storage02: nvmeof_target_subsystems[0].nqn"
+    assert caught.value.where == "storage02: nvmeof_target_subsystems[0].nqn (inventory)"
     assert f"subsystem {MODELS} is defined on storage01 and on storage02" in caught.value.message
     CODE.validate_all({"storage01": hosts["storage01"]})
 
@@ -455,7 +455,8 @@ def test_wrong_variables_stop_the_play_before_any_host_is_touched(
     wrong = bad({"nvmeof_target_ports": [{"id": 1, "transport": "rdma"}]})
     run = play_role(target, tmp_path, "nvmeof_target", "lab01", wrong, executable=True)
     assert run.code != 0 and run.events == []
-    assert "lab01: nvmeof_target_ports[0].address: port 1 (rdma) has no address" in run.output
+    assert "lab01: nvmeof_target_ports[0].address (" in run.output
+    assert "): port 1 (rdma) has no address" in run.output
     assert changes(before, snapshot(target, "lab01")) == []
 
 

@@ -145,7 +145,9 @@ def test_the_defaults_and_a_full_interface_list_validate() -> None:
 def test_wrong_variables_name_host_and_variable(values: dict, where: str, words: str) -> None:
     with pytest.raises(VarError) as caught:
         typed(**values)
-    assert caught.value.where == f"gpu01: {where}"
+    # the host, the variable (or a path into it) and where its value was set
+    assert caught.value.where.startswith(f"gpu01: {where.removesuffix(' (inventory)')}")
+    assert caught.value.where.endswith(" (inventory)")
     assert words in caught.value.message, caught.value.message
     assert caught.value.hint
 

@@ -74,7 +74,8 @@ def test_every_wrong_variable_of_every_host_is_named_with_its_place_and_hint(
         play(tmp_path, "- hosts: all\n  roles: [typed]\n", inventory, TYPED, fleet=fleet)
     text = str(caught.value)
     assert "role typed: 5 wrong variables (nothing was changed)" in text
-    assert "h1: mtu (inventory)" in text and "mtu is 99999: Input should be less than or" in text
+    assert f"h1: mtu ({tmp_path / 'hosts.yml'}:4)" in text  # where the value was set
+    assert "mtu is 99999: Input should be less than or" in text
     assert "hint: e.g. 9000" in text  # from the field's examples
     assert "mtu is True: a boolean is not a number" in text
     assert "nqn is 'nqn.2024-13.io.fx:b'" in text and "is not a year and month" in text
@@ -190,5 +191,5 @@ def test_mypy_and_validation_both_catch_a_misspelt_name_and_a_wrong_type(
     inventory = "all: {hosts: {h1: {node_gpu_count: eight}}}"
     with pytest.raises(VarError) as caught:
         play(tmp_path, "- hosts: all\n  roles: [node_base]\n", inventory)
-    assert caught.value.where == "h1: node_gpu_count (inventory)"
+    assert caught.value.where == f"h1: node_gpu_count ({tmp_path / 'hosts.yml'}:1)"
     assert "node_gpu_count is 'eight': Input should be a valid integer" in caught.value.message

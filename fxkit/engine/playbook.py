@@ -34,9 +34,9 @@ from pydantic import (
     field_validator,
 )
 
-from fxkit.engine.variables import load_vars_file
+from fxkit.engine.variables import Variables, load_vars_file
 from fxkit.errors import FxkitError, PlaybookError
-from fxkit.yamlfile import line_at, plain, read_yaml, type_name
+from fxkit.yamlfile import key_origins, line_at, plain, read_yaml, type_name
 
 T = TypeVar("T")
 
@@ -56,13 +56,16 @@ class RoleRef(BaseModel):
     role: str = Field(min_length=1)
     tags: list[str] = []
     _where: str = PrivateAttr("")
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     _tags = field_validator("tags", mode="before")(_as_list)
 
     @property
-    def params(self) -> dict[str, Any]:
-        """Role parameters: every key besides ``role`` and ``tags``."""
-        return dict(self.model_extra or {})
+    def params(self) -> Variables:
+        """Role parameters: every key besides ``role`` and ``tags``, each set at
+        ``path:line``."""
+        params = self.model_extra or {}
+        return Variables(params, {k: at for k, at in self._origins.items() if k in params})
 
     @property
     def where(self) -> str:
@@ -85,7 +88,8 @@ class Play(BaseModel):
     become: bool | None = None
     secret_vars: list[str] = []
     _where: str = PrivateAttr("")
-    _file_vars: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _vars_origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    _file_vars: Variables = PrivateAttr(default_factory=Variables)
 
     _tags = field_validator("tags", "secret_vars", mode="before")(_as_list)
 
@@ -131,8 +135,13 @@ class Play(BaseModel):
         return self._where
 
     @property
-    def file_vars(self) -> dict[str, Any]:
-        """The variables of ``vars_files``, merged in order."""
+    def vars_origins(self) -> dict[str, str]:
+        """Where each of ``vars`` was set (``path:line``)."""
+        return self._vars_origins
+
+    @property
+    def file_vars(self) -> Variables:
+        """The variables of ``vars_files``, merged in order, each set at ``path:line``."""
         return self._file_vars
 
     def batches(self, hosts: Sequence[T]) -> list[list[T]]:
@@ -199,11 +208,13 @@ def _play(path: Path, plays: list[Any], index: int) -> Play:
         raise _validation_error(exc, label, data, path) from None
     play.name = play.name or play.hosts
     play._where = where
+    play._vars_origins = key_origins(path, data.get("vars"))
     for role_index, ref in enumerate(play.roles):
         ref._where = _where(path, data, ["roles", role_index])
+        ref._origins = key_origins(path, data["roles"][role_index])
     for file_index, name in enumerate(play.vars_files):
         try:
-            play._file_vars.update(load_vars_file(path.parent / name))
+            play._file_vars.merge(load_vars_file(path.parent / name))
         except FxkitError as exc:
             raise PlaybookError(
                 f"{label}: vars_files entry {name!r}: {exc.where}: {exc.message}",

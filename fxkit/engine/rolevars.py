@@ -66,6 +66,11 @@ class RoleVars(BaseModel):
         """Every variable of the host, untyped: ``v.all.get("ansible_host")``."""
         return self._all
 
+    def wrong(self, var: str, msg: str, hint: str | None = None) -> VarError:
+        """The error for ``var`` (a name, or a path into one: ``ports[0].addr``), placed where
+        its value was set: for ``validate(v)``'s checks of what a type cannot say."""
+        return VarError(msg, where=f"{self.host}: {var} ({self._all.where(var)})", hint=hint)
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Each variable's default as plain data (models dumped), for the defaults level."""
@@ -113,13 +118,15 @@ def check(cls: type[V], v: HostVars) -> tuple[V | None, list[FxkitError]]:
 def _var_error(cls: type[RoleVars], v: HostVars, error: Mapping[str, Any]) -> VarError:
     name, *path = error["loc"] or ("?",)
     field = _field_at(cls.model_fields.get(str(name)), path)
-    at = str(name) + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+    at = str(name) + "".join(
+        f"[{p}]" if isinstance(p, int) else p if str(p).startswith("[") else f".{p}" for p in path
+    )
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "missing":
         text = f"{at} is not set"
     else:
         text = f"{at} is {_short(error.get('input'))}: {message}"
-    where = f"{v.host}: {name} ({v.source(str(name))})" if name in v else f"{v.host}: {name}"
+    where = f"{v.host}: {at} ({v.where(str(name))})" if name in v else f"{v.host}: {at}"
     return VarError(text, where=where, hint=_hint(field))
 
 

@@ -429,8 +429,8 @@ class Runner:
         are the recorder's from here on."""
         layers = [
             Layer(f"role {role.name} defaults", role.defaults) if role else None,
-            Layer("inventory", inv.vars),
-            Layer("play vars", play.vars),
+            Layer("inventory", inv.vars, origins=inv.origins),
+            Layer("play vars", play.vars, origins=play.vars_origins),
             Layer("play vars_files", play.file_vars),
             Layer(f"role {ref.role} parameters", ref.params) if ref else None,
             Layer("extra vars", self.options.extra_vars),

@@ -11,6 +11,11 @@ Precedence, lowest first (a later level replaces a whole top-level value of an e
 
 On top, fxkit sets ``inventory_hostname``, ``group_names`` and ``role_name``.
 
+Each variable knows where its winning value was set (:meth:`HostVars.where`): ``path:line`` of
+a file (inventory, ``group_vars/``, playbook, vars file, ``-e @file``), ``-e #2 on the command
+line``, else the level's name. Levels read from a file or ``-e`` are :class:`Variables`, which
+carry these origins.
+
 Values are rendered when they are read: a string value may use ``{{ other_variable }}`` and is
 rendered with the host's variables at that moment, through a Jinja2 environment with
 ``StrictUndefined``: an undefined variable is a :class:`~fxkit.errors.TemplateError` naming the
@@ -66,7 +71,7 @@ from fxkit.engine.redaction import (
     secret_leaves,
 )
 from fxkit.errors import FxkitError, TemplateError, VarError
-from fxkit.yamlfile import read_yaml, type_name
+from fxkit.yamlfile import key_origins, read_yaml, type_name
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
 #: The filter that records what an expression reading a secret renders to.
@@ -243,6 +248,24 @@ class UndefinedVariable(TemplateError, KeyError):
     """A role read a variable that no level defines (also a KeyError, so ``v.get()`` works)."""
 
 
+class Variables(dict[str, Any]):
+    """Variables that know where each was set: ``origins`` maps a name to ``path:line`` (or
+    to how it was set, ``-e #2 on the command line``)."""
+
+    def __init__(
+        self, values: Mapping[str, Any] | None = None, origins: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(values or {})
+        self.origins = dict(origins or {})
+
+    def merge(self, *others: Variables) -> None:
+        """``update`` with each of ``others`` in turn, their origins too (later wins)."""
+        for other in others:
+            if other:
+                self.update(other)
+                self.origins.update(other.origins)
+
+
 @dataclass(frozen=True)
 class Layer:
     """One precedence level: where its values come from (for messages) and the values."""
@@ -251,6 +274,15 @@ class Layer:
     values: Mapping[str, Any]
     #: Values rendered already (kept in a results file): data, never rendered again.
     rendered: bool = False
+    #: Where each variable was set (``path:line``); ``None``: the values' own origins when
+    #: they are :class:`Variables`. A variable with none was set in "``source``".
+    origins: Mapping[str, str] | None = None
+
+    def where_set(self) -> Mapping[str, str]:
+        """Where each variable of this level was set, as far as known."""
+        if self.origins is not None:
+            return self.origins
+        return self.values.origins if isinstance(self.values, Variables) else {}
 
 
 class HostVars(Mapping[str, Any]):
@@ -272,18 +304,21 @@ class HostVars(Mapping[str, Any]):
         self._host = host
         self._raw: dict[str, Any] = {}
         self._source: dict[str, str] = {}
+        self._where: dict[str, str] = {}
         self._rendered: dict[str, Any] = {}
         marked = set(secret_names)
         for layer in layers:
+            origins = layer.where_set()
             for key, value in layer.values.items():
                 self._raw[key] = value
                 self._source[key] = layer.source
+                self._where[key] = origins.get(key, layer.source)
                 if layer.rendered:
                     self._rendered[key] = value
                 else:
                     self._rendered.pop(key, None)
             if SECRET_VARS in layer.values:
-                marked.update(self._marked(layer))
+                marked.update(self._marked(layer.values))
         self._secret_names = frozenset(marked)
         #: Variables secret because their values read a secret.
         self._tainted: set[str] = set()
@@ -291,13 +326,13 @@ class HostVars(Mapping[str, Any]):
         self._rendered_secrets: set[str] = set()
         self._local = threading.local()
 
-    def _marked(self, layer: Layer) -> list[str]:
-        names = listed_names(layer.values[SECRET_VARS])
+    def _marked(self, values: Mapping[str, Any]) -> list[str]:
+        names = listed_names(values[SECRET_VARS])
         if names is None:
             raise VarError(
                 f"{SECRET_VARS} must be a list of variable names, not "
-                f"{type_name(layer.values[SECRET_VARS])}",
-                where=f"host {self._host}, variable {SECRET_VARS} ({layer.source})",
+                f"{type_name(values[SECRET_VARS])}",
+                where=f"host {self._host}, variable {SECRET_VARS} ({self._where[SECRET_VARS]})",
                 hint=f"write {SECRET_VARS}: [bmc_login, 'vault_*'] (names or glob patterns)",
             )
         return names
@@ -309,6 +344,15 @@ class HostVars(Mapping[str, Any]):
     def source(self, name: str) -> str:
         """Where the winning value of ``name`` was defined (e.g. ``play vars``)."""
         return self._source[name]
+
+    def where(self, name: str) -> str:
+        """Where the winning value of ``name`` was set: ``path:line`` when known (e.g.
+        ``inventory/group_vars/all.yml:12``), else how (``-e #2 on the command line``) or the
+        level (``role node_base defaults``). For a path into a variable (``ports[0].addr``):
+        where the variable was set; for a variable set nowhere: ``not set``."""
+        if name not in self._where:
+            name = re.split(r"[.\[]", name, maxsplit=1)[0]
+        return self._where.get(name, "not set")
 
     def __getitem__(self, name: str) -> Any:
         if name in self._rendered:
@@ -328,7 +372,7 @@ class HostVars(Mapping[str, Any]):
                 hint="break the loop: one of these variables needs a plain value",
             )
         stack.append(name)
-        label = f"variable {name!r} ({self._source[name]})"
+        label = f"variable {name!r} ({self._where[name]})"
         try:
             value = self._render_value(self._raw[name], label, self._holds_secrets(name))
         finally:
@@ -524,17 +568,19 @@ def truthy(value: Any) -> bool:
     return bool(value)
 
 
-def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> dict[str, Any]:
-    """Merge ``-e`` values, later ones winning: ``k=v k2=v2``, a JSON/YAML mapping, ``@file``.
+def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> Variables:
+    """Merge ``-e`` values, later ones winning: ``k=v k2=v2``, a JSON/YAML mapping, ``@file``;
+    each set at ``path:line`` of its file, or at ``-e #N on the command line``.
 
     Errors name the ``-e`` by its number and never quote its text: it may hold secrets.
     """
-    merged: dict[str, Any] = {}
+    merged = Variables()
     for number, item in enumerate(items, 1):
         text, where = item.strip(), f"-e #{number}"
         if text.startswith("@"):
-            merged.update(load_vars_file(Path(base or ".") / text[1:]))
-        elif text.startswith("{"):
+            merged.merge(load_vars_file(Path(base or ".") / text[1:]))
+            continue
+        if text.startswith("{"):
             try:
                 value = yaml.safe_load(text)
             except yaml.YAMLError as exc:
@@ -543,9 +589,10 @@ def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> dict[str
                     where=where,
                     hint='write -e \'{"key": "value"}\'',
                 ) from None
-            merged.update(_require_mapping(value, where))
+            values = _require_mapping(value, where)
         else:
-            merged.update(_key_values(text, where))
+            values = _key_values(text, where)
+        merged.merge(Variables(values, dict.fromkeys(values, f"{where} on the command line")))
     return merged
 
 
@@ -585,8 +632,9 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
-def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> dict[str, Any]:
-    """A YAML (or JSON) file holding one mapping of variables; empty files hold none.
+def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> Variables:
+    """A YAML (or JSON) file holding one mapping of variables, each set at ``path:line``;
+    empty files hold none.
 
     Mistakes are raised as ``error`` with the file and line.
     """
@@ -595,9 +643,11 @@ def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> dict[str
         error,
         what="variables file",
         hint="check that the file exists and is readable (vars_files paths start at the playbook)",
-        lines=False,
+        lines="top",
     )
-    return _require_mapping(value, f"{path}:1", error) if value is not None else {}
+    if value is None:
+        return Variables()
+    return Variables(_require_mapping(value, f"{path}:1", error), key_origins(path, value))
 
 
 def _require_mapping(

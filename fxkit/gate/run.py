@@ -366,7 +366,7 @@ def host_vars(
     layers = [
         *defaults,
         Layer(gate_layer(gate), gate.spec.vars),
-        Layer("inventory", inv.vars),
+        Layer("inventory", inv.vars, origins=inv.origins),
         Layer("extra vars", extra_vars),
         Layer("fxkit", {"inventory_hostname": inv.name, "gate_name": gate.name}),
     ]

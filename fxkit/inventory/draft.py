@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fxkit.engine.variables import Variables
 from fxkit.errors import InventoryError
 from fxkit.inventory.hostnames import expand, split_port
 
@@ -23,7 +24,7 @@ PRIORITY = "ansible_group_priority"
 class DraftGroup:
     name: str
     where: str
-    vars: dict[str, Any] = field(default_factory=dict)
+    vars: Variables = field(default_factory=Variables)
     #: host names in declaration order (a dict used as an ordered set)
     hosts: dict[str, None] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
@@ -39,7 +40,7 @@ class Draft:
 
     groups: dict[str, DraftGroup] = field(default_factory=dict)
     #: host name -> its inline variables
-    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hosts: dict[str, Variables] = field(default_factory=dict)
     #: the first host named like the controller (localhost, 127.0.0.1, ::1), if any
     localhost: str | None = None
 
@@ -61,18 +62,28 @@ class Draft:
             group.child_where[child] = where
 
     def set_group_var(self, group: str, key: str, value: Any, where: str) -> None:
-        """A group variable from the inventory itself; ``ansible_group_priority`` sets the
-        group's priority instead, as in Ansible, and is no variable."""
+        """A group variable from the inventory itself, set at ``where``;
+        ``ansible_group_priority`` sets the group's priority instead, as in Ansible, and is no
+        variable."""
         target = self.groups[group]
         if key == PRIORITY:
             target.priority = priority(value, f"group {group!r}", where)
         else:
             target.vars[key] = value
+            target.vars.origins[key] = where
 
-    def add_hosts(self, group: str, pattern: str, hostvars: Mapping[str, Any], where: str) -> None:
+    def add_hosts(
+        self,
+        group: str,
+        pattern: str,
+        hostvars: Mapping[str, Any],
+        where: str,
+        origins: Mapping[str, str] | None = None,
+    ) -> None:
         """Add the host(s) ``pattern`` names (``node[01:08]``, ``gpu01:2222``,
-        ``[2001:db8::12]:2222``) to ``group``. As in Ansible, ``:port`` is the port of a host
-        seen for the first time, and an ``ansible_port`` variable beats it."""
+        ``[2001:db8::12]:2222``) to ``group``, declared at ``where``; ``origins``: where each
+        of ``hostvars`` was set, when not on that line. As in Ansible, ``:port`` is the port
+        of a host seen for the first time, and an ``ansible_port`` variable beats it."""
         name, port = split_port(pattern)
         try:
             names = expand(name)
@@ -84,7 +95,7 @@ class Draft:
                 "name[1:9:2]; an IPv6 address with a port as [2001:db8::12]:2222",
             ) from None
         for host in names:
-            self.add_host(group, host, port, hostvars, where)
+            self.add_host(group, host, port, hostvars, where, origins)
 
     def add_host(
         self,
@@ -93,18 +104,22 @@ class Draft:
         port: int | None = None,
         hostvars: Mapping[str, Any] | None = None,
         where: str = "<host list>",
+        origins: Mapping[str, str] | None = None,
     ) -> None:
-        """Add one host (no ranges) to ``group``. As in Ansible, the variables of a host that
-        has the name of an existing group go to that group."""
+        """Add one host (no ranges) to ``group`` (see :meth:`add_hosts`). As in Ansible, the
+        variables of a host that has the name of an existing group go to that group."""
         if host not in self.hosts:
-            self.hosts[host] = {} if port is None else {"ansible_port": port}
+            port_var = {} if port is None else {"ansible_port": port}
+            self.hosts[host] = Variables(port_var, dict.fromkeys(port_var, where))
             if host in LOCALHOST and self.localhost is None:
                 self.localhost = host
         for key, value in (hostvars or {}).items():
+            origin = origins.get(key, where) if origins else where
             if host in self.groups:
-                self.set_group_var(host, key, value, where)
+                self.set_group_var(host, key, value, origin)
             else:
                 self.hosts[host][key] = value
+                self.hosts[host].origins[key] = origin
         self.group(group, where).hosts[host] = None
 
 

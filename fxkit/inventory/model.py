@@ -16,7 +16,8 @@ So a file in ``group_vars/`` beats any inline group variable and a ``host_vars/`
 inline host variable. ``ansible_group_priority`` set inline is the group's priority and no
 variable; in a ``group_vars/`` file it is an ordinary variable that changes no order (as in
 Ansible 2.19). Connection variables (``ansible_host``, ``ansible_port``, ``ansible_user``, ...)
-are ordinary variables here and pass through unchanged.
+are ordinary variables here and pass through unchanged. Each host keeps, beside its variables,
+where the winning value of each was set (``path:line``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fxkit.engine.variables import Variables
 from fxkit.errors import InventoryError
 from fxkit.inventory.draft import Draft
 from fxkit.inventory.patterns import select
@@ -33,17 +35,20 @@ from fxkit.inventory.sources import read_source, vars_folder
 from fxkit.inventory.vars_files import VarsFiles
 
 UNGROUPED = ("all", "ungrouped")
+#: The variable of Ansible's implicit localhost (see :meth:`Inventory.localhost`).
+_LOCAL = Variables({"ansible_connection": "local"}, {"ansible_connection": "implicit localhost"})
 Source = str | Path
 
 
 @dataclass
 class InventoryHost:
-    """One host: its merged variables and every group it is in (``all`` and ancestors included,
-    in merge order)."""
+    """One host: its merged variables, every group it is in (``all`` and ancestors included,
+    in merge order), and where each variable was set (``path:line``)."""
 
     name: str
     vars: dict[str, Any] = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
+    origins: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -68,13 +73,13 @@ class Inventory:
         hosts: dict[str, InventoryHost],
         groups: dict[str, InventoryGroup],
         localhost: str | None = None,
-        implicit_vars: dict[str, Any] | None = None,
+        implicit_vars: Variables | None = None,
     ):
         self.hosts = hosts
         self.groups = groups
         #: the inventory's first host named localhost, 127.0.0.1 or ::1, if any
         self._localhost = localhost
-        self._implicit_vars = implicit_vars or {"ansible_connection": "local"}
+        self._implicit_vars = implicit_vars or _LOCAL
         self._implicit: InventoryHost | None = None
         self._group_hosts: dict[str, list[InventoryHost]] = {}
 
@@ -117,7 +122,8 @@ class Inventory:
         if self._localhost is not None:
             return self.hosts[self._localhost]
         if self._implicit is None:
-            self._implicit = InventoryHost(name, dict(self._implicit_vars), [])
+            implicit = self._implicit_vars
+            self._implicit = InventoryHost(name, dict(implicit), [], dict(implicit.origins))
         return self._implicit
 
     def group_hosts(self, name: str) -> list[InventoryHost]:
@@ -143,31 +149,35 @@ class Inventory:
         group_vars = [VarsFiles(folder / "group_vars") for folder in folders]
         host_vars = [VarsFiles(folder / "host_vars") for folder in folders]
 
-        def files(kind: list[VarsFiles], name: str) -> dict[str, Any]:
-            """The files for ``name`` of every source, later sources winning."""
-            return {k: v for source in kind for k, v in source.read(name).items()}
+        def files(kind: list[VarsFiles], name: str) -> list[Variables]:
+            """The files for ``name`` of every source, in order (later ones win)."""
+            return [source.read(name) for source in kind]
 
         for name, group in groups.items():
-            group.vars = {**draft.groups[name].vars, **files(group_vars, name)}
+            own = Variables()
+            own.merge(draft.groups[name].vars, *files(group_vars, name))
+            group.vars = own
         direct: dict[str, list[str]] = {name: [] for name in draft.hosts}
         for group in groups.values():
             for host in group.hosts:
                 direct[host].append(group.name)
-        all_vars = {**draft.groups["all"].vars, **files(group_vars, "all")}
         hosts = {}
+        all_files = files(group_vars, "all")
+        # what the groups set, by merge order: merged once for all hosts of the same groups
+        by_groups: dict[tuple[str, ...], Variables] = {}
         for name, inline in draft.hosts.items():
             order = _merge_order(groups, direct[name])
-            merged = dict(draft.groups["all"].vars)
-            for other in order[1:]:
-                merged.update(draft.groups[other].vars)
-            merged.update(files(group_vars, "all"))
-            for source in group_vars:  # source by source, and in each the groups in order
-                for other in order[1:]:
-                    merged.update(source.read(other))
-            merged.update(inline)
-            merged.update(files(host_vars, name))
-            hosts[name] = InventoryHost(name, merged, order)
-        implicit = {**all_vars, "ansible_connection": "local", **files(host_vars, "localhost")}
+            shared = by_groups.get(tuple(order))
+            if shared is None:
+                shared = by_groups[tuple(order)] = Variables()
+                shared.merge(*(draft.groups[group].vars for group in order), *all_files)
+                # source by source, and in each the groups in order
+                shared.merge(*(source.read(other) for source in group_vars for other in order[1:]))
+            merged = Variables(shared, shared.origins)
+            merged.merge(inline, *files(host_vars, name))
+            hosts[name] = InventoryHost(name, merged, order, merged.origins)
+        implicit = Variables()
+        implicit.merge(draft.groups["all"].vars, *all_files, _LOCAL, *files(host_vars, "localhost"))
         return cls(hosts, groups, draft.localhost, implicit)
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from fxkit.engine.variables import load_vars_file
+from fxkit.engine.variables import Variables, load_vars_file
 from fxkit.errors import InventoryError
 
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
@@ -26,14 +25,14 @@ class VarsFiles:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._names = set(os.listdir(folder)) if folder.is_dir() else set()
-        self._read: dict[str, dict[str, Any]] = {}
+        self._read: dict[str, Variables] = {}
 
-    def read(self, name: str) -> dict[str, Any]:
-        """Merged variables for group or host ``name``."""
+    def read(self, name: str) -> Variables:
+        """Merged variables for group or host ``name``, each set at ``path:line``."""
         if name not in self._read:
-            merged: dict[str, Any] = {}
+            merged = Variables()
             for path in self._files_for(name):
-                merged.update(load_vars_file(path, InventoryError))
+                merged.merge(load_vars_file(path, InventoryError))
             self._read[name] = merged
         return self._read[name]
 

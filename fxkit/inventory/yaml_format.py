@@ -20,7 +20,7 @@ from typing import Any
 
 from fxkit.errors import InventoryError
 from fxkit.inventory.draft import Draft
-from fxkit.yamlfile import Marked, plain, read_yaml, type_name
+from fxkit.yamlfile import Marked, key_origins, plain, read_yaml, type_name
 
 GROUP_KEYS = ("hosts", "vars", "children")
 
@@ -85,7 +85,7 @@ def _parse_group(draft: Draft, path: Path, name: Any, body: Any, where: str) -> 
                 draft.set_group_var(name, var, value, f"{path}:{_line(section, var)}")
         elif key == "hosts":
             for host, hostvars in section.items():
-                _parse_host(draft, name, host, hostvars, f"{path}:{_line(section, host)}")
+                _parse_host(draft, path, name, host, hostvars, f"{path}:{_line(section, host)}")
         else:
             for child, child_body in section.items():
                 child_where = f"{path}:{_line(section, child)}"
@@ -97,7 +97,7 @@ def _line(section: dict[Any, Any], key: Any) -> int | str:
     return section.line_of(key) if isinstance(section, Marked) else "?"
 
 
-def _parse_host(draft: Draft, group: str, host: Any, hostvars: Any, where: str) -> None:
+def _parse_host(draft: Draft, path: Path, group: str, host: Any, hostvars: Any, where: str) -> None:
     if not isinstance(host, str) or host == "":
         raise InventoryError(
             f"host name {host!r} must be a non-empty string",
@@ -111,7 +111,7 @@ def _parse_host(draft: Draft, group: str, host: Any, hostvars: Any, where: str) 
             where=where,
             hint=f"write '{host}:' alone, or with 'key: value' lines indented under it",
         )
-    draft.add_hosts(group, host, plain(hostvars or {}), where)
+    draft.add_hosts(group, host, plain(hostvars or {}), where, key_origins(path, hostvars))
 
 
 _SECTION_HINTS = {

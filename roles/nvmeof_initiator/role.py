@@ -27,7 +27,6 @@ from fxkit.engine.rolevars import (
     Whole,
     pattern,
 )
-from fxkit.errors import VarError
 from fxkit.facts.files import FileStat
 from fxkit.facts.filesystems import BlockSignature
 from fxkit.facts.kernel import ModuleState
@@ -189,10 +188,6 @@ class Vars(RoleVars):
     )
 
 
-def _error(v: Vars, var: str, msg: str) -> VarError:
-    return VarError(msg, where=f"{v.host}: {var}")
-
-
 def validate(v: Vars) -> None:
     """What the types cannot say: connections listed twice, the namespace of each filesystem,
     mount points used twice."""
@@ -200,8 +195,7 @@ def validate(v: Vars) -> None:
     for i, conn in enumerate(v.nvmeof_initiator_connections):
         key = (conn.nqn, conn.transport, conn.address, conn.service_id)
         if key in seen:
-            raise _error(
-                v,
+            raise v.wrong(
                 f"nvmeof_initiator_connections[{i}]",
                 f"{conn.nqn} over {conn.transport} {conn.address}:{conn.service_id} is listed "
                 "twice",
@@ -212,12 +206,10 @@ def validate(v: Vars) -> None:
     for i, fs in enumerate(v.nvmeof_initiator_filesystems):
         var = f"nvmeof_initiator_filesystems[{i}]"
         if fs.path in paths:
-            raise _error(v, f"{var}.path", f"mount point {fs.path} is used twice")
+            raise v.wrong(f"{var}.path", f"mount point {fs.path} is used twice")
         paths.add(fs.path)
         if fs.device is None and (fs.nqn not in connected or fs.nsid is None):
-            raise _error(
-                v, var, "give device, or nqn (one of nvmeof_initiator_connections) and nsid"
-            )
+            raise v.wrong(var, "give device, or nqn (one of nvmeof_initiator_connections) and nsid")
 
 
 # -- what is written and run ------------------------------------------------------------------

@@ -28,7 +28,6 @@ from fxkit.engine.rolevars import (
     Whole,
     pattern,
 )
-from fxkit.errors import VarError
 from fxkit.facts.kernel import ModuleState
 from fxkit.facts.nvme import UUID
 from fxkit.facts.nvmet import NVMET, NvmetConfig, PathKinds, differences
@@ -158,10 +157,6 @@ def adrfam(address: str) -> str:
     return "ipv6" if ipaddress.ip_address(address).version == 6 else "ipv4"
 
 
-def _error(v: Vars, var: str, msg: str, hint: str | None = None) -> VarError:
-    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
-
-
 def validate(v: Vars) -> None:
     """What the types cannot say: NQNs, nsids, port ids and listeners used twice, hosts
     allowed, addresses and the ports' subsystems."""
@@ -169,7 +164,7 @@ def validate(v: Vars) -> None:
     for i, sub in enumerate(v.nvmeof_target_subsystems):
         var = f"nvmeof_target_subsystems[{i}]"
         if sub.nqn in names:
-            raise _error(v, f"{var}.nqn", f"subsystem {sub.nqn} is defined twice")
+            raise v.wrong(f"{var}.nqn", f"subsystem {sub.nqn} is defined twice")
         names.add(sub.nqn)
         _check_subsystem(v, var, sub)
     _check_ports(v, names)
@@ -177,15 +172,13 @@ def validate(v: Vars) -> None:
 
 def _check_subsystem(v: Vars, var: str, sub: Subsystem) -> None:
     if sub.allow_any_host and sub.allowed_hosts:
-        raise _error(
-            v,
+        raise v.wrong(
             f"{var}.allow_any_host",
             "allow_any_host is true and allowed_hosts are given",
             hint="with allow_any_host every host may connect: drop one of the two",
         )
     if not sub.allow_any_host and not sub.allowed_hosts:
-        raise _error(
-            v,
+        raise v.wrong(
             f"{var}.allowed_hosts",
             f"no host may connect to {sub.nqn}",
             hint="list the initiators' host NQNs in allowed_hosts, or set allow_any_host: true",
@@ -193,8 +186,8 @@ def _check_subsystem(v: Vars, var: str, sub: Subsystem) -> None:
     nsids: set[int] = set()
     for j, ns in enumerate(sub.namespaces):
         if ns.nsid in nsids:
-            raise _error(
-                v, f"{var}.namespaces[{j}].nsid", f"nsid {ns.nsid} is used twice in {sub.nqn}"
+            raise v.wrong(
+                f"{var}.namespaces[{j}].nsid", f"nsid {ns.nsid} is used twice in {sub.nqn}"
             )
         nsids.add(ns.nsid)
 
@@ -205,32 +198,30 @@ def _check_ports(v: Vars, subsystems: set[str]) -> None:
     for i, port in enumerate(v.nvmeof_target_ports):
         var = f"nvmeof_target_ports[{i}]"
         if port.id in ids:
-            raise _error(v, f"{var}.id", f"port id {port.id} is used twice")
+            raise v.wrong(f"{var}.id", f"port id {port.id} is used twice")
         ids.add(port.id)
         if port.transport != "loop":
             if port.address is None:
-                raise _error(
-                    v,
+                raise v.wrong(
                     f"{var}.address",
                     f"port {port.id} ({port.transport}) has no address",
                     hint="the IP address the target listens on, e.g. 192.168.100.10",
                 )
             family = adrfam(port.address)
             if port.adrfam not in (None, family):
-                raise _error(
-                    v, f"{var}.adrfam", f"adrfam {port.adrfam!r} but {port.address} is {family}"
+                raise v.wrong(
+                    f"{var}.adrfam", f"adrfam {port.adrfam!r} but {port.address} is {family}"
                 )
             listener = (port.transport, port.address, port.service_id)
             if listener in listeners:
-                raise _error(
-                    v,
+                raise v.wrong(
                     f"{var}.address",
                     f"{port.transport} {port.address}:{port.service_id} is used by two ports",
                 )
             listeners.add(listener)
         unknown = [n for n in port.subsystems or [] if n not in subsystems]
         if unknown:
-            raise _error(v, f"{var}.subsystems", f"{unknown[0]} is not in nvmeof_target_subsystems")
+            raise v.wrong(f"{var}.subsystems", f"{unknown[0]} is not in nvmeof_target_subsystems")
 
 
 def validate_all(hosts: dict[str, Vars]) -> None:
@@ -239,9 +230,9 @@ def validate_all(hosts: dict[str, Vars]) -> None:
     for name, v in hosts.items():
         for i, sub in enumerate(v.nvmeof_target_subsystems):
             if sub.nqn in owner and owner[sub.nqn] != name:
-                raise VarError(
+                raise v.wrong(
+                    f"nvmeof_target_subsystems[{i}].nqn",
                     f"subsystem {sub.nqn} is defined on {owner[sub.nqn]} and on {name}",
-                    where=f"{name}: nvmeof_target_subsystems[{i}].nqn",
                     hint="an NQN names one subsystem fabric-wide: give each target its own",
                 )
             owner.setdefault(sub.nqn, name)

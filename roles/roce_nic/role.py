@@ -18,7 +18,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import AbsolutePath, InterfaceName, RoleVars, Whole, pattern
 from fxkit.engine.variables import environment
-from fxkit.errors import VarError
 from fxkit.facts.rdma import (
     BNXT_CC,
     BnxtCc,
@@ -171,34 +170,29 @@ def validate(v: Vars) -> None:
     hint = f"ToS = DSCP<<2 | ECN bits: use {dscp << 2 | 2} (ECN-capable, ECT(0)) or {dscp << 2}"
     if tos >> 2 != dscp:
         msg = f"roce_nic_tos {tos} carries DSCP {tos >> 2}, but roce_nic_dscp is {dscp}"
-        raise VarError(msg, where=f"{v.host}: roce_nic_tos", hint=hint)
+        raise v.wrong("roce_nic_tos", msg, hint)
     if tos & 3 == 3:
         msg = f"roce_nic_tos {tos} has ECN bits 3 (CE): only a congested switch sets those"
-        raise VarError(msg, where=f"{v.host}: roce_nic_tos", hint=hint)
+        raise v.wrong("roce_nic_tos", msg, hint)
     if v.roce_nic_trust == "dscp" and dscp >> 3 != pfc:
-        raise VarError(
+        raise v.wrong(
+            "roce_nic_dscp",
             f"roce_nic_dscp {dscp} maps to priority {dscp >> 3}, but PFC is on priority {pfc} "
             "(roce_nic_pfc_priority): RoCE traffic would not be lossless",
-            where=f"{v.host}: roce_nic_dscp",
             hint=f"the default DSCP-to-priority map is DSCP>>3: for priority {pfc} use DSCP "
             f"{pfc * 8}..{pfc * 8 + 7} (26 for priority 3)",
         )
     names: set[str] = set()
     devices: set[str] = set()
     for i, entry in enumerate(v.roce_nic_interfaces):
-        where = f"{v.host}: roce_nic_interfaces[{i}]"
+        var = f"roce_nic_interfaces[{i}]"
         if entry.name in names:
-            raise VarError(
-                f"interface {entry.name} is listed twice",
-                where=where,
-                hint="list each interface once",
+            raise v.wrong(
+                var, f"interface {entry.name} is listed twice", "list each interface once"
             )
         if entry.device and entry.device in devices:
-            raise VarError(
-                f"RDMA device {entry.device} is listed twice",
-                where=where,
-                hint="each interface has its own RDMA device",
-            )
+            msg = f"RDMA device {entry.device} is listed twice"
+            raise v.wrong(var, msg, "each interface has its own RDMA device")
         names.add(entry.name)
         if entry.device:
             devices.add(entry.device)

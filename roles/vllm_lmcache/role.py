@@ -31,7 +31,6 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import IpAddress, Number, RoleVars, Rule, Text, Whole, pattern
-from fxkit.errors import VarError
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.python import VenvPackages
 from fxkit.facts.system import Mount, Mounts
@@ -337,10 +336,6 @@ class InstanceSpec:
 # -- what the variables make ------------------------------------------------------------------
 
 
-def _wrong(v: Vars, var: str, msg: str, hint: str | None = None) -> VarError:
-    return VarError(msg, where=f"{v.host}: {var}", hint=hint)
-
-
 def deployment_dir(v: Vars, folder: str) -> str:
     return posixpath.join(folder, v.vllm_lmcache_deployment)
 
@@ -370,15 +365,15 @@ def fxkit_wheel(v: Vars) -> Path:
     if given:
         path = Path(given)
         if not path.is_file():
-            raise _wrong(v, var, f"{given}: no such file here", hint)
+            raise v.wrong(var, f"{given}: no such file here", hint)
         if not path.name.startswith("fxkit-") or path.suffix != ".whl":
-            raise _wrong(v, var, f"{given} is not an fxkit wheel", hint)
+            raise v.wrong(var, f"{given} is not an fxkit wheel", hint)
         return path
     house = wheelhouse(v)
     found = sorted(house.glob("fxkit-*.whl")) if house else []
     if len(found) != 1:
         what = "no fxkit-*.whl" if not found else f"{len(found)} fxkit wheels"
-        raise _wrong(v, var, f"not given, and the wheelhouse has {what}", hint)
+        raise v.wrong(var, f"not given, and the wheelhouse has {what}", hint)
     return found[0]
 
 
@@ -387,7 +382,7 @@ def wheelhouse(v: Vars) -> Path | None:
     if not folder:
         return None
     if not Path(folder).is_dir():
-        raise _wrong(v, "vllm_lmcache_wheelhouse", f"{folder} is not a folder on the controller")
+        raise v.wrong("vllm_lmcache_wheelhouse", f"{folder} is not a folder on the controller")
     return Path(folder)
 
 
@@ -408,22 +403,19 @@ def validate(v: Vars) -> None:
     for var in ("vllm_lmcache_vllm_source", "vllm_lmcache_lmcache_source"):
         source = getattr(v, var)
         if _URL.fullmatch(source) and v.vllm_lmcache_wheelhouse:
-            raise _wrong(
-                v,
+            raise v.wrong(
                 var,
                 f"an index URL ({source}) beside vllm_lmcache_wheelhouse",
                 "air-gapped: the wheelhouse is the only source; put the wheels there",
             )
     if not v.vllm_lmcache_vllm_version and not v.vllm_lmcache_torch_version:
-        raise _wrong(
-            v,
+        raise v.wrong(
             "vllm_lmcache_torch_version",
             "neither vLLM nor torch is to be installed: fxkit's loader needs torch",
             "set vllm_lmcache_vllm_version, or vllm_lmcache_torch_version",
         )
     if v.vllm_lmcache_lmcache_git and not v.vllm_lmcache_lmcache_git_version:
-        raise _wrong(
-            v,
+        raise v.wrong(
             "vllm_lmcache_lmcache_git_version",
             f"building LMCache from {v.vllm_lmcache_lmcache_git} needs a pinned commit",
             "the full 40-digit commit hash (git rev-parse v0.5.6^{commit}): a tag or branch "
@@ -432,8 +424,7 @@ def validate(v: Vars) -> None:
     wheelhouse(v)
     fxkit_wheel(v)
     if v.vllm_lmcache_local_disk and v.vllm_lmcache_max_local_disk_size <= 0:
-        raise _wrong(
-            v,
+        raise v.wrong(
             "vllm_lmcache_max_local_disk_size",
             "is 0 with vllm_lmcache_local_disk set: LMCache makes no disk backend without a budget",
             "the GiB per GPU worker",
@@ -443,16 +434,14 @@ def validate(v: Vars) -> None:
         and not v.vllm_lmcache_vllm_version
         and not v.vllm_lmcache_command
     ):
-        raise _wrong(
-            v,
+        raise v.wrong(
             "vllm_lmcache_command",
             "vLLM is not installed (vllm_lmcache_vllm_version is off) and no command is given",
             "give the command, or vllm_lmcache_server: serve-probe",
         )
     source, model = v.vllm_lmcache_model_source, v.vllm_lmcache_model
     if source and not model.startswith("/"):
-        raise _wrong(
-            v,
+        raise v.wrong(
             "vllm_lmcache_model_source",
             f"{source!r} staged to {model!r}: wanted an absolute vllm_lmcache_model",
             "e.g. /nfs/models/Llama-3.1-8B, staged to /mnt/fx/models/Llama-3.1-8B",
@@ -461,20 +450,18 @@ def validate(v: Vars) -> None:
     for i, gpus in enumerate(sets):
         beyond = [gpu for gpu in gpus if gpu >= count]
         if beyond:
-            raise _wrong(
-                v,
+            raise v.wrong(
                 "vllm_lmcache_layout",
                 f"instance {i} wants GPU {beyond[0]}, the host has {count} (0-{count - 1})",
                 "fewer or smaller instances, or set vllm_lmcache_gpus",
             )
     base = v.vllm_lmcache_base_port
     if base + len(sets) - 1 > 65535:
-        raise _wrong(v, "vllm_lmcache_base_port", f"{len(sets)} ports from {base} pass 65535")
+        raise v.wrong("vllm_lmcache_base_port", f"{len(sets)} ports from {base} pass 65535")
     names = [_instance_name(i, gpus) for i, gpus in enumerate(sets)]
     wanted = v.vllm_lmcache_rollout_instances or []
     if any(_own(v, entry) not in [*names, None] for entry in wanted):
-        raise _wrong(
-            v,
+        raise v.wrong(
             "vllm_lmcache_rollout_instances",
             f"{wanted!r} names instances the layout lacks",
             f"null (all), or some of {', '.join(names)} (or HOST/NAME: fxkit rollout's form)",
