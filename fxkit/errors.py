@@ -27,7 +27,7 @@ class FxkitError(Exception):
         return f"{text}\n  hint: {self.hint}" if self.hint else text
 
     def masked(self, mask: Callable[[str], str]) -> Self:
-        """This error with ``mask`` (a :class:`~fxkit.engine.redaction.Masker`'s ``text``) applied
+        """This error with ``mask`` (a :class:`~fxkit.redaction.Masker`'s ``text``) applied
         to its message, place and hint: as it may leave fxkit."""
         out = copy.copy(self)
         out.message = mask(self.message)

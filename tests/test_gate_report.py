@@ -26,13 +26,13 @@ import xmlschema
 import yaml
 from markdown_it import MarkdownIt
 
-from fxkit.engine.redaction import maskable, redact
 from fxkit.engine.runner import load_inventory
 from fxkit.gate import spec
 from fxkit.gate.markdown import text as markdown_text
 from fxkit.gate.report import write_reports
 from fxkit.gate.run import GateOptions, GateRun, rule_renderer
 from fxkit.gate.verdicts import GateResult, reevaluate
+from fxkit.redaction import maskable, redact
 
 pytestmark = pytest.mark.lab
 

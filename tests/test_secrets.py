@@ -14,7 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from fxkit.cli import cli
-from fxkit.engine.redaction import (
+from fxkit.engine.variables import HostVars, Layer, parse_extra_vars
+from fxkit.errors import FxkitError, TemplateError, masked_errors
+from fxkit.redaction import (
     MIN_SECRET_LENGTH,
     REDACTED,
     Masker,
@@ -23,8 +25,6 @@ from fxkit.engine.redaction import (
     masked,
     redact,
 )
-from fxkit.engine.variables import HostVars, Layer, parse_extra_vars
-from fxkit.errors import FxkitError, TemplateError, masked_errors
 
 
 def shown(text: str, v: HostVars) -> str:

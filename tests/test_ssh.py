@@ -20,9 +20,9 @@ from sync_helpers import SAFETY, Meeting, run_past_timeout, when
 from fxkit.connection import ConnectOptions, connect
 from fxkit.connection.base import TIMEOUT_RC
 from fxkit.connection.ssh import SSHArgs, SSHConnection
-from fxkit.engine.redaction import REDACTED
 from fxkit.errors import ConnectionFailed, FxkitError, HostKeyError
 from fxkit.lab import SUDO_USER
+from fxkit.redaction import REDACTED
 
 pytestmark = pytest.mark.lab
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fxkit.engine.redaction import is_secret_name
 from fxkit.engine.variables import HostVars, Layer, UndefinedVariable, parse_extra_vars
 from fxkit.errors import FxkitError, TemplateError
+from fxkit.redaction import is_secret_name
 
 LEVELS = ["role defaults", "inventory", "play vars", "play vars_files", "role parameters", "extra"]
 

@@ -13,7 +13,6 @@ from rich.markup import escape
 
 from fxkit import paths
 from fxkit.cli.play import CONNECT_OPTIONS, TARGET_OPTIONS, connect_options_from, with_options
-from fxkit.engine.redaction import Masker
 from fxkit.engine.runner import ctrl_c
 from fxkit.engine.variables import parse_extra_vars
 from fxkit.errors import FxkitError, masked_errors
@@ -21,6 +20,7 @@ from fxkit.gate import spec
 from fxkit.gate.report import STYLES, masked, table, value_text, write_reports
 from fxkit.gate.run import GateOptions, GateRun, rule_renderer
 from fxkit.gate.verdicts import CheckResult, CheckStatus, GateResult, load_results, reevaluate
+from fxkit.redaction import Masker
 
 console = Console(highlight=False, soft_wrap=True)
 

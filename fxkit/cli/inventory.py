@@ -10,10 +10,10 @@ import click
 
 from fxkit import paths
 from fxkit.engine.playbook import Playbook
-from fxkit.engine.redaction import masked
 from fxkit.errors import InventoryError
 from fxkit.inventory import Inventory, InventoryHost
 from fxkit.inventory.views import as_graph, as_list
+from fxkit.redaction import masked
 
 
 @click.command()

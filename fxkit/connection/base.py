@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from fxkit.connection.atomic import content_stream, replace_command
-from fxkit.engine.redaction import redact
 from fxkit.errors import ConnectionFailed, FxkitError
+from fxkit.redaction import redact
 
 #: Exit status of a command that ran past its timeout and was killed (as coreutils' ``timeout``).
 TIMEOUT_RC = 124

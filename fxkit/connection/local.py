@@ -22,8 +22,8 @@ from typing import IO
 
 from fxkit.connection.base import TIMEOUT_RC, Connection, Running, Stdin, buffers, timed_out
 from fxkit.connection.become import Sudo
-from fxkit.engine.redaction import maskable
 from fxkit.errors import ConnectionFailed
+from fxkit.redaction import maskable
 
 
 class LocalConnection(Connection):

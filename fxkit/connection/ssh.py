@@ -48,8 +48,8 @@ from fxkit.connection.hostkeys import (
     default_known_hosts,
     load_known_hosts,
 )
-from fxkit.engine.redaction import maskable
 from fxkit.errors import ConnectionFailed
+from fxkit.redaction import maskable
 
 if TYPE_CHECKING:
     from fxkit.connection import ConnectOptions

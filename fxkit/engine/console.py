@@ -1,7 +1,7 @@
 """What a run shows: live progress, one line per change or failure, diffs, and the recap. The
 :class:`Reporter` is a listener of the run's :class:`~fxkit.engine.record.Recorder`, which
 redacts every text before it comes here, so the values of secret variables (see
-:mod:`fxkit.engine.redaction`) never reach the terminal.
+:mod:`fxkit.redaction`) never reach the terminal.
 """
 
 from __future__ import annotations

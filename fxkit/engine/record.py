@@ -2,7 +2,7 @@
 the :class:`PlaybookResult` it records, which :func:`fxkit.engine.runner.run_playbook` returns.
 
 The recorder records every operation's outcome as host threads report, redacted by its
-:class:`~fxkit.engine.redaction.Masker`, then tells its listeners: the console
+:class:`~fxkit.redaction.Masker`, then tells its listeners: the console
 (:class:`fxkit.engine.console.Reporter`), the JSON event log
 (:class:`fxkit.engine.jsonlog.JsonLog`), or none (a run that only plans). So the results, the
 recap, the log, the demo, and whatever writes reports from them never see a secret value.
@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Self
 
-from fxkit.engine.redaction import Masker
 from fxkit.ops.base import Result, Status
+from fxkit.redaction import Masker
 
 
 class Outcome(StrEnum):
@@ -214,7 +214,7 @@ class Recorder:
 
     def add_secrets(self, values: Iterable[str]) -> None:
         """Secret values to redact from now on (with their variants:
-        :mod:`fxkit.engine.redaction`)."""
+        :mod:`fxkit.redaction`)."""
         self.masker.add(values)
 
     def redact(self, text: str) -> str:

@@ -26,7 +26,7 @@ Templates come from data (inventories, gate files, ``-e``), so they render in Ji
 sandbox: no attribute of Python's internals (``lipsum.__globals__``), no method that changes a
 list, dict or set in place. Jinja2's filters, tests and the other methods work as usual.
 
-Secrets (which names and keys are secret: :mod:`fxkit.engine.redaction`; ``fxkit_secret_vars`` at
+Secrets (which names and keys are secret: :mod:`fxkit.redaction`; ``fxkit_secret_vars`` at
 any level adds to them): the values of secret variables, and of secret keys inside any variable,
 are collected so the report redacts them in everything it prints or logs. So is what a template
 or a variable's value makes of them (taint follows rendering):
@@ -62,7 +62,8 @@ from jinja2 import nodes
 from jinja2.nativetypes import NativeEnvironment
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from fxkit.engine.redaction import (
+from fxkit.errors import FxkitError, TemplateError, VarError
+from fxkit.redaction import (
     MIN_SECRET_LENGTH,
     SECRET_VARS,
     is_secret_name,
@@ -70,7 +71,6 @@ from fxkit.engine.redaction import (
     listed_names,
     secret_leaves,
 )
-from fxkit.errors import FxkitError, TemplateError, VarError
 from fxkit.yamlfile import key_origins, read_yaml, type_name
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
@@ -502,7 +502,7 @@ _NESTED: dict[int, tuple[Any, frozenset[str], frozenset[str]]] = {}
 
 def _nested_secrets(value: Any, extra: frozenset[str]) -> frozenset[str]:
     """The values under secret keys inside ``value``
-    (:func:`fxkit.engine.redaction.secret_leaves`)."""
+    (:func:`fxkit.redaction.secret_leaves`)."""
     if not isinstance(value, Mapping | list | tuple):
         return frozenset()
     cached = _NESTED.get(id(value))

@@ -19,9 +19,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from fxkit.engine.redaction import maskable, redact
 from fxkit.gate.verdicts import CheckStatus, GateResult
 from fxkit.localfile import write_whole
+from fxkit.redaction import maskable, redact
 
 STYLES = {
     CheckStatus.PASS: "green",

@@ -33,7 +33,6 @@ from jinja2 import meta
 from pydantic import ValidationError
 
 from fxkit.connection import Connection, ConnectOptions, connect
-from fxkit.engine.redaction import Masker
 from fxkit.engine.role import RoleLoader, roles_path
 from fxkit.engine.runner import ctrl_c, load_inventory
 from fxkit.engine.variables import HostVars, Layer, environment, truthy
@@ -54,6 +53,7 @@ from fxkit.gate.verdicts import (
     skipped,
 )
 from fxkit.inventory.model import Inventory, InventoryHost
+from fxkit.redaction import Masker
 
 #: Called after each check is judged on a host (for progress).
 Progress = Callable[[str, CheckResult], None]

@@ -24,12 +24,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from fxkit.engine.redaction import redact_data
 from fxkit.errors import FxkitError
 from fxkit.gate import rules
 from fxkit.gate.rules import Bounds
 from fxkit.gate.spec import CheckSpec, Gate, GateError
 from fxkit.localfile import write_whole
+from fxkit.redaction import redact_data
 
 SCHEMA = "fxkit-gate-result/1"
 

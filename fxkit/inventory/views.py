@@ -16,7 +16,7 @@ def as_list(
     """``ansible-inventory --list``: ``_meta.hostvars`` (hosts with variables) and, per group,
     its own ``hosts`` and ``children``; empty keys and empty groups left out, as Ansible does.
     ``hosts`` limits the output to those hosts; ``shown`` turns host variables into what is
-    printed (e.g. :func:`fxkit.engine.redaction.masked`)."""
+    printed (e.g. :func:`fxkit.redaction.masked`)."""
     keep = set(inventory.hosts if hosts is None else hosts)
     hostvars = {name: shown(host.vars) for name, host in inventory.hosts.items() if name in keep}
     result: dict[str, Any] = {"_meta": {"hostvars": {k: v for k, v in hostvars.items() if v}}}
