@@ -35,7 +35,7 @@ from pathlib import Path
 method, path = sys.argv[1], Path(sys.argv[2])
 import yaml
 import fxkit
-from fxkit.engine.variables import load_vars_file
+from fxkit.varfiles import load_vars_file
 usage = resource.getrusage(resource.RUSAGE_SELF)
 cpu_start, start = usage.ru_utime + usage.ru_stime, time.perf_counter()
 if method.startswith("fxkit"):

@@ -33,11 +33,12 @@ from fxkit.engine.record import Outcome, PlaybookResult, Recorder, TaskResult
 from fxkit.engine.rolevars import RoleVars
 from fxkit.engine.runner import Runner, RunOptions, load_inventory
 from fxkit.engine.serving import ServingRole
-from fxkit.engine.variables import HostVars, Variables
+from fxkit.engine.variables import HostVars
 from fxkit.errors import PlaybookError, masked_errors
 from fxkit.inventory import Inventory
 from fxkit.ops.base import Status
 from fxkit.ops.instances import InstanceReady, InstanceReport, InstanceStarted
+from fxkit.varfiles import Variables
 
 R = TypeVar("R", bound=InstanceReport)
 

@@ -15,9 +15,10 @@ from fxkit.engine.playbook import Playbook
 from fxkit.engine.record import Recorder
 from fxkit.engine.rolevars import RoleVars, check
 from fxkit.engine.runner import Runner, RunOptions
-from fxkit.engine.variables import HostVars, Layer, load_vars_file, parse_extra_vars
+from fxkit.engine.variables import HostVars, Layer, parse_extra_vars
 from fxkit.errors import TemplateError
 from fxkit.inventory import Inventory
+from fxkit.varfiles import load_vars_file
 
 
 def test_yaml_inventory_host_and_group_vars(tmp_path: Path) -> None:

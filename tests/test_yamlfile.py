@@ -10,9 +10,9 @@ import yaml
 
 from fxkit import yamlfile
 from fxkit.engine.playbook import Playbook
-from fxkit.engine.variables import load_vars_file
 from fxkit.errors import FxkitError, InventoryError, PlaybookError
 from fxkit.inventory import Inventory
+from fxkit.varfiles import load_vars_file
 from fxkit.yamlfile import (
     MAX_ALIAS_VALUES,
     Marked,

@@ -34,8 +34,8 @@ from pydantic import (
     field_validator,
 )
 
-from fxkit.engine.variables import Variables, load_vars_file
 from fxkit.errors import FxkitError, PlaybookError
+from fxkit.varfiles import Variables, load_vars_file
 from fxkit.yamlfile import key_origins, line_at, plain, read_yaml, type_name
 
 T = TypeVar("T")

@@ -71,7 +71,8 @@ from fxkit.redaction import (
     listed_names,
     secret_leaves,
 )
-from fxkit.yamlfile import key_origins, read_yaml, type_name
+from fxkit.varfiles import Variables, load_vars_file, require_mapping
+from fxkit.yamlfile import type_name
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
 #: The filter that records what an expression reading a secret renders to.
@@ -246,24 +247,6 @@ def _strict(value: Any) -> Any:
 
 class UndefinedVariable(TemplateError, KeyError):
     """A role read a variable that no level defines (also a KeyError, so ``v.get()`` works)."""
-
-
-class Variables(dict[str, Any]):
-    """Variables that know where each was set: ``origins`` maps a name to ``path:line`` (or
-    to how it was set, ``-e #2 on the command line``)."""
-
-    def __init__(
-        self, values: Mapping[str, Any] | None = None, origins: Mapping[str, str] | None = None
-    ) -> None:
-        super().__init__(values or {})
-        self.origins = dict(origins or {})
-
-    def merge(self, *others: Variables) -> None:
-        """``update`` with each of ``others`` in turn, their origins too (later wins)."""
-        for other in others:
-            if other:
-                self.update(other)
-                self.origins.update(other.origins)
 
 
 @dataclass(frozen=True)
@@ -589,7 +572,7 @@ def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> Variable
                     where=where,
                     hint='write -e \'{"key": "value"}\'',
                 ) from None
-            values = _require_mapping(value, where)
+            values = require_mapping(value, where)
         else:
             values = _key_values(text, where)
         merged.merge(Variables(values, dict.fromkeys(values, f"{where} on the command line")))
@@ -630,33 +613,3 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     problem = re.sub(r"'(?!<)[^']{2,}'", "'...'", exc.problem or exc.context or "unreadable")
     mark = exc.problem_mark or exc.context_mark
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
-
-
-def load_vars_file(path: Path, error: type[FxkitError] = FxkitError) -> Variables:
-    """A YAML (or JSON) file holding one mapping of variables, each set at ``path:line``;
-    empty files hold none.
-
-    Mistakes are raised as ``error`` with the file and line.
-    """
-    value = read_yaml(
-        path,
-        error,
-        what="variables file",
-        hint="check that the file exists and is readable (vars_files paths start at the playbook)",
-        lines="top",
-    )
-    if value is None:
-        return Variables()
-    return Variables(_require_mapping(value, f"{path}:1", error), key_origins(path, value))
-
-
-def _require_mapping(
-    value: Any, where: str, error: type[FxkitError] = FxkitError
-) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise error(
-            f"variables must be a mapping of names to values, not {type_name(value)}",
-            where=where,
-            hint="write key: value pairs",
-        )
-    return value

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fxkit.engine.variables import Variables
 from fxkit.errors import InventoryError
 from fxkit.inventory.hostnames import expand, split_port
+from fxkit.varfiles import Variables
 
 #: Names Ansible treats as the controller itself (its implicit localhost).
 LOCALHOST = ("127.0.0.1", "localhost", "::1")

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxkit.engine.variables import Variables
 from fxkit.errors import InventoryError
 from fxkit.inventory.draft import Draft
 from fxkit.inventory.patterns import select
 from fxkit.inventory.sources import read_source, vars_folder
 from fxkit.inventory.vars_files import VarsFiles
+from fxkit.varfiles import Variables
 
 UNGROUPED = ("all", "ungrouped")
 #: The variable of Ansible's implicit localhost (see :meth:`Inventory.localhost`).

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fxkit.engine.variables import Variables, load_vars_file
 from fxkit.errors import InventoryError
+from fxkit.varfiles import Variables, load_vars_file
 
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
 
