@@ -24,11 +24,10 @@ from fxkit.ops.instances import InstanceReady, InstanceReport, InstanceStarted
 from fxkit.rollout import Instance, _read, plan, rollout
 
 SERVING = """
-from dataclasses import dataclass
-
 from pydantic import Field
 
 from fxkit.engine.rolevars import RoleVars, Whole
+from fxkit.engine.serving import SimpleInstance
 
 SELECT = "svc_instances"
 
@@ -38,18 +37,12 @@ class Vars(RoleVars):
     svc_instances: list[str] | None = Field(None, description="the instances a run acts on")
 
 
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    unit: str
-    gpus: tuple[int, ...]
-    port: int
-    served_name: str
-
-
-def instance_specs(v: Vars) -> list[Spec]:
+def instance_specs(v: Vars) -> list[SimpleInstance]:
     assert type(v).__name__ == "Vars", v  # typed, not the host's untyped variables
-    return [Spec(f"i{n}", f"svc@i{n}.service", (n,), 9000 + n, "m") for n in range(v.svc_count)]
+    return [
+        SimpleInstance(f"i{n}", f"svc@i{n}.service", (n,), 9000 + n, "m")
+        for n in range(v.svc_count)
+    ]
 
 
 def apply(host, v: Vars) -> None:

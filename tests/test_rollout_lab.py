@@ -20,11 +20,10 @@ from test_play_lab import FXKIT, write_role
 pytestmark = pytest.mark.lab
 
 ROLE = f"""
-from dataclasses import dataclass
-
 from pydantic import Field
 
 from fxkit.engine.rolevars import RoleVars
+from fxkit.engine.serving import SimpleInstance
 
 SERVER = {SERVER!r}
 SELECT = "fake_serve_instances"
@@ -36,18 +35,11 @@ class Vars(RoleVars):
     fake_serve_instances: list[str] | None = Field(None, description="the instances a run acts on")
 
 
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    unit: str
-    gpus: tuple[int, ...]
-    port: int
-    served_name: str
-
-
-def instance_specs(v: Vars) -> list[Spec]:
-    return [Spec(f"i{{n}}", f"fxserve@i{{n}}.service", (2 * n, 2 * n + 1), 18200 + n, v.model)
-            for n in range(2)]
+def instance_specs(v: Vars) -> list[SimpleInstance]:
+    return [
+        SimpleInstance(f"i{{n}}", f"fxserve@i{{n}}.service", (2 * n, 2 * n + 1), 18200 + n, v.model)
+        for n in range(2)
+    ]
 
 
 def apply(host, v: Vars) -> None:

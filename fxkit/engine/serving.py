@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Protocol, TypeVar, cast
@@ -53,6 +54,18 @@ class ServedInstance(Protocol):
 
     @property
     def served_name(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SimpleInstance:
+    """A :class:`ServedInstance` with only what the rollout reads, for a serving role whose
+    instances need no more (roles/vllm_lmcache's InstanceSpec also holds the command line)."""
+
+    name: str
+    unit: str
+    gpus: tuple[int, ...]
+    port: int
+    served_name: str
 
 
 class ServingRole(Protocol[V]):
