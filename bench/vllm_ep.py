@@ -14,7 +14,7 @@ real ``_init_ep_weight_filter`` computing the rank's experts:
 - ``fxkit-all``: ``--load-format fxkit`` with EP off: every rank reads every expert.
 
 Bytes read are the process's storage reads (``read_bytes`` in /proc/self/io: mmap faults and
-O_DIRECT reads alike); every yielded tensor is touched at every page (fxkit.loadbench.pages.touch).
+O_DIRECT reads alike); every yielded tensor is touched at every page (fxkit.loader.touch).
 
     python bench/vllm_ep.py [--experts 64] [--layers 8] [--expert-mib 2] [--rounds 3]
         [--vllm 0.20.1] [--extra '{"chunk_size": 8388608}'] [-o docs/bench/vllm_ep.json]
@@ -96,9 +96,7 @@ def worker(
     """One rank's load in this process: vLLM's real load_weights, timed from its call."""
     import torch
     import vllm_source
-    from fxkit.loader import vllm_plugin
-
-    from fxkit.loadbench.pages import touch
+    from fxkit.loader import touch, vllm_plugin
 
     class Model(torch.nn.Module):
         def load_weights(self, weights: Any) -> set[str]:

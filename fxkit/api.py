@@ -5,7 +5,7 @@ Run a playbook (``fxkit play``), on an inventory's hosts (files or built-in name
 
     from fxkit.api import RunOptions, console_recorder, run_playbook
 
-    options = RunOptions(check=True, limit="gpu01", extra_vars={"node_role": "inference"})
+    options = RunOptions(check=True, diff=True, limit="gpu01", extra_vars={"node_role": "x"})
     results = run_playbook("site", "inventory/mi308x.yml", options, console_recorder(diff=True))
     results.exit_code, results.hosts["gpu01"].outcome, results.to_json()
 
@@ -66,7 +66,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fxkit.engine.console import console_recorder
-from fxkit.engine.record import Listener, PlaybookResult, Recorder
+from fxkit.engine.record import Listener, Outcome, PlaybookResult, Recorder
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import (
     AbsolutePath,
@@ -81,10 +81,12 @@ from fxkit.engine.rolevars import (
     pattern,
 )
 from fxkit.engine.runner import RunOptions, run_playbook
+from fxkit.engine.serving import ServingRole, SimpleInstance
 from fxkit.errors import FxkitError, VarError
 from fxkit.gate.run import GateOptions, GateRun, run_gate
-from fxkit.gate.verdicts import GateResult
-from fxkit.rollout import Rollout, rollout
+from fxkit.gate.verdicts import CheckStatus, GateResult
+from fxkit.ops.base import Status
+from fxkit.rollout import InstanceStatus, Rollout, rollout
 from fxkit.staging import Summary, open_source, stage
 
 if TYPE_CHECKING:
@@ -92,23 +94,29 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AbsolutePath",
+    "CheckStatus",
     "FxkitError",
     "GateOptions",
     "GateResult",
     "GateRun",
     "Host",
+    "InstanceStatus",
     "InterfaceName",
     "IpAddress",
     "Listener",
     "LoadOptions",
     "Nqn",
     "Number",
+    "Outcome",
     "PlaybookResult",
     "Recorder",
     "RoleVars",
     "Rollout",
     "RunOptions",
+    "ServingRole",
+    "SimpleInstance",
     "Size",
+    "Status",
     "Summary",
     "Text",
     "VarError",

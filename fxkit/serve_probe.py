@@ -69,8 +69,7 @@ def load_weights(model: str, load_format: str, options: LoadOptions) -> Loaded:
     import safetensors.torch  # noqa: F401
     import torch  # noqa: F401
 
-    from fxkit.loadbench.pages import touch
-    from fxkit.loader import iter_tensors, open_checkpoint
+    from fxkit.loader import iter_tensors, open_checkpoint, touch
 
     checkpoint = open_checkpoint(model)
     started = time.perf_counter()

@@ -27,6 +27,8 @@ class Variables(dict[str, Any]):
         for other in others:
             if other:
                 self.update(other)
+                for key in other:  # a key set again where nobody knows drops its old place
+                    self.origins.pop(key, None)
                 self.origins.update(other.origins)
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "make_checkpoint",
     "model_files",
     "open_checkpoint",
+    "touch",
     "warm",
 ]
 
@@ -51,6 +52,7 @@ _LAZY = {
     "ModelFiles": "fxkit.loader.files",
     "evict_all": "fxkit.loader.cache",
     "warm": "fxkit.loader.cache",
+    "touch": "fxkit.loader.cache",
 }
 
 

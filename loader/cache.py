@@ -1,4 +1,5 @@
-"""The page cache, for cold benchmarks: evict a file's pages, and count the ones still resident.
+"""The page cache, for cold benchmarks: evict a file's pages, count the ones still resident, and
+touch every page of a loaded tensor (:func:`touch`: a load timed to its last byte).
 
 ``resident_bytes`` asks the kernel with ``mincore(2)`` on a fresh read-only mapping of the file,
 which reads nothing from storage; ``evict`` writes back and drops a file's cached pages with
@@ -14,6 +15,7 @@ import mmap
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy
 
@@ -141,3 +143,17 @@ def warm(paths: Iterable[str | os.PathLike[str]]) -> dict[str, int]:
         if (held := resident_bytes(path)) < size:
             missing[str(path)] = size - held
     return missing
+
+
+def touch(tensor: Any) -> int:
+    """Read one byte in every page of the tensor's bytes, and its last byte; return their sum.
+
+    A loader may hand back tensors whose pages are not read yet (a mapping of the file); this
+    faults every page in, as a copy to a GPU would (``fxkit bench load`` runs it on every
+    method's tensors, ``fxkit serve-probe`` on what it serves)."""
+    import torch
+
+    if tensor.numel() == 0:
+        return 0
+    flat = tensor.reshape(-1).view(torch.uint8)
+    return int(flat[::PAGE_SIZE].sum(dtype=torch.int64)) + int(flat[-1])

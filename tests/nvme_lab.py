@@ -20,7 +20,7 @@ from test_play_lab import Run, cli_play, fxkit_play, write_inventory
 
 from fxkit.connection.base import Connection
 from fxkit.engine.role import Role
-from fxkit.engine.rolevars import check
+from fxkit.engine.rolevars import check_vars
 from fxkit.engine.variables import HostVars
 from fxkit.errors import VarError
 from fxkit.lab import Fleet
@@ -34,7 +34,7 @@ def refusal(role: Role, v: HostVars) -> VarError:
     """The first problem of one host's values, as a play names it before any host is touched:
     a wrong type or value (the role's ``Vars``), else what the role's ``validate`` finds."""
     assert role.vars_model is not None and role.validate is not None
-    typed, wrong = check(role.vars_model, v)
+    typed, wrong = check_vars(role.vars_model, v)
     if wrong:
         assert isinstance(wrong[0], VarError)
         return wrong[0]

@@ -6,6 +6,7 @@ engine, for one)."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,34 @@ def test_a_lower_layer_imports_nothing_above_it(layer: str) -> None:
         if outside(module, allowed)
     }
     assert wrong == set()
+
+
+@pytest.mark.parametrize(
+    "module", ["fxkit/staging.py", "fxkit/staging_dest.py", "fxkit/serve_probe.py"]
+)
+def test_what_runs_on_a_node_imports_no_engine(module: str) -> None:
+    """fxkit stage and serve-probe run on the nodes, beside vLLM: no engine, no benchmarks."""
+    found = imports(FXKIT.parent / module)
+    assert {m for m in found if m.startswith(("fxkit.engine", "fxkit.loadbench"))} == set()
+
+
+def test_the_loader_imports_nothing_from_fxkit() -> None:
+    """loader/ (installed as fxkit.loader) stands on its own: relative imports only."""
+    loader = FXKIT.parent / "loader"
+    found = {f"{p.name}: {m}" for p in loader.glob("*.py") for m in imports(p)}
+    assert {f for f in found if not f.split(": ")[1].startswith("fxkit.loader")} == set()
+
+
+def test_the_wheel_lists_every_package() -> None:
+    """pyproject.toml names fxkit's packages by hand: a new one left out breaks an installed
+    fxkit (fxkit.engine was, twice)."""
+    listed = set(
+        tomllib.loads((FXKIT.parent / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "packages"
+        ]
+    )
+    found = {".".join(p.parent.relative_to(FXKIT.parent).parts) for p in FXKIT.rglob("__init__.py")}
+    assert found - listed == set()
 
 
 def test_the_shared_modules_import_no_layer() -> None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from test_runner import VALIDATED, Fleet, play
 
 from fxkit.engine.role import RoleLoader
-from fxkit.engine.rolevars import Nqn, RoleVars, Whole, check, pattern, readme_table
+from fxkit.engine.rolevars import Nqn, RoleVars, Whole, check_vars, pattern, readme_table
 from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import PlaybookError, VarError
 
@@ -161,7 +161,7 @@ def test_models_within_models_have_their_tables_and_hints() -> None:
     assert table.index("Keys of each `Target`:") < table.index("Keys of each `Lun`:")
     assert "| `size` | int | (required) | bytes |" in table
     inventory = {"nested_targets": [{"luns": [{"size": 512}, {"size": "x"}]}]}
-    _, [problem] = check(Nested, HostVars("h1", [Layer("inventory", inventory)]))
+    _, [problem] = check_vars(Nested, HostVars("h1", [Layer("inventory", inventory)]))
     assert problem.message.startswith("nested_targets[0].luns[1].size is 'x': ")
     assert problem.hint == "e.g. 512"  # the key's examples, not the variable's description
 
@@ -193,3 +193,32 @@ def test_mypy_and_validation_both_catch_a_misspelt_name_and_a_wrong_type(
         play(tmp_path, "- hosts: all\n  roles: [node_base]\n", inventory)
     assert caught.value.where == f"h1: node_gpu_count ({tmp_path / 'hosts.yml'}:1)"
     assert "node_gpu_count is 'eight': Input should be a valid integer" in caught.value.message
+
+
+class Wide(RoleVars):
+    wide_memlock: str | Whole = Field("unlimited", description="a text or a number")
+    wide_sysctl: dict[str, str | int] = Field({}, description="name: value")
+    wide_token: str = Field("", max_length=8, description="a secret")
+
+
+def test_a_value_no_type_of_a_union_takes_is_one_error_at_its_own_place() -> None:
+    v = HostVars("h1", [Layer("inventory", {"wide_memlock": [1], "wide_sysctl": {"vm.x": [2]}})])
+    _, problems = check_vars(Wide, v)
+    assert [(p.where, p.message) for p in problems] == [
+        (
+            "h1: wide_memlock (inventory)",
+            "wide_memlock is [1]: Input should be a valid string, or a valid integer",
+        ),
+        (
+            "h1: wide_sysctl.vm.x (inventory)",
+            "wide_sysctl.vm.x is [2]: Input should be a valid string, or a valid integer",
+        ),
+    ]
+
+
+def test_a_long_secret_quoted_in_an_error_is_masked_whole_before_it_is_cut() -> None:
+    token = "hf_" + "A" * 70 + "'"  # past the 60 characters a quoted value is cut at
+    v = HostVars("h1", [Layer("inventory", {"wide_token": token})])
+    _, [problem] = check_vars(Wide, v)
+    assert "hf_" not in str(problem) and "AAAA" not in str(problem)
+    assert problem.message.startswith("wide_token is '********': String should have at most 8")

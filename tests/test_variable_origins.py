@@ -13,7 +13,7 @@ from pydantic import Field
 
 from fxkit.engine.playbook import Playbook
 from fxkit.engine.record import Recorder
-from fxkit.engine.rolevars import RoleVars, check
+from fxkit.engine.rolevars import RoleVars, check_vars
 from fxkit.engine.runner import Runner, RunOptions
 from fxkit.engine.variables import HostVars, Layer, parse_extra_vars
 from fxkit.errors import TemplateError
@@ -183,7 +183,7 @@ class Node(RoleVars):
 
 
 def test_a_role_s_variable_error_names_the_file_and_line(tmp_path: Path) -> None:
-    _, [error] = check(Node, role_vars(tmp_path, []))
+    _, [error] = check_vars(Node, role_vars(tmp_path, []))
     assert error.where == f"gpu01: from_param ({tmp_path}/site.yml:8)"
 
 

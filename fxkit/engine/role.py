@@ -2,22 +2,27 @@
 
 A role is a folder ``roles/<name>/``::
 
-    role.py        def apply(host, v): the desired state, as calls to host.<operation>(...)
-    defaults.yml   the role's variables and their defaults (the lowest precedence)
+    role.py        class Vars(RoleVars): its variables, declared once (fxkit.engine.rolevars);
+                   def apply(host, v): the desired state, as calls to host.<operation>(...)
     templates/     Jinja2 templates for host.template()
-    README.md      what the role does and a table of its variables
+    README.md      what the role does and a table of its variables (generated from Vars)
 
+(A role without ``Vars`` keeps its defaults in ``defaults.yml`` and gets an untyped ``HostVars``.)
 ``role.py`` reads like a checklist::
 
-    from fxkit.engine.role import Host
-    from fxkit.engine.variables import HostVars
+    from pydantic import Field
 
-    def restart_nvmet(host: Host, v: HostVars) -> None:
+    from fxkit.api import AbsolutePath, Host, RoleVars
+
+    class Vars(RoleVars):
+        nvmet_config: AbsolutePath = Field("/etc/nvmet/config.json", description="...")
+
+    def restart_nvmet(host: Host, v: Vars) -> None:
         host.service("nvmet.service", state="restarted")
 
-    def apply(host: Host, v: HostVars) -> None:
+    def apply(host: Host, v: Vars) -> None:
         host.packages(["nvmetcli"])
-        if host.template("config.json.j2", "/etc/nvmet/config.json", mode="0600"):
+        if host.template("config.json.j2", v.nvmet_config, mode="0600"):
             host.notify(restart_nvmet)     # runs once, after the role, only if notified
         with host.task(tags=["slow"], ignore_errors=True) as slow:
             slow.command("nvme discover -t rdma -a 10.0.0.1", only_if="command -v nvme")
@@ -231,7 +236,7 @@ def _module(file: Path) -> ModuleType:
         raise PlaybookError(
             f"role failed to load: {type(exc).__name__}: {exc}",
             where=_location_in(exc, file),
-            hint="role.py should only define functions at import time",
+            hint="role.py should only define its Vars, functions and constants at import time",
         ) from None
     return module
 

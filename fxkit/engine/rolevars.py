@@ -11,7 +11,7 @@ Everything else comes from that declaration:
 
 - the role's defaults, the lowest precedence level (:meth:`RoleVars.defaults`); a string may be
   a Jinja2 template, rendered like any variable;
-- the checks of every host's values before any host is touched (:func:`check`): each wrong
+- the checks of every host's values before any host is touched (:func:`check_vars`): each wrong
   variable with its host, where its value was set (file:line) and a hint (the field's
   ``examples``, or its description);
 - the typed object ``apply(host, v)``, handlers, ``validate(v)`` and ``validate_all(hosts)``
@@ -41,6 +41,8 @@ from pydantic.fields import FieldInfo
 from fxkit.engine.variables import HostVars
 from fxkit.errors import FxkitError, VarError
 from fxkit.facts.nvme import nqn_problem
+from fxkit.redaction import Masker
+from fxkit.yamlfile import short
 
 #: The kernel's dev_valid_name(): 1-15 bytes (IFNAMSIZ 16), no '/', ':' or white space.
 _IFNAME = re.compile(r"[^\s/:]{1,15}")
@@ -83,7 +85,7 @@ class RoleVars(BaseModel):
     @classmethod
     def of(cls, v: HostVars) -> Self:
         """The host's values, typed; the first wrong one raised as :class:`VarError`."""
-        typed, problems = check(cls, v)
+        typed, problems = check_vars(cls, v)
         if typed is None:
             raise problems[0]
         return typed
@@ -93,7 +95,7 @@ V = TypeVar("V", bound=RoleVars)
 T = TypeVar("T")
 
 
-def check(cls: type[V], v: HostVars) -> tuple[V | None, list[FxkitError]]:
+def check_vars(cls: type[V], v: HostVars) -> tuple[V | None, list[FxkitError]]:
     """Every declared variable of one host, rendered and checked: the typed values, or every
     problem (a template that does not render, a wrong type or value)."""
     values: dict[str, Any] = {}
@@ -108,14 +110,42 @@ def check(cls: type[V], v: HostVars) -> tuple[V | None, list[FxkitError]]:
     try:
         typed = cls.model_validate(values)
     except PydanticError as exc:
-        problems.extend(_var_error(cls, v, error) for error in exc.errors())
+        masker = Masker(v.secret_values())  # a value is quoted cut short: mask it whole first
+        problems.extend(_var_error(cls, v, error, masker) for error in _one_per_value(exc))
     if problems:
         return None, problems
     typed._all = v
     return typed, []
 
 
-def _var_error(cls: type[RoleVars], v: HostVars, error: Mapping[str, Any]) -> VarError:
+def _one_per_value(exc: PydanticError) -> list[dict[str, Any]]:
+    """Pydantic's errors, one per wrong value: a value that fits none of a union's types gets
+    one error per type, each under that type's label (``str``, ``function-before[...]``); they
+    become one, at the value's own place, saying what each type wanted."""
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        if len(loc) > 1 and _type_label(loc[-1]):
+            key: tuple[Any, ...] = (loc[:-1], id(error.get("input")))
+            if key in merged:
+                merged[key]["msg"] += f", or {error['msg'].removeprefix('Input should be ')}"
+                continue
+            merged[key] = {**error, "loc": loc[:-1]}
+        else:
+            merged[(loc, id(error))] = dict(error)
+    return list(merged.values())
+
+
+def _type_label(part: Any) -> bool:
+    """Whether a part of an error's place is the label of a union's member, not a key."""
+    return isinstance(part, str) and (
+        part in {"str", "int", "float", "bool", "none"} or "[" in part
+    )
+
+
+def _var_error(
+    cls: type[RoleVars], v: HostVars, error: Mapping[str, Any], masker: Masker
+) -> VarError:
     name, *path = error["loc"] or ("?",)
     field = _field_at(cls.model_fields.get(str(name)), path)
     at = str(name) + "".join(
@@ -125,7 +155,7 @@ def _var_error(cls: type[RoleVars], v: HostVars, error: Mapping[str, Any]) -> Va
     if error["type"] == "missing":
         text = f"{at} is not set"
     else:
-        text = f"{at} is {_short(error.get('input'))}: {message}"
+        text = f"{at} is {short(masker.data(error.get('input')))}: {message}"
     where = f"{v.host}: {at} ({v.where(str(name))})" if name in v else f"{v.host}: {at}"
     return VarError(text, where=where, hint=_hint(field))
 
@@ -153,11 +183,6 @@ def _hint(field: FieldInfo | None) -> str | None:
     if field.examples:
         return "e.g. " + ", ".join(_yaml(e) for e in field.examples)
     return field.description
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _plain(value: Any) -> Any:

@@ -43,7 +43,7 @@ from fxkit.engine.role import (
     UnknownOperation,
     roles_path,
 )
-from fxkit.engine.rolevars import check
+from fxkit.engine.rolevars import check_vars
 from fxkit.engine.runlock import LOCK_WAIT, RunLock, RunLockError, holder
 from fxkit.engine.variables import HostVars, Layer, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
@@ -232,7 +232,7 @@ class Runner:
             if role.vars_model is None:
                 everyone[name] = v
                 continue
-            typed, wrong = check(role.vars_model, v)
+            typed, wrong = check_vars(role.vars_model, v)
             problems += wrong
             if typed is not None:
                 everyone[name] = typed

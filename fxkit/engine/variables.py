@@ -2,7 +2,7 @@
 
 Precedence, lowest first (a later level replaces a whole top-level value of an earlier one):
 
-1. role defaults (``roles/<name>/defaults.yml``)
+1. role defaults (its ``Vars``, or ``roles/<name>/defaults.yml``)
 2. inventory variables: group ``all``, then parent groups before their children, then host vars
    (merged by :mod:`fxkit.inventory`)
 3. play ``vars``, then the play's ``vars_files`` in order
@@ -344,7 +344,7 @@ class HostVars(Mapping[str, Any]):
             raise UndefinedVariable(
                 f"variable {name!r} is not defined",
                 where=f"host {self._host}",
-                hint="define it in the role's defaults.yml, the inventory, the play or with -e",
+                hint="declare it in the role's Vars, or set it in the inventory, the play or -e",
             )
         stack: list[str] = self._local.__dict__.setdefault("stack", [])
         if name in stack:

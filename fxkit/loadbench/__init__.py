@@ -4,7 +4,6 @@ baseline, the storage's limit (fio) and its peers, apart from the loader itself.
 - :mod:`fxkit.loadbench.bench`: one process per run, methods in interleaved rounds, cold or hot;
 - :mod:`fxkit.loadbench.bench_ranks`: ``--ranks N``, N processes loading one checkpoint at once,
   with the bytes the node read from its disk;
-- :mod:`fxkit.loadbench.pages`: ``touch``, every page of a loaded tensor read.
 
 It calls the loader only through its public names (``fxkit.loader.__all__``), as the rest of
 fxkit does. docs/BENCHMARKS.md has the method and the numbers.

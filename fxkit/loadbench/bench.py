@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import mmap
 import os
 import platform
 import resource
@@ -30,8 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fxkit.loadbench.pages import PAGE_SIZE, touch
-from fxkit.loader import LoaderError, evict_all, model_files, warm
+from fxkit.loader import LoaderError, evict_all, model_files, touch, warm
 from fxkit.localfile import write_whole
 
 GB = 1e9
@@ -249,7 +249,7 @@ class Run:
 
 def _rss_now() -> int:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE_SIZE
+        return int(f.read().split()[1]) * mmap.PAGESIZE
 
 
 def measure(method: str, path: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -365,7 +365,7 @@ def _pieces(offset: int, length: int, block: int) -> list[tuple[int, int, int, b
     """``(offset, length, bs, direct)`` reads of a range: whole blocks with O_DIRECT, then the
     rest in whole pages as one O_DIRECT read, then the last partial page buffered."""
     body = length // block * block
-    pages = (length - body) // PAGE_SIZE * PAGE_SIZE
+    pages = (length - body) // mmap.PAGESIZE * mmap.PAGESIZE
     tail = length - body - pages
     pieces = [(offset, body, block, True), (offset + body, pages, pages, True)]
     pieces.append((offset + body + pages, tail, tail, False))

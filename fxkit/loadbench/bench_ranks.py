@@ -5,11 +5,11 @@ fresh Python process that does its imports (and joins its process group, for the
 one) first, then says ``ready`` and waits for ``go`` on stdin. The checkpoint is evicted from the
 page cache (mincore-verified) once all are ready; the node time runs from the go to the end of the
 last rank (CLOCK_MONOTONIC is one clock for every process). Each rank reports its own seconds,
-tensor count, checksum (``pages.touch``) and peak RSS. The bytes the node read from storage are the
-delta of the sectors read of the checkpoint's block device in /proc/diskstats: the whole device's,
-so other processes on the machine add to them; a file system without a block device (tmpfs,
-overlay, NFS) has no such number and the report says so. Rounds are interleaved, the order of the
-methods rotated each round; ratios are medians of within-round ratios, as in ``bench``.
+tensor count, checksum (``fxkit.loader.touch``) and peak RSS. The bytes the node read from storage
+are the delta of the sectors read of the checkpoint's block device in /proc/diskstats: the whole
+device's, so other processes on the machine add to them; a file system without a block device
+(tmpfs, overlay, NFS) has no such number and the report says so. Rounds are interleaved, the order
+of the methods rotated each round; ratios are medians of within-round ratios, as in ``bench``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ An operation is a plain function ``op(ctx, ...) -> Result``. It reads the curren
 it with the desired state, and changes only what differs. The context keeps the two apart:
 
 - reads always run, in check mode too: :meth:`OpContext.read` (a command that changes nothing),
-  :meth:`OpContext.get` (a file's content), :meth:`OpContext.fact` and :meth:`OpContext.probe`;
+  :meth:`OpContext.get` (a file's content), :meth:`OpContext.fact` and :meth:`OpContext.fresh`;
 - every change goes through :meth:`OpContext.change`, the one path that check mode skips: there it
   runs nothing and reports the change it would make (``would ...``), with its diff and command.
 
@@ -112,7 +112,7 @@ class OpContext:
     """One host's view for operations: its connection, its facts and the run's modes.
 
     Operations use its methods, never ``conn`` directly: reads through :meth:`read`, :meth:`get`,
-    :meth:`fact` and :meth:`probe`; changes through :meth:`change` only.
+    :meth:`fact` and :meth:`fresh`; changes through :meth:`change` only.
     """
 
     conn: Connection

@@ -6,7 +6,7 @@ from shlex import quote
 from pydantic import Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import RoleVars, Whole
+from fxkit.engine.rolevars import RoleVars, Text, Whole
 
 ROOT = "{{ node_base_root }}"
 
@@ -41,10 +41,10 @@ class Vars(RoleVars):
     node_base_limits_file: str = Field(
         f"{ROOT}/etc/security/limits.conf", description="where it is set"
     )
-    node_role: str = Field("inference", description="written to node.yaml")
-    node_gpu_model: str = Field("MI308X", description="written to node.yaml")
+    node_role: Text = Field("inference", description="written to node.yaml")
+    node_gpu_model: Text = Field("MI308X", description="written to node.yaml")
     node_gpu_count: Whole = Field(8, ge=0, description="written to node.yaml")
-    rocm_version: str = Field("7.2", description="written to node.yaml")
+    rocm_version: Text = Field("7.2", description="written to node.yaml")
 
 
 def apply(host: Host, v: Vars) -> None:
