@@ -3,6 +3,7 @@ it goes through is new (a link planted beside it is never followed) and never le
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,22 @@ def test_a_link_planted_where_the_temporary_file_was_is_not_followed(tmp_path: P
     write_whole(tmp_path / "report.json", "new\n")
     assert victim.read_text() == "keep"
     assert (tmp_path / "report.json").read_text() == "new\n"
-    assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o644
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o666 & ~umask  # as open() makes
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".report.json.tmp",
         "report.json",
         "victim",
     ]
+
+
+def test_a_file_written_again_keeps_its_mode(tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    path.write_text("old")
+    path.chmod(0o600)  # the user's choice: a result only they read
+    write_whole(path, "new")
+    assert path.stat().st_mode & 0o777 == 0o600 and path.read_text() == "new"
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
