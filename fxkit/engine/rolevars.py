@@ -92,6 +92,15 @@ class RoleVars(BaseModel):
 
 
 V = TypeVar("V", bound=RoleVars)
+
+
+class RoleKeys(BaseModel):
+    """The base of a mapping inside a variable (a port, a subsystem): frozen, and a key it does
+    not declare is an error (a misspelt ``adress`` is never ignored)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
 T = TypeVar("T")
 
 
@@ -138,9 +147,9 @@ def _one_per_value(exc: PydanticError) -> list[dict[str, Any]]:
 
 def _type_label(part: Any) -> bool:
     """Whether a part of an error's place is the label of a union's member, not a key."""
-    return isinstance(part, str) and (
-        part in {"str", "int", "float", "bool", "none"} or "[" in part
-    )
+    if not isinstance(part, str) or part == "[key]":  # [key]: a mapping's key was wrong
+        return False
+    return part in {"str", "int", "float", "bool", "none"} or "[" in part
 
 
 def _var_error(

@@ -12,7 +12,7 @@ import uuid
 from shlex import quote
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, Field
 
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import (
@@ -21,6 +21,7 @@ from fxkit.engine.rolevars import (
     InterfaceName,
     IpAddress,
     Nqn,
+    RoleKeys,
     RoleVars,
     Rule,
     Size,
@@ -57,7 +58,6 @@ OPTIONS = {
     "reconnect_delay": "-c",
 }
 _DEVICE = re.compile(r"/dev/nvme(\d+)n(\d+)")
-KEYS = ConfigDict(frozen=True, extra="forbid")
 
 
 # -- variables --------------------------------------------------------------------------------
@@ -81,11 +81,9 @@ ServiceId = Annotated[Whole, Field(ge=1, le=65535)]
 Positive = Annotated[Whole, Field(ge=1)]
 
 
-class Discovery(BaseModel):
+class Discovery(RoleKeys):
     """A discovery controller: where it is and how to connect (nvme-cli's options); a
     connection has these keys too."""
-
-    model_config = KEYS
 
     transport: Literal["rdma", "tcp"] = Field(description="the transport (`-t`)")
     address: IpAddress = Field(
@@ -120,10 +118,8 @@ class Connection(Discovery):
     )
 
 
-class Filesystem(BaseModel):
+class Filesystem(RoleKeys):
     """XFS on a namespace, made only on a device without any signature, mounted by UUID."""
-
-    model_config = KEYS
 
     path: Annotated[str, pattern(r"/.+", "an absolute path other than /")] = Field(
         description="the mount point", examples=["/mnt/models"]

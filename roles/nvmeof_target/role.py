@@ -14,13 +14,14 @@ import posixpath
 from shlex import quote
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, Field
 
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import (
     AbsolutePath,
     IpAddress,
     Nqn,
+    RoleKeys,
     RoleVars,
     Rule,
     Size,
@@ -34,7 +35,6 @@ from fxkit.facts.nvmet import NVMET, NvmetConfig, PathKinds, differences
 from fxkit.ops.base import OpContext, Result, failed, ok
 
 MAX_ID = 8192  # nvmetcli: Port.MAX_PORTID and Namespace.MAX_NSID
-KEYS = ConfigDict(frozen=True, extra="forbid")
 
 
 # -- variables --------------------------------------------------------------------------------
@@ -52,10 +52,8 @@ Uuid = Annotated[
 BackingPath = Annotated[str, pattern(r"/.*[^/]", "an absolute path (not ending in /)")]
 
 
-class Namespace(BaseModel):
+class Namespace(RoleKeys):
     """A namespace of a subsystem, backed by a block device or a file."""
-
-    model_config = KEYS
 
     nsid: Whole = Field(ge=1, le=MAX_ID, description="namespace id, unique in its subsystem")
     path: BackingPath = Field(
@@ -73,10 +71,8 @@ class Namespace(BaseModel):
     enable: bool = Field(True, description="enabled")
 
 
-class Subsystem(BaseModel):
+class Subsystem(RoleKeys):
     """A subsystem: its NQN, who may connect, its attributes and namespaces."""
-
-    model_config = KEYS
 
     nqn: Nqn = Field(
         description="the subsystem's NQN, unique in the fabric",
@@ -101,10 +97,8 @@ class Subsystem(BaseModel):
     namespaces: list[Namespace] = Field([], description="its namespaces")
 
 
-class Port(BaseModel):
+class Port(RoleKeys):
     """A port the target listens on (a listener: transport, address, service id)."""
-
-    model_config = KEYS
 
     id: Whole = Field(ge=1, le=MAX_ID, description="port id (portid), unique on the host")
     transport: Literal["rdma", "tcp", "loop"] = Field(

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from shlex import quote
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, Field
 
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import AbsolutePath, InterfaceName, RoleVars, Whole, pattern
+from fxkit.engine.rolevars import AbsolutePath, InterfaceName, RoleKeys, RoleVars, Whole, pattern
 from fxkit.engine.variables import environment
 from fxkit.facts.rdma import (
     BNXT_CC,
@@ -55,10 +55,8 @@ Dscp = Annotated[Whole, Field(ge=0, le=63)]
 RdmaDevice = Annotated[str, pattern(r"[A-Za-z0-9_.-]{1,63}", "an RDMA device name")]
 
 
-class Interface(BaseModel):
+class Interface(RoleKeys):
     """One interface to configure; a plain name in the list is ``{name: IF}``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: InterfaceName = Field(description="the interface, as `ip link` shows it")
     device: RdmaDevice | None = Field(
