@@ -202,10 +202,16 @@ def validate(v: Vars) -> None:
     for i, fs in enumerate(v.nvmeof_initiator_filesystems):
         var = f"nvmeof_initiator_filesystems[{i}]"
         if fs.path in paths:
-            raise v.wrong(f"{var}.path", f"mount point {fs.path} is used twice")
+            raise v.wrong(
+                f"{var}.path", f"mount point {fs.path} is used twice", "one filesystem per path"
+            )
         paths.add(fs.path)
         if fs.device is None and (fs.nqn not in connected or fs.nsid is None):
-            raise v.wrong(var, "give device, or nqn (one of nvmeof_initiator_connections) and nsid")
+            raise v.wrong(
+                var,
+                "give device, or nqn (one of nvmeof_initiator_connections) and nsid",
+                "e.g. {nqn: nqn.2024-01.com.example:models, nsid: 1, path: /mnt/models}",
+            )
 
 
 # -- what is written and run ------------------------------------------------------------------

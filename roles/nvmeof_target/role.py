@@ -158,7 +158,9 @@ def validate(v: Vars) -> None:
     for i, sub in enumerate(v.nvmeof_target_subsystems):
         var = f"nvmeof_target_subsystems[{i}]"
         if sub.nqn in names:
-            raise v.wrong(f"{var}.nqn", f"subsystem {sub.nqn} is defined twice")
+            raise v.wrong(
+                f"{var}.nqn", f"subsystem {sub.nqn} is defined twice", "one entry per NQN"
+            )
         names.add(sub.nqn)
         _check_subsystem(v, var, sub)
     _check_ports(v, names)
@@ -181,7 +183,9 @@ def _check_subsystem(v: Vars, var: str, sub: Subsystem) -> None:
     for j, ns in enumerate(sub.namespaces):
         if ns.nsid in nsids:
             raise v.wrong(
-                f"{var}.namespaces[{j}].nsid", f"nsid {ns.nsid} is used twice in {sub.nqn}"
+                f"{var}.namespaces[{j}].nsid",
+                f"nsid {ns.nsid} is used twice in {sub.nqn}",
+                "give each namespace of a subsystem its own nsid",
             )
         nsids.add(ns.nsid)
 
@@ -192,7 +196,9 @@ def _check_ports(v: Vars, subsystems: set[str]) -> None:
     for i, port in enumerate(v.nvmeof_target_ports):
         var = f"nvmeof_target_ports[{i}]"
         if port.id in ids:
-            raise v.wrong(f"{var}.id", f"port id {port.id} is used twice")
+            raise v.wrong(
+                f"{var}.id", f"port id {port.id} is used twice", "give each port its own id"
+            )
         ids.add(port.id)
         if port.transport != "loop":
             if port.address is None:
@@ -204,18 +210,25 @@ def _check_ports(v: Vars, subsystems: set[str]) -> None:
             family = adrfam(port.address)
             if port.adrfam not in (None, family):
                 raise v.wrong(
-                    f"{var}.adrfam", f"adrfam {port.adrfam!r} but {port.address} is {family}"
+                    f"{var}.adrfam",
+                    f"adrfam {port.adrfam!r} but {port.address} is {family}",
+                    f"adrfam: {family}, or leave it out (it follows the address)",
                 )
             listener = (port.transport, port.address, port.service_id)
             if listener in listeners:
                 raise v.wrong(
                     f"{var}.address",
                     f"{port.transport} {port.address}:{port.service_id} is used by two ports",
+                    "one port per listener: list every subsystem it offers under one port",
                 )
             listeners.add(listener)
         unknown = [n for n in port.subsystems or [] if n not in subsystems]
         if unknown:
-            raise v.wrong(f"{var}.subsystems", f"{unknown[0]} is not in nvmeof_target_subsystems")
+            raise v.wrong(
+                f"{var}.subsystems",
+                f"{unknown[0]} is not in nvmeof_target_subsystems",
+                "a port offers subsystems this target defines: list their NQNs",
+            )
 
 
 def validate_all(hosts: dict[str, Vars]) -> None:

@@ -382,7 +382,11 @@ def wheelhouse(v: Vars) -> Path | None:
     if not folder:
         return None
     if not Path(folder).is_dir():
-        raise v.wrong("vllm_lmcache_wheelhouse", f"{folder} is not a folder on the controller")
+        raise v.wrong(
+            "vllm_lmcache_wheelhouse",
+            f"{folder} is not a folder on the controller",
+            "a folder of wheels on this machine (pip download -d FOLDER ...)",
+        )
     return Path(folder)
 
 
@@ -457,7 +461,11 @@ def validate(v: Vars) -> None:
             )
     base = v.vllm_lmcache_base_port
     if base + len(sets) - 1 > 65535:
-        raise v.wrong("vllm_lmcache_base_port", f"{len(sets)} ports from {base} pass 65535")
+        raise v.wrong(
+            "vllm_lmcache_base_port",
+            f"{len(sets)} ports from {base} pass 65535",
+            f"a base port of at most {65536 - len(sets)}",
+        )
     names = [_instance_name(i, gpus) for i, gpus in enumerate(sets)]
     wanted = v.vllm_lmcache_rollout_instances or []
     if any(_own(v, entry) not in [*names, None] for entry in wanted):
