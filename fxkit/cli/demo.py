@@ -182,7 +182,7 @@ def loader_api() -> SimpleNamespace:
             f"the demo's loader step needs fxkit's loader and its extra ({exc}); "
             "install them with: pip install -e '.[loader]' (or run `make demo`)"
         ) from None
-    return SimpleNamespace(bench=bench, make=make_checkpoint)
+    return SimpleNamespace(harness=bench, make=make_checkpoint)
 
 
 def load_demo(loader: SimpleNamespace, cache: Path, size: int, threads: int | None) -> None:
@@ -190,13 +190,13 @@ def load_demo(loader: SimpleNamespace, cache: Path, size: int, threads: int | No
     files = checkpoint(cache, size, loader.make)
     total = sum(f.stat().st_size for f in files)
     console.print(f"checkpoint: {len(files)} file(s), {total / 1e9:.2f} GB in {cache}")
-    report = loader.bench.bench(
+    report = loader.harness.bench(
         cache,
         methods=("baseline", "fxkit"),
         runs=1,
         fxkit_options={"threads": threads} if threads else {},
     )
-    loader.bench.render(report, console)
+    loader.harness.render(report, console)
     baseline, fxkit = report.summary("baseline"), report.summary("fxkit")
     if baseline.errors or fxkit.errors or not fxkit.checksum_ok:
         raise click.ClickException(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -371,7 +371,7 @@ def _finite_json(value: Any) -> Any:
 def reevaluate(
     results: GateResult,
     gate: Gate,
-    render: Any,
+    render: Callable[[HostChecks, CheckSpec], dict[str, Any]],
     baseline: GateResult | None = None,
 ) -> GateResult:
     """Judge ``results``' measurements again against ``gate``'s rules, touching no host.
