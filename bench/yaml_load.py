@@ -12,7 +12,7 @@ and peak RSS (``ru_maxrss``) of each, and its CPU time as a ratio of the first m
 |---|---|
 | ``pyyaml`` | ``yaml.load(text, yaml.SafeLoader)``: pure Python, what fxkit's reader was built on |
 | ``pyyaml-c`` | ``yaml.load(text, yaml.CSafeLoader)``: libyaml, plain dicts, no lines kept |
-| ``fxkit`` | ``fxkit.engine.variables.load_vars_file(path)``: the reader fxkit uses |
+| ``fxkit`` | ``fxkit.varfiles.load_vars_file(path)``: the reader fxkit uses |
 | ``fxkit-old`` | the same function of the fxkit in ``--old-fxkit DIR`` |
 
 An older fxkit for ``--old-fxkit``: ``git archive COMMIT fxkit | tar -x -C DIR``.

@@ -59,7 +59,7 @@ def test_virtualenv_pins(tmp_path: Path) -> None:
     assert result.diff == f"virtualenv: absent -> {venv}\nfxkit-probe: absent -> 1.0\n"
     result = virtualenv(make_ctx(), str(venv), ["fxkit_probe==1.0"], pip_args=offline)
     assert result.changed and result.data["installed"] == ["fxkit_probe"]
-    assert virtualenv(make_ctx(), str(venv), {"fxkit.serve_probe": "1.0"}).status is Status.OK
+    assert virtualenv(make_ctx(), str(venv), {"fxkit.probe": "1.0"}).status is Status.OK
     result = virtualenv(make_ctx(diff=True), str(venv), ["fxkit-probe==2.0"], pip_args=offline)
     assert result.diff == "fxkit-probe: 1.0 -> 2.0\n"
     version = subprocess.run(
