@@ -21,4 +21,3 @@ def test_the_readme_table_is_generated_from_the_declaration(role: str) -> None:
     assert not (ROLES / role / "defaults.yml").exists()
     assert readme.count(BEGIN) == 1, f"{role}: README.md has no generated table"
     assert readme == reference.role_readme(role), f"{role}: README table is stale: run make docs"
-
