@@ -1056,7 +1056,7 @@ def test_errors_before_any_host_is_touched_never_quote_a_secret(tmp_path: Path) 
     with pytest.raises(VarError) as err:
         play(tmp_path, "- hosts: all\n  roles: [first]\n", inventory, files, fleet)
     assert SECRET not in str(err.value)
-    assert err.value.message.startswith("registry_auth_key is ********: String should have")
+    assert err.value.message.startswith("registry_auth_key is '********': String should have")
     assert err.value.where == f"h1: registry_auth_key ({tmp_path / 'hosts.yml'}:3)"
     assert fleet.hosts == {}
 
