@@ -77,10 +77,11 @@ def start(*args: str | Path, pause_at: int = 40 << 20) -> subprocess.Popen[str]:
     return proc
 
 
-def finish(proc: subprocess.Popen[str], sig: int = signal.SIGCONT) -> tuple[int, str]:
+def finish(proc: subprocess.Popen[str], sig: int = signal.SIGUSR1) -> tuple[int, str]:
+    """Continue a copy paused by :func:`start`: SIGUSR1 lets it go on, a Ctrl-C (SIGINT)
+    interrupts it (the paused writer waits for either: tests/stage_paused.py)."""
     os.kill(proc.pid, sig)
-    if sig != signal.SIGCONT:
-        os.kill(proc.pid, signal.SIGCONT)
+    os.kill(proc.pid, signal.SIGCONT)
     _, err = proc.communicate(timeout=60)
     return proc.returncode, err
 
