@@ -51,7 +51,7 @@ def test_a_gate_file_loads_with_its_check_lines(tmp_path):
         ("{command: {run: uname -r}}", "{command: {rn: uname -r}}", 7, "unknown parameter 'rn'"),
         ('{">=": "5.15"}', '{"=>": "5.15"}', 8, "unknown operator '=>'"),
         ("    title: Kernel\n", "", 4, "missing key 'title'"),
-        ("  - id: kernel", "  - id: Kernel-1", 4, "an id is lowercase"),
+        ("  - id: kernel", "  - id: Kernel-1", 4, "ids and stages are lowercase"),
         ("gate: mine", "gate: mine\nhostz: all", 2, "unknown key 'hostz'"),
         ("run: uname -r}", 'run: uname -r, parse: regex, pattern: "("}', 7, "not a regex"),
         ("run: uname -r}", "run: uname -r, parse: regex}", 7, "parse: regex needs a pattern"),

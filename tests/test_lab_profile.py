@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from fxkit.cli.lab import lab
 from fxkit.lab import CALL_LOG, FABRIC, Fleet, LabError, calls
-from fxkit.lab.profile import STANDIN, TOOLS
+from fxkit.lab.profile import LAUNCHER, TOOLS
 
 pytestmark = pytest.mark.lab
 
@@ -99,7 +99,7 @@ def test_the_stand_ins_exist_only_on_profiled_hosts(node, lab_fleet) -> None:
         assert run(plain, "ls /sys/class/infiniband /sys/kernel/config", ok=False).rc != 0
         assert run(plain, "ls /sys/class/net").stdout.split() == ["lo"]
     # Never on the real machine: no stand-in anywhere on this machine's PATH.
-    standin = STANDIN.read_bytes()
+    standin = LAUNCHER.encode()
     for directory in ("/usr/local/bin", "/usr/local/sbin", "/usr/bin", "/usr/sbin", "/bin"):
         for tool in TOOLS:
             path = Path(directory) / tool

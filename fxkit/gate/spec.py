@@ -18,6 +18,10 @@ then the inventory's values, as ``fxkit play`` sees them), variables of its own,
         severity: critical        # critical (the default): FAIL fails the gate; warning: WARN
         unit: GPUs
         when: "{{ ... }}"         # optional: false -> SKIP, with the reason in the report
+        source: "AMD system-acceptance-docs, docs/gpus/mi300x.md, Basic health"  # where the
+                                  # criterion and its threshold come from (document and section,
+                                  # or repository path)
+        stage: health             # optional: the stage the check belongs to (`--stage`)
 
 Strings anywhere in ``measure``, ``rule`` and ``when`` are Jinja2 templates rendered with each
 host's variables. Every mistake names the file and line.
@@ -64,12 +68,17 @@ class CheckSpec(BaseModel):
     unit: str | None = None
     when: str | bool | None = None
     timeout: float = Field(default=600.0, gt=0)
+    #: Where the criterion and its threshold come from: a document and section, or a repository
+    #: path. The reports show it beside the verdict.
+    source: str | None = None
+    #: The stage the check belongs to (a word, e.g. ``health``), for running one stage alone.
+    stage: str | None = None
 
-    @field_validator("id")
+    @field_validator("id", "stage")
     @classmethod
-    def _id(cls, value: str) -> str:
-        if not _ID.fullmatch(value):
-            raise ValueError(f"{value!r}: an id is lowercase letters, digits and _")
+    def _id(cls, value: str | None) -> str | None:
+        if value is not None and not _ID.fullmatch(value):
+            raise ValueError(f"{value!r}: ids and stages are lowercase letters, digits and _")
         return value
 
     @field_validator("measure")

@@ -4,8 +4,8 @@ A profile is a folder of ``fxkit/lab/profiles/`` with a ``profile.json`` (the GP
 and NVMe defaults the host pretends to have) and the text the stand-in tools print. A variant
 is a folder whose profile.json ``extends`` another profile and changes a few values (one GPU
 fewer, an RDMA link down: ``rdma.down`` names the devices whose veth peer stays down). The tools
-themselves are test doubles: one program, ``profiles/standin.py``, that picks the tool by the
-name it is called by (see docs/lab.md, "Simulated hardware: test doubles").
+themselves are test doubles: the package :mod:`fxkit.lab.standins`, started by one launcher that
+picks the tool by the name it is called by (see docs/lab.md, "Simulated hardware: test doubles").
 
 :func:`build_layer` writes, once per fleet, what ``host-init.sh`` mounts into each host of the
 profile: ``usr/`` (a lower layer of the host's /usr overlay: the stand-ins in /usr/local/bin,
@@ -28,10 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from fxkit.connection.base import Connection
+from fxkit.lab import standins
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
-STANDIN = PROFILES_DIR / "standin.py"
-TOOLS = ("amd-smi", "rocm-smi", "rocminfo", "rdma", "ibv_devinfo", "nvme", "mlnx_qos", "nvmetcli")
+STANDINS = Path(standins.__file__).parent
+#: The launcher every stand-in in /usr/local/bin links to (on the host, /usr/local/lib/fxkit-lab/).
+LAUNCHER = """#!/usr/bin/python3
+# The fxkit lab's stand-ins (fxkit/lab/standins): the name this is called by picks the tool.
+import sys
+sys.path.insert(0, "/usr/local/lib/fxkit-lab")
+from standins import main
+sys.exit(main())
+"""
+#: The tools the stand-ins answer for, by name.
+TOOLS = tuple(sorted(standins.tools()))
 #: On the host: the marker every lab host has, the stand-ins' call log and their state.
 MARKER = "/etc/fxkit-lab/host.json"
 CALL_LOG = "/var/log/fxkit-lab/calls.jsonl"
@@ -104,10 +114,11 @@ def build_layer(layer: Path, name: str) -> None:
     for folder in chain(name):  # a variant's files over its base's, then the merged data
         shutil.copytree(PROFILES_DIR / folder, lib / name, dirs_exist_ok=True)
     (lib / name / "profile.json").write_text(json.dumps(data, indent=1) + "\n")
-    shutil.copy(STANDIN, lib / STANDIN.name)
-    os.chmod(lib / STANDIN.name, 0o755)
+    shutil.copytree(STANDINS, lib / "standins", ignore=shutil.ignore_patterns("__pycache__"))
+    (lib / "standin").write_text(LAUNCHER)
+    os.chmod(lib / "standin", 0o755)
     for tool in TOOLS:
-        os.symlink(f"../lib/fxkit-lab/{STANDIN.name}", bin_dir / tool)
+        os.symlink("../lib/fxkit-lab/standin", bin_dir / tool)
 
     sys_dir = tmp / "sys"
     ports = data["rdma"]["ports"]
