@@ -98,7 +98,7 @@ def parse_rvs(text: str) -> dict[str, Any]:
         _judge(action, rest, ids, verdicts, bandwidth, gflops)
     for n, error in enumerate(errors, 1):
         verdicts[f"error {n}: {error[:100]}"] = False
-    if not actions and not verdicts:
+    if not (actions or verdicts or bandwidth or gpus):
         raise MeasureError(f"rvs printed no action and no result: {text.strip()[-200:]!r}")
     return {
         "actions": actions,
