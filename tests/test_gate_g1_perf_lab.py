@@ -12,8 +12,14 @@ The lab hosts have no GPU: the figures are the stand-ins' (illustrative, not mea
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
+import yaml
 from test_gate_g1_lab import FIO, check, run_g1, statuses
+from test_play_lab import FXKIT
 
 from fxkit.gate import spec
 from fxkit.lab import profile as profiles
@@ -72,6 +78,8 @@ def runs(lab_fleet, tmp_path_factory) -> dict[str, dict]:
     healthy = fleet_of(lab_fleet, "g1perf", "mi308x", 2)
     got = {"healthy": run_g1(healthy, out / "healthy", {**FIO, **SITE})[1]}
     got["unset"] = run_g1(healthy, out / "unset", FIO)[1]
+    got["mi300x"] = run_g1(healthy, out / "mi300x", {**FIO, "g1_platform": "mi300x"})[1]
+    got["out"] = out
     for variant in ("mi308x-rvs-met-false", "mi308x-slow"):
         fleet = fleet_of(lab_fleet, f"g1perf-{variant}", variant)
         got[variant] = run_g1(fleet, out / variant, {**FIO, **SITE})[1]
@@ -107,6 +115,36 @@ def test_an_unset_threshold_is_error_naming_its_variable(runs) -> None:
         assert "threshold unset: set g1_" in check(runs["unset"], check_id)["reason"]
     # The RVS checks judge RVS's own met/pass against the MI308X configuration's targets.
     assert {got[c] for c in got if c not in unset} == {"PASS"}
+
+
+def test_the_site_gives_its_figures_afterwards(runs, tmp_path: Path) -> None:
+    """The unset run judged again with the site's figures (no host touched): all PASS."""
+    extra = tmp_path / "site.yml"
+    extra.write_text(yaml.safe_dump(SITE))
+    result = runs["out"] / "unset" / "result.json"
+    again_dir = tmp_path / "again"
+    done = subprocess.run(
+        [FXKIT, "gate", "evaluate", str(result), "--out", str(again_dir), "-e", f"@{extra}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    again = json.loads((again_dir / "result.json").read_text())
+    assert set(ours(again).values()) == {"PASS"}, done.stdout + done.stderr
+
+
+def test_the_mi300x_platform_judges_by_amds_figures(runs) -> None:
+    """g1_platform=mi300x: AMD's published figures. The lab's MI308X stand-ins reach the xGMI
+    ones and not the compute ones; RVS has no MI300X configuration files on the lab host."""
+    result = runs["mi300x"]
+    assert check(result, "transferbench_a2a")["expected"] == ">= 32.9"
+    assert check(result, "transferbench_a2a")["status"] == "PASS"
+    bf16 = check(result, "rocblas_bf16")
+    assert bf16["status"] == "FAIL" and bf16["expected"] == ">= 130600"
+    assert check(result, "rccl_all_reduce_busbw")["expected"] == ">= 304"
+    gst = check(result, "rvs_gst")
+    assert gst["status"] == "ERROR" and "MI300X/gst_single.conf" in gst["reason"]
+    assert (
+        result["hosts"]["lab01"]["var_sources"]["g1_rocblas_bf16_min_gflops"] == "platform mi300x"
+    )
 
 
 def test_met_false_fails_exactly_rvs_gst(runs) -> None:
