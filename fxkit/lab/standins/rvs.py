@@ -1,4 +1,4 @@
-"""ROCm Validation Suite: ``rvs -c CONF`` (and ``rvs -g``).
+"""ROCm Validation Suite: ``rvs -c CONF``.
 
 Prints RVS's ``[RESULT] [timestamp] ...`` lines in the formats AMD's acceptance guide shows
 (ROCm/system-acceptance-docs, docs/common/system-validation.md) and ROCmValidationSuite's
@@ -24,13 +24,8 @@ _CLOCK = count()
 def rvs(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> int:
     data = json.loads((p["dir"] / "rvs.json").read_text())
     gpus = [(i, data["gpu_ids"][bdf], bdf) for i, bdf in enumerate(p["gpus"]["bdfs"])]
-    if args[:1] == ["-g"]:
-        print("ROCm Validation Suite (version lab stand-in)\n\nSupported GPUs available:\n")
-        for i, gpu_id, bdf in gpus:
-            print(f"{bdf} - GPU[{i + 2:2d} - {gpu_id:5d}] {p['gpus']['market_name']}")
-        return 0
     if "-c" not in args or args.index("-c") + 1 >= len(args):
-        fail("rvs", "the lab's rvs answers -g and -c CONF", 2)
+        fail("rvs", "the lab's rvs answers -c CONF", 2)
     path = Path(args[args.index("-c") + 1])
     conf = data["confs"].get(f"{path.parent.name}/{path.name}") or data["confs"].get(path.name)
     if conf is None:
