@@ -57,6 +57,8 @@ HARDWARE = (
     "nvmeof_namespaces",
     "nvmeof_namespace_size",
 )
+#: The RVS checks that every GPU is listed (rocm_host_gpu_count of them).
+RVS_GPUS = ("rvs_gpup_gpus", "rvs_gst_gpus", "rvs_iet_gpus", "rvs_pebb_gpus")
 NQN = "nqn.2024-01.com.example:models"
 CONNECTION = {
     "nqn": NQN,
@@ -129,7 +131,10 @@ def test_g1_on_plain_lab_hosts(lab_fleet, tmp_path: Path) -> None:
         assert fio["data"]["io_bytes"] >= 32 << 20 and fio["data"]["read_gbps"] > 0
         assert got["storage_read_bandwidth"] == "PASS"
         assert got["storage_read_latency"] == "PASS"
-        assert got["rdma_write_bandwidth"] == got["rccl_all_reduce_busbw"] == "SKIP"
+        assert got["rdma_write_bandwidth"] == "SKIP"
+        # AMD's checklist runs RCCL on every node: without the tool it is ERROR, never PASS.
+        assert got["rccl_all_reduce_busbw"] == "ERROR"
+        assert "all_reduce_perf not found" in check(result, "rccl_all_reduce_busbw", host)["reason"]
         with fleet.connect(host) as conn:
             assert not conn.run("test -e /var/tmp/fxkit-g1.fio").ok
     reports_are_valid(tmp_path / "plain", result)
@@ -205,7 +210,8 @@ def test_g1_hardware_checks_pass_on_the_mi308x_profile(mi308x_runs) -> None:
 @pytest.mark.parametrize(
     ("variant", "failing"),
     [
-        ("mi308x-gpu-missing", {"gpu_count"}),
+        # RVS lists the GPUs it can use: the missing one is missing there too.
+        ("mi308x-gpu-missing", {"gpu_count", *RVS_GPUS}),
         ("mi308x-rdma-down", {"rdma_active_count", "rdma_state"}),
     ],
 )
@@ -244,7 +250,7 @@ def test_g1_results_are_judged_again_without_the_hosts(mi308x_runs, tmp_path: Pa
     again = json.loads((tmp_path / "result.json").read_text())
     before, after = statuses(run["result"]), statuses(again)
     changed = {c for c in before if before[c] != after[c]}
-    assert changed == {"gpu_count", "storage_read_bandwidth"}
+    assert changed == {"gpu_count", *RVS_GPUS, "storage_read_bandwidth"}
     assert check(again, "gpu_count")["reason"] == "8 is not == 7"
 
 

@@ -28,6 +28,9 @@ from typing import Any
 
 OPERATORS = ("==", "!=", ">=", ">", "<=", "<", "in", "contains", "between", "within", "change")
 _VERSION = re.compile(r"v?\d+(\.\d+)+([.+~-].*)?")
+#: The start of a threshold left unset (a platform profile's ``null``: fxkit.gate.platforms):
+#: a rule with one cannot be judged, and says which variable to set.
+UNSET = "unset: "
 
 
 class RuleError(ValueError):
@@ -87,6 +90,9 @@ def describe(rule: Mapping[str, Any]) -> str:
 def evaluate(rule: Mapping[str, Any], value: Any, baseline: Any = None) -> Verdict:
     """Apply ``rule`` to ``value`` (``baseline``: the baseline run's value, for ``change``)."""
     op, operand = split(rule)
+    unset = _unset(operand)
+    if unset:
+        raise RuleError(f"threshold {unset}: give the site's figure (inventory or -e)")
     if isinstance(value, Mapping):
         if not value:
             raise RuleError("the measurement has no items to check")
@@ -118,6 +124,17 @@ def _one(op: str, operand: Any, value: Any, baseline: Any) -> Verdict:
     word = "" if passed else "not "
     reason = f"{_text(value)} is {word}{describe({op: operand})}"
     return Verdict(passed, reason, bounds=_bounds(op, operand, value))
+
+
+def _unset(operand: Any) -> str | None:
+    """The first unset threshold in a rule's operand (:data:`UNSET`), if any."""
+    if isinstance(operand, str):
+        return operand if operand.startswith(UNSET) else None
+    if isinstance(operand, Mapping):
+        operand = list(operand.values())
+    if isinstance(operand, list | tuple):
+        return next((found for item in operand if (found := _unset(item))), None)
+    return None
 
 
 def _change(operand: Any, value: Any, baseline: Any) -> Verdict:

@@ -38,6 +38,7 @@ from fxkit.engine.runner import ctrl_c, load_inventory
 from fxkit.engine.variables import HostVars, Layer, environment, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, masked_errors
 from fxkit.facts.base import FactCache
+from fxkit.gate import platforms
 from fxkit.gate.measure import KINDS, MeasuredHost, MeasureError, Params
 from fxkit.gate.report import masked, write_reports
 from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
@@ -362,14 +363,16 @@ def host_vars(
     on_secret: Callable[[Iterable[str]], None] | None = None,
 ) -> HostVars:
     """A host's variables for a gate, by precedence: the roles' defaults, the gate's ``vars:``
-    (its default thresholds), the inventory's (per group, per host), then ``-e``."""
-    layers = [
-        *defaults,
-        Layer(gate_layer(gate), gate.spec.vars),
+    (its default thresholds), the thresholds of the platform the host's ``<gate>_platform``
+    names (fxkit.gate.platforms), the inventory's (per group, per host), then ``-e``."""
+    above = [
         Layer("inventory", inv.vars, origins=inv.origins),
         Layer("extra vars", extra_vars),
         Layer("fxkit", {"inventory_hostname": inv.name, "gate_name": gate.name}),
     ]
+    below = [*defaults, Layer(gate_layer(gate), gate.spec.vars)]
+    platform = platforms.layer(gate.name, HostVars(inv.name, [*below, *above]))
+    layers = [*below, *([platform] if platform else []), *above]
     return HostVars(inv.name, layers, on_secret=on_secret)
 
 

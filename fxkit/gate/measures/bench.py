@@ -15,7 +15,8 @@
   A test across two nodes needs a server started on the other node, which one host's
   measurement cannot do. Gives ``bw_average_gbps`` (Gb/s) at the message ``size``.
 - ``rccl``: rccl-tests' ``all_reduce_perf`` on one node's GPUs; gives ``avg_busbw_gbps`` (its
-  "Avg bus bandwidth", GB/s), ``busbw_gbps`` at message ``size`` and every size's row.
+  "Avg bus bandwidth", GB/s), ``busbw_gbps`` and ``in_place_busbw_gbps`` at message ``size``
+  (null: the largest size printed) and every size's row.
 """
 
 from __future__ import annotations
@@ -229,8 +230,9 @@ class RcclParams(Params):
     step_factor: int = Field(default=2, gt=1)
     iterations: int = Field(default=20, gt=0)
     warmup: int = Field(default=5, ge=0)
-    #: The message size (bytes) whose bus bandwidth ``busbw_gbps`` is.
-    size: int = Field(default=8589934592, gt=0)
+    #: The message size (bytes) whose bus bandwidth ``busbw_gbps`` (out of place) and
+    #: ``in_place_busbw_gbps`` are; null: the largest size printed (the ``-e`` size).
+    size: int | None = Field(default=8589934592, gt=0)
 
 
 @kind("rccl", RcclParams)
@@ -243,10 +245,16 @@ def rccl(node: MeasuredHost, p: RcclParams) -> dict[str, Any]:
     ]  # fmt: skip
     out = node.output(" ".join(quote(str(a)) for a in argv))
     data = parse_all_reduce(out)
-    row = data["sizes"].get(str(p.size))
+    size = p.size if p.size is not None else max(int(s) for s in data["sizes"])
+    row = data["sizes"].get(str(size))
     if row is None:
-        raise MeasureError(f"all_reduce_perf printed no row for {p.size} bytes (-e {p.max_bytes})")
-    return {**data, "busbw_gbps": row["busbw"], "size": p.size}
+        raise MeasureError(f"all_reduce_perf printed no row for {size} bytes (-e {p.max_bytes})")
+    return {
+        **data,
+        "busbw_gbps": row["busbw"],
+        "in_place_busbw_gbps": row["in_place_busbw"],
+        "size": size,
+    }
 
 
 _ROW = re.compile(
