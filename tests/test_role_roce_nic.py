@@ -92,7 +92,13 @@ def test_the_defaults_and_a_full_interface_list_validate() -> None:
         ({"roce_nic_gid_index": -1}, "roce_nic_gid_index (inventory)", "or equal to 0"),
         ({"roce_nic_tos": 104 + 8}, "roce_nic_tos", "carries DSCP 28, but roce_nic_dscp is 26"),
         ({"roce_nic_tos": 107}, "roce_nic_tos", "ECN bits 3"),
-        ({"roce_nic_dscp": 46, "roce_nic_tos": 184}, "roce_nic_dscp", "maps to priority 5"),
+        (
+            {"roce_nic_tos": 105, "roce_nic_ecn": False},
+            "roce_nic_tos",
+            "(ECN bits 1), but roce_nic_ecn is false",
+        ),
+        ({"roce_nic_cnp_dscp": 26}, "roce_nic_cnp_dscp", "is also the RoCE DSCP"),
+        ({"roce_nic_roce_bandwidth": 100}, "roce_nic_roce_bandwidth (inventory)", "or equal to 99"),
         ({"roce_nic_trust": "vlan"}, "roce_nic_trust (inventory)", "'vlan'"),
         ({"roce_nic_ecn": "maybe"}, "roce_nic_ecn (inventory)", "'maybe'"),
         ({"roce_nic_script": "fxkit-roce-nic"}, "roce_nic_script (inventory)", "not absolute"),
@@ -152,8 +158,15 @@ def test_wrong_variables_name_host_and_variable(values: dict, where: str, words:
     assert caught.value.hint
 
 
-def test_pcp_trust_does_not_tie_dscp_to_the_priority() -> None:
-    typed(roce_nic_trust="pcp", roce_nic_dscp=46, roce_nic_tos=186)
+def test_the_tos_rule_and_any_dscp_on_the_roce_priority() -> None:
+    """ToS = DSCP << 2 | ECN bits: unset, it is derived per NIC; set, it must carry the DSCP.
+    Both NICs get the DSCP-to-priority map set explicitly, so any DSCP may carry RoCE."""
+    s = R.settings(typed())
+    assert (s.tos, s.tos_for("connectx"), s.tos_for("thor2")) == (None, 106, 104)
+    assert R.settings(typed(roce_nic_ecn=False)).tos_for("connectx") == 104
+    assert R.settings(typed(roce_nic_tos=104)).tos_for("connectx") == 104
+    typed(roce_nic_dscp=46, roce_nic_tos=186)
+    typed(roce_nic_trust="pcp", roce_nic_dscp=46)
 
 
 # -- the commands, against the real tools' syntax ------------------------------------------------
@@ -169,6 +182,7 @@ def mlnx_qos_parser() -> optparse.OptionParser:
     parser.add_option("-i", "--interface", dest="intf")
     parser.add_option("--trust", dest="trust")
     parser.add_option("-f", "--pfc", dest="pfc", metavar="LIST")
+    parser.add_option("--dscp2prio", dest="dscp2prio", action="append")
     return parser
 
 
@@ -177,6 +191,7 @@ def test_connectx_steps() -> None:
     assert [s.what for s in steps] == [
         "MTU of ens6np0",
         "trust and PFC of ens6np0",
+        "DSCP priorities of ens6np0",
         "rdma_cm defaults of mlx5_0",
         "ECN of ens6np0 priority 3",
     ]
@@ -188,7 +203,14 @@ def test_connectx_steps() -> None:
     assert [int(x) for x in options.pfc.split(",")] == [0, 0, 0, 1, 0, 0, 0, 0]
     assert steps[1].want == "trust dscp, pfc 0,0,0,1,0,0,0,0"
 
-    tos = steps[2]
+    # AMD's network guide (nic-installation.md, "PFC Enable"): --dscp2prio set,26,3 and
+    # set,48,7; mlnx_qos refuses --trust and --dscp2prio in one call.
+    options, args = mlnx_qos_parser().parse_args(shlex.split(steps[2].command)[1:])
+    assert (args, options.intf, options.trust) == ([], "ens6np0", None)
+    assert options.dscp2prio == ["set,26,3", "set,48,7"]
+    assert steps[2].want == "dscp2prio 26:3 48:7"
+
+    tos = steps[3]
     assert tos.command == (
         "mkdir -p /sys/kernel/config/rdma_cm/mlx5_0 && "
         "printf '%s\\n' 'RoCE v2' > /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_mode && "
@@ -196,7 +218,7 @@ def test_connectx_steps() -> None:
     )
     assert tos.want == "default_roce_mode RoCE v2, default_roce_tos 106"
 
-    ecn = steps[3]
+    ecn = steps[4]
     paths = [p for _, p in ecn.attributes]
     assert paths == [
         "/sys/class/net/ens6np0/ecn/roce_np/enable/3",
@@ -206,59 +228,109 @@ def test_connectx_steps() -> None:
     ]
     assert ecn.want == "roce_np 1, roce_rp 1, cnp_dscp 48, cnp_802p_prio 7"
     assert all(f"> {p}" in ecn.command for p in paths)
+    assert ecn.requires and ecn.requires[2] == "mlx5_core"
 
 
-def test_thor2_steps() -> None:
+def cc_writes(step: Any) -> list[tuple[str, str]]:
+    """(attribute, value) of a bnxt_re congestion-control command, after its mkdir."""
+    parts = step.command.split(" && ")
+    assert parts[0] == "mkdir -p /sys/kernel/config/bnxt_re/bnxt_re0"
+    base = "/sys/kernel/config/bnxt_re/bnxt_re0/ports/1/cc/"
+    found = [re.fullmatch(r"printf '%s' (\S+) > (\S+)", c).groups() for c in parts[1:]]  # type: ignore[union-attr]
+    assert all(path.startswith(base) for _, path in found)
+    return [(path.removeprefix(base), value) for value, path in found]
+
+
+def test_thor2_steps_as_bnxt_setupcc() -> None:
+    """bnxt_setupcc.sh (Hinokami-Kagura/bnxt_re-ofed at 1ba6eeea; lykeioner/driver at be704352,
+    version 233.2.77.9, with -u 4 its dcb path), CNP service type 0: ethtool -A IF rx off tx off;
+    dcb ets set with tc-tsa 0:ets 1:ets, tc-bw 0:L2 1:RoCE, prio-tc RoCE priority -> 1; dcb pfc
+    on the RoCE priority; dcb app dgram-port-prio 4791:PRIO and dscp-prio DSCP:PRIO; rdma_cm ToS
+    DSCP << 2; bnxt_re cc: ecn_marking, ecn_enable, cc_mode, cnp_prio, roce_prio, roce_dscp,
+    cnp_dscp (written in hexadecimal), apply."""
     steps = R.plan(THOR2, S)
-    assert [s.kind for s in steps] == ["mtu", "dcb_pfc", "dcb_app", "attributes", "bnxt_cc"]
-    argv = shlex.split(steps[1].command)
+    assert [s.kind for s in steps] == [
+        "mtu",
+        "pause",
+        "dcb_ets",
+        "dcb_pfc",
+        "dcb_app",
+        "attributes",
+        "bnxt_cc",
+    ]
+    assert shlex.split(steps[1].command) == ["ethtool", "-A", "ens26np0", "rx", "off", "tx", "off"]
+    argv = shlex.split(steps[2].command)
+    assert argv[:5] == ["dcb", "ets", "set", "dev", "ens26np0"]
+    words = " ".join(argv[5:])
+    assert "tc-tsa 0:ets 1:ets tc-bw" in words and "tc-bw 0:50 1:50" in words
+    assert "prio-tc 0:0 1:0 2:0 3:1 4:0 5:0 6:0 7:0" in words
+    argv = shlex.split(steps[3].command)
     assert argv[:5] == ["dcb", "pfc", "set", "dev", "ens26np0"] and argv[5] == "prio-pfc"
     mapping = dict(item.split(":") for item in argv[6:])
     assert mapping == {str(p): "on" if p == 3 else "off" for p in range(8)}
-    # dcb app { add | del | replace } dev DEV dscp-prio DSCP:PRIO... (dcb/dcb_app.c usage)
-    assert shlex.split(steps[2].command) == [
+    # dcb app { add | del | replace } dev DEV dgram-port-prio PORT:PRIO dscp-prio DSCP:PRIO
+    assert shlex.split(steps[4].command) == [
         "dcb",
         "app",
         "replace",
         "dev",
         "ens26np0",
+        "dgram-port-prio",
+        "4791:3",
         "dscp-prio",
         "26:3",
-        "48:7",
     ]
-    assert steps[2].want == "dscp-prio 26:3 48:7"
-    assert "/sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos" in steps[3].command
-    cc = steps[4].command.split(" && ")
-    base = "/sys/kernel/config/bnxt_re/bnxt_re0"
-    assert cc[0] == f"mkdir -p {base}"
-    writes = [re.fullmatch(r"printf '%s' (\S+) > (\S+)", c).groups() for c in cc[1:]]  # type: ignore[union-attr]
-    assert writes == [
-        (v, f"{base}/ports/1/cc/{k}")
-        for k, v in [
-            ("ecn_enable", "0x1"),
-            ("cc_mode", "0x1"),
-            ("roce_prio", "0x3"),
-            ("cnp_prio", "0x7"),
-            ("roce_dscp", "0x1a"),
-            ("cnp_dscp", "0x30"),
-            ("apply", "0x1"),
-        ]
+    assert steps[5].want == "default_roce_mode RoCE v2, default_roce_tos 104"  # 26 << 2
+    assert cc_writes(steps[6]) == [
+        ("ecn_marking", "0x1"),
+        ("ecn_enable", "0x1"),
+        ("cc_mode", "0x1"),
+        ("cnp_prio", "0x7"),
+        ("roce_prio", "0x3"),
+        ("roce_dscp", "0x1a"),
+        ("cnp_dscp", "0x30"),
+        ("apply", "0x1"),
+    ]
+
+
+def test_thor2_with_the_cnp_service_type() -> None:
+    """Service type 1 (the firmware owns the priorities and DSCPs of RoCE and CNPs): CNPs get a
+    strict traffic class 2 and a dscp-prio entry; bnxt_re's prio and DSCP attributes are left
+    alone (the driver refuses them then: configfs.c roce_prio_store, cnp_prio_store)."""
+    steps = R.plan(R.Nic("ens26np0", 9000, "bnxt_re0", "thor2", service_type=1), S)
+    assert steps[2].want == (
+        "prio-tc 0:0 1:0 2:0 3:1 4:0 5:0 6:0 7:2 tc-tsa 0:ets 1:ets 2:strict tc-bw 0:50 1:50"
+    )
+    assert steps[4].want == "dgram-port-prio 4791:3 dscp-prio 26:3 48:7"
+    assert cc_writes(steps[6]) == [
+        ("ecn_marking", "0x1"),
+        ("ecn_enable", "0x1"),
+        ("cc_mode", "0x1"),
+        ("apply", "0x1"),
     ]
 
 
 def test_ecn_off_and_other_priorities() -> None:
     s = R.settings(
-        typed(roce_nic_ecn=False, roce_nic_pfc_priority=4, roce_nic_dscp=34, roce_nic_tos=138)
+        typed(roce_nic_ecn=False, roce_nic_pfc_priority=4, roce_nic_dscp=34, roce_nic_tos=136)
     )
     connectx = R.plan(CONNECTX, s)
     assert "--pfc=0,0,0,0,1,0,0,0" in connectx[1].command
-    assert connectx[3].want.startswith("roce_np 0, roce_rp 0")
-    assert "/enable/4" in connectx[3].command
-    assert "ecn_enable 0, cc_mode 0x1, roce_prio 0x4" in R.plan(THOR2, s)[4].want
-    assert R.plan(THOR2, s)[2].want == "dscp-prio 34:4 48:7"
+    assert connectx[2].want == "dscp2prio 34:4 48:7"
+    assert connectx[4].want.startswith("roce_np 0, roce_rp 0")
+    assert "/enable/4" in connectx[4].command
+    thor2 = R.plan(THOR2, s)
+    assert thor2[6].want == "ecn_marking 0, ecn_enable 0, cnp_prio 0x7, roce_prio 0x4, " + (
+        "roce_dscp 0x22, cnp_dscp 0x30"
+    )
+    assert thor2[4].want == "dgram-port-prio 4791:4 dscp-prio 34:4"
+    assert "3:0 4:1" in thor2[2].want
     pcp = R.settings(typed(roce_nic_trust="pcp"))
-    assert "dcb_app" not in [step.kind for step in R.plan(THOR2, pcp)]
+    assert R.plan(THOR2, pcp)[4].want == "dgram-port-prio 4791:3"
+    assert "mlnx_dscp" not in [step.kind for step in R.plan(CONNECTX, pcp)]
     assert "--trust=pcp" in R.plan(CONNECTX, pcp)[1].command
+    wide = R.settings(typed(roce_nic_roce_bandwidth=80))
+    assert R.plan(THOR2, wide)[2].want.endswith("tc-bw 0:20 1:80")
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
@@ -338,17 +410,29 @@ def test_each_step_names_what_this_machine_lacks() -> None:
     reasons = [R.requirement(host, step) for step in R.plan(lo_connectx, S)]
     assert reasons[0] == ""  # the MTU: ip is everywhere
     if shutil.which("mlnx_qos") is None:
-        assert reasons[1] == "mlnx_qos not found (install MLNX_OFED or DOCA-OFED)"
-    assert reasons[2] == (
+        assert reasons[1] == reasons[2] == "mlnx_qos not found (install MLNX_OFED or DOCA-OFED)"
+    assert reasons[3] == (
         "no /sys/kernel/config/rdma_cm (configfs not mounted or the rdma_cm module not loaded)"
     )
-    assert reasons[3] == (
-        "no /sys/class/net/lo/ecn (the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED)"
+    # The ECN attributes: which mlx5_core is loaded (none on this machine).
+    assert reasons[4] == (
+        "no /sys/class/net/lo/ecn (the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED's "
+        "mlx5_core; loaded: no mlx5_core)"
     )
     reasons = [R.requirement(host, step) for step in R.plan(lo_thor2, S)]
+    if shutil.which("ethtool"):
+        assert "lo has no pause frame settings" in reasons[1]
+    else:
+        assert reasons[1] == "ethtool not found (install ethtool)"
     if shutil.which("dcb"):
-        assert reasons[1] == reasons[2] == "lo has no DCB support (dcb: Operation not supported)"
-    assert reasons[4].startswith("no /sys/kernel/config/bnxt_re")
+        assert (
+            reasons[2]
+            == reasons[3]
+            == reasons[4]
+            == ("lo has no DCB support (dcb: Operation not supported)")
+        )
+    assert reasons[6].startswith("no /sys/kernel/config/bnxt_re: its congestion control comes ")
+    assert "(loaded: no bnxt_re; or configfs is not mounted)" in reasons[6]
 
 
 class RecordedHost(Connection):
@@ -483,13 +567,13 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 
 
 def test_the_rccl_environment() -> None:
-    text = render("roce-nic.env.j2", s=S, devices=["mlx5_0", "mlx5_1"])
+    text = render("roce-nic.env.j2", s=S, tos=106, devices=["mlx5_0", "mlx5_1"])
     assert text.splitlines()[2:] == [
         "NCCL_IB_TC=106",
         "NCCL_IB_GID_INDEX=3",
         "NCCL_IB_HCA=mlx5_0,mlx5_1",
     ]
-    assert "NCCL_IB_HCA" not in render("roce-nic.env.j2", s=S, devices=[])
+    assert "NCCL_IB_HCA" not in render("roce-nic.env.j2", s=S, tos=106, devices=[])
 
 
 # -- real runs on lab hosts -----------------------------------------------------------------------
