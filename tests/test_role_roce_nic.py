@@ -15,6 +15,7 @@ apply); `ip link set dev IF mtu N` is run for real below.
 
 from __future__ import annotations
 
+import difflib
 import json
 import optparse
 import re
@@ -37,7 +38,7 @@ from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import VarError
 from fxkit.facts.base import FactCache
 from fxkit.facts.lab import SEPARATOR
-from fxkit.facts.rdma import GidTypes, IbvDevinfo, NetInterface, RdmaLink
+from fxkit.facts.rdma import GidTypes, IbvDevinfo, MlnxQos, NetInterface, RdmaLink
 from fxkit.lab import Fleet, calls
 from fxkit.ops.base import OpContext, Status
 
@@ -722,3 +723,180 @@ def test_on_an_mi308x_lab_host_the_ecn_step_runs_for_real(lab_fleet, tmp_path: P
         qos = [c["argv"] for c in calls(conn) if c["argv"][0] == "mlnx_qos"]
     assert ["mlnx_qos", "-i", "ens6np0", "--trust=dscp", "--pfc=0,0,0,1,0,0,0,0"] in qos
     assert ["mlnx_qos", "-i", "ens6np0"] in qos  # the read before it and after
+
+
+# -- each setting on lab hosts of both NIC vendors ------------------------------------------------
+
+#: What the stand-ins change: their state (/var/lib/fxkit-lab), the configfs stand-in (rdma_cm,
+#: bnxt_re) and, on the ConnectX profile, the mlx5 ECN attributes (a tmpfs of their own).
+HARDWARE = "/sys/kernel/config /sys/devices/virtual/net/ens6np0/ecn"
+THOR2_STEPS = (
+    "MTU of ens26np0",
+    "global pause of ens26np0",
+    "ETS of ens26np0",
+    "PFC of ens26np0",
+    "DCB apps of ens26np0",
+    "rdma_cm defaults of bnxt_re0",
+    "congestion control of bnxt_re0",
+)
+CONNECTX_STEPS = (
+    "MTU of ens6np0",
+    "trust and PFC of ens6np0",
+    "DSCP priorities of ens6np0",
+    "rdma_cm defaults of mlx5_0",
+    "ECN of ens6np0 priority 3",
+)
+
+
+def hardware(fleet: Fleet, host: str) -> str:
+    """The stand-ins' state and the simulated sysfs/configfs files, with their content."""
+    with fleet.connect(host) as conn:
+        result = conn.run(
+            f"for d in {HARDWARE} /var/lib/fxkit-lab; do [ ! -d $d ] || "
+            'find $d -xdev -type f -exec sh -c \'printf "%s=%s\\n" "$1" "$(cat "$1")"\' '
+            "_ {} \\; ; done | LC_ALL=C sort"
+        )
+    assert result.ok, result.stderr
+    return result.stdout
+
+
+def unchanged(before: str, after: str) -> None:
+    """``after`` is ``before``; else the lines that differ."""
+    diff = difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+    assert before == after, "\n".join(list(diff)[:40])
+
+
+def by_operation(tasks: list[dict]) -> dict[str, str]:
+    return {t["operation"]: t["status"] for t in tasks}
+
+
+def converges(fleet: Fleet, folder: Path, steps: tuple[str, ...], **hostvars: Any) -> None:
+    """Check mode changes nothing and reports each step; a run changes each step and reads it
+    back (a value that does not read back fails the step); a second run changes nothing."""
+    before = snapshot(fleet, "lab01") + hardware(fleet, "lab01")
+    checked = by_operation(play(folder, fleet, "--check", **hostvars))
+    unchanged(before, snapshot(fleet, "lab01") + hardware(fleet, "lab01"))
+    assert [checked[s] for s in steps] == ["changed"] * len(steps), checked
+    first = by_operation(play(folder, fleet, **hostvars))
+    assert [first[s] for s in steps] == ["changed"] * len(steps), first
+    assert first["verify RoCE"] == "ok"
+    again = play(folder, fleet, **hostvars)
+    assert statuses(again).get("changed", 0) == 0, [t for t in again if t["status"] == "changed"]
+    assert [by_operation(again)[s] for s in steps] == ["ok"] * len(steps)
+
+
+def reads_and_writes(conn: Connection, tool: str) -> list[list[str]]:
+    return [c["argv"] for c in calls(conn) if c["argv"][0] == tool]
+
+
+@pytest.mark.lab
+def test_thor2_lab_host_as_bnxt_setupcc(lab_fleet, tmp_path: Path) -> None:
+    """A Thor2 node (profile mi308x-thor2): every setting is read, changed, read back; then
+    other values change only the settings they touch; the stand-ins' state shows them."""
+    fleet = lab_fleet(1, name="roce-thor2", profile="mi308x-thor2")
+    converges(fleet, tmp_path, THOR2_STEPS, roce_nic_interfaces=["ens26np0"])
+    with fleet.connect("lab01") as conn:
+        ethtool = reads_and_writes(conn, "ethtool")
+        dcb = reads_and_writes(conn, "dcb")
+        cc = "/sys/kernel/config/bnxt_re/bnxt_re0/ports/1/cc"
+        values = conn.run(
+            f"cd {cc} && for f in ecn_marking ecn_enable cc_mode cnp_prio roce_prio roce_dscp "
+            "cnp_dscp apply; do printf '%s ' $(cat $f); done; "
+            "cat /sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos"
+        ).stdout.split()
+        ets = json.loads(conn.run("dcb -j ets show dev ens26np0").stdout)
+        app = json.loads(conn.run("dcb -j app show dev ens26np0").stdout)
+        pause = conn.run("ethtool -a ens26np0").stdout
+    # read, set once, read back
+    writes = [argv for argv in ethtool if argv[1] == "-A"]
+    assert writes == [["ethtool", "-A", "ens26np0", "rx", "off", "tx", "off"]]
+    assert ethtool.index(writes[0]) > 0 and ethtool[-1] == ["ethtool", "-a", "ens26np0"]
+    ets_set = [argv for argv in dcb if argv[1:3] == ["ets", "set"]]
+    assert len(ets_set) == 1 and dcb[dcb.index(ets_set[0]) + 1][1:4] == ["-j", "ets", "show"]
+    assert "RX:\t\toff\nTX:\t\toff" in pause
+    assert (ets["tc_tsa"][:2], ets["tc_bw"][:2], ets["prio_tc"]) == (
+        ["ets", "ets"],
+        [50, 50],
+        [0, 0, 0, 1, 0, 0, 0, 0],
+    )
+    assert app == {"dscp_prio": [[26, 3, " "]], "dgram_port_prio": [[4791, 3, " "]]}
+    assert values == ["0x1", "0x1", "0x1", "0x7", "0x3", "0x1a", "0x30", "0x1", "104"]
+
+    # Other values: what they do not touch stays (the pause, the MTU, ecn_marking...).
+    moved = by_operation(
+        play(
+            tmp_path,
+            fleet,
+            roce_nic_interfaces=["ens26np0"],
+            roce_nic_pfc_priority=4,
+            roce_nic_dscp=34,
+            roce_nic_roce_bandwidth=60,
+        )
+    )
+    assert [moved[s] for s in THOR2_STEPS] == ["ok", "ok", *["changed"] * 5], moved
+    with fleet.connect("lab01") as conn:
+        app = json.loads(conn.run("dcb -j app show dev ens26np0").stdout)
+        tos = conn.run("cat /sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos").stdout
+    # replace: 4791 moves to priority 4; DSCP 34 is added beside the earlier 26
+    assert app["dgram_port_prio"] == [[4791, 4, " "]] and [34, 4, " "] in app["dscp_prio"]
+    assert tos.strip() == "136"  # 34 << 2
+
+
+@pytest.mark.lab
+def test_connectx_lab_host_dscp2prio_and_the_rest(lab_fleet, tmp_path: Path) -> None:
+    """A ConnectX node (profile mi308x): trust and PFC, the RoCE and CNP DSCPs' priorities
+    (the default map put DSCP 48 on priority 6), the rdma_cm ToS 106, ECN: each read, changed,
+    read back; check mode and a second run change nothing."""
+    fleet = lab_fleet(1, name="roce-connectx", profile="mi308x")
+    with fleet.connect("lab01") as conn:
+        conn.run("mlnx_qos -i ens6np0 --trust=dscp")  # the default map, as mlx5 shows it
+        default = MlnxQos().parse(conn.run(MlnxQos().command("ens6np0")), "ens6np0")
+    assert default.dscp2prio and (default.dscp2prio[26], default.dscp2prio[48]) == (3, 6)
+    converges(fleet, tmp_path, CONNECTX_STEPS[2:], roce_nic_interfaces=["ens6np0"])
+    with fleet.connect("lab01") as conn:
+        qos = MlnxQos().parse(conn.run(MlnxQos().command("ens6np0")), "ens6np0")
+        text = conn.run("mlnx_qos -i ens6np0").stdout
+        tos = conn.run("cat /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos").stdout
+        qos_calls = reads_and_writes(conn, "mlnx_qos")
+    assert qos.dscp2prio and (qos.dscp2prio[26], qos.dscp2prio[48]) == (3, 7)
+    assert "\tprio:7 dscp:48,63,62,61,60,59,58,57,\n\tprio:7 dscp:56," in text
+    assert tos.strip() == "106"
+    sets = [a for a in qos_calls if "--dscp2prio" in a]
+    assert sets == [
+        ["mlnx_qos", "-i", "ens6np0", "--dscp2prio", "set,26,3", "--dscp2prio", "set,48,7"]
+    ]
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize(
+    "profile, values, words",
+    [
+        ("mi308x-thor2", {"roce_nic_tos": 108}, "carries DSCP 27, but roce_nic_dscp is 26"),
+        ("mi308x", {"roce_nic_cnp_dscp": 26}, "is also the RoCE DSCP"),
+    ],
+)
+def test_a_wrong_variable_is_refused_before_any_host_is_touched(
+    lab_fleet, tmp_path: Path, profile: str, values: dict, words: str
+) -> None:
+    from click.testing import CliRunner
+
+    from fxkit.cli import cli
+
+    fleet = lab_fleet(1, name=f"roce-{profile}", profile=profile)
+    before = snapshot(fleet, "lab01") + hardware(fleet, "lab01")
+    with fleet.connect("lab01") as conn:
+        logged = len(calls(conn))
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    inventory["all"]["children"]["lab"].setdefault("vars", {}).update(values)
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "site.yml").write_text(PLAYBOOK)
+    with pytest.raises(VarError) as caught:
+        CliRunner().invoke(
+            cli,
+            ["play", str(tmp_path / "site.yml"), "-i", str(tmp_path / "inventory.yml")],
+            catch_exceptions=False,
+        )
+    assert words in caught.value.message and "lab01" in str(caught.value.where)
+    unchanged(before, snapshot(fleet, "lab01") + hardware(fleet, "lab01"))
+    with fleet.connect("lab01") as conn:
+        assert len(calls(conn)) == logged  # no stand-in was even asked
