@@ -859,7 +859,7 @@ def test_connectx_lab_host_dscp2prio_and_the_rest(lab_fleet, tmp_path: Path) -> 
         tos = conn.run("cat /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos").stdout
         qos_calls = reads_and_writes(conn, "mlnx_qos")
     assert qos.dscp2prio and (qos.dscp2prio[26], qos.dscp2prio[48]) == (3, 7)
-    assert "\tprio:7 dscp:48,63,62,61,60,59,58,57,\n\tprio:7 dscp:56," in text
+    assert "  prio:7 dscp:48,63,62,61,60,59,58,57,\n        prio:7 dscp:56," in text
     assert tos.strip() == "106"
     sets = [a for a in qos_calls if "--dscp2prio" in a]
     assert sets == [

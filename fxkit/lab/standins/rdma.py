@@ -257,13 +257,13 @@ def _dscp2prio(state: dict[str, Any], command: str) -> None:
 
 def _dscp_lines(mapping: list[list[int]]) -> list[str]:
     """mlnx-tools dcbnetlink.py printAppSelector: per priority its DSCPs (``%02d,``), in the
-    table's order, at most 8 a line."""
+    table's order, at most 8 a line; indented as the recorded output shows it (8 spaces where
+    mlnx_qos prints a tab, as for the PFC table)."""
     lines = []
     for prio in range(8):
         dscps = [f"{d:02d}," for d, p in mapping if p == prio]
-        lines += [
-            f"\tprio:{prio} dscp:" + "".join(dscps[i : i + 8]) for i in range(0, len(dscps), 8)
-        ]
+        start = f"        prio:{prio} dscp:"
+        lines += [start + "".join(dscps[i : i + 8]) for i in range(0, len(dscps), 8)]
     return lines
 
 
