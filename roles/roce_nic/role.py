@@ -1,5 +1,7 @@
-"""roce_nic: lossless RoCEv2 on RDMA NICs (DSCP trust, PFC on one priority, ECN, the default
-RoCE ToS, a jumbo MTU), per interface, by the NIC's driver; reapplied at boot by a oneshot unit.
+"""roce_nic: lossless RoCEv2 on RDMA NICs (the RoCE and CNP DSCPs on their priorities, PFC on
+one priority, ECN, the default RoCE ToS, a jumbo MTU; on Thor2 also ETS and global pause off, as
+Broadcom's bnxt_setupcc.sh), per interface, by the NIC's driver; reapplied at boot by a oneshot
+unit. README.md cites the source of every setting.
 
 One source of truth for the commands: :func:`plan` gives each interface's steps (what, wanted
 state, command); the role runs a step's command only when facts show another state, and the boot
