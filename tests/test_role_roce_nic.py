@@ -295,20 +295,27 @@ def test_thor2_steps_as_bnxt_setupcc() -> None:
 
 
 def test_thor2_with_the_cnp_service_type() -> None:
-    """Service type 1 (the firmware owns the priorities and DSCPs of RoCE and CNPs): CNPs get a
-    strict traffic class 2 and a dscp-prio entry; bnxt_re's prio and DSCP attributes are left
-    alone (the driver refuses them then: configfs.c roce_prio_store, cnp_prio_store)."""
-    steps = R.plan(R.Nic("ens26np0", 9000, "bnxt_re0", "thor2", service_type=1), S)
+    """Service type 1 (the firmware owns the priorities and DSCPs of RoCE and CNPs: bnxt_re
+    refuses roce_prio and cnp_prio then, configfs.c): ETS with a strict class 2 for CNPs, their
+    DSCP in the application table, and no bnxt_re congestion-control writes at all (233.2.77.9:
+    `if [ "$CNP_SERVICE_TYPE" == "0" ]` around them)."""
+    thor2 = R.Nic("ens26np0", 9000, "bnxt_re0", "thor2", service_type=1)
+    steps = R.plan(thor2, S)
+    assert [s.kind for s in steps] == [
+        "mtu",
+        "pause",
+        "dcb_ets",
+        "dcb_pfc",
+        "dcb_app",
+        "attributes",
+    ]
     assert steps[2].want == (
         "prio-tc 0:0 1:0 2:0 3:1 4:0 5:0 6:0 7:2 tc-tsa 0:ets 1:ets 2:strict tc-bw 0:50 1:50"
     )
     assert steps[4].want == "dgram-port-prio 4791:3 dscp-prio 26:3 48:7"
-    assert cc_writes(steps[6]) == [
-        ("ecn_marking", "0x1"),
-        ("ecn_enable", "0x1"),
-        ("cc_mode", "0x1"),
-        ("apply", "0x1"),
-    ]
+    off = R.plan(thor2, R.settings(typed(roce_nic_ecn=False)))
+    assert off[2].want.endswith("7:0 tc-tsa 0:ets 1:ets 2:strict tc-bw 0:50 1:50")
+    assert off[4].want == "dgram-port-prio 4791:3 dscp-prio 26:3"
 
 
 def test_ecn_off_and_other_priorities() -> None:

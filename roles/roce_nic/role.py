@@ -304,7 +304,10 @@ def plan(nic: Nic, s: Settings) -> list[Step]:
     needs = (RDMA_CM, "configfs not mounted or the rdma_cm module not loaded", "")
     what = f"rdma_cm defaults of {nic.device}"
     steps.append(Step(what, want, command, "attributes", nic.device, reads, needs))
-    steps.append(_connectx_ecn(nic, s) if nic.family == "connectx" else _bnxt_cc(nic, s))
+    if nic.family == "connectx":
+        steps.append(_connectx_ecn(nic, s))
+    elif nic.service_type != 1:  # bnxt_setupcc.sh leaves it to the firmware with service type 1
+        steps.append(_bnxt_cc(nic, s))
     return steps
 
 
@@ -337,7 +340,7 @@ def _thor2_qos(nic: Nic, s: Settings) -> list[Step]:
     CNP DSCP with the CNP service type) to their priorities."""
     q = quote(nic.name)
     cnp_class = nic.service_type == 1 and s.ecn
-    tsa = {0: "ets", 1: "ets", **({2: "strict"} if cnp_class else {})}
+    tsa = {0: "ets", 1: "ets", **({2: "strict"} if nic.service_type == 1 else {})}
     bw = {0: 100 - s.roce_bandwidth, 1: s.roce_bandwidth}
     prio_tc = {
         p: 1 if p == s.pfc_priority else 2 if cnp_class and p == s.cnp_priority else 0
@@ -396,19 +399,18 @@ def _connectx_ecn(nic: Nic, s: Settings) -> Step:
 
 
 def _bnxt_cc(nic: Nic, s: Settings) -> Step:
-    """Broadcom's bnxt_re congestion control (configfs), as bnxt_setupcc.sh writes it: ECN
-    marking and DCQCN on (cc_mode 1) or both off; the RoCE and CNP priorities and DSCPs only
-    where the CNP service type leaves them to the host (0), then ``apply``."""
+    """Broadcom's bnxt_re congestion control (configfs), as bnxt_setupcc.sh writes it where the
+    CNP service type is 0: ECN marking and DCQCN on (cc_mode 1) or both off, the CNP and RoCE
+    priorities and DSCPs, then ``apply``."""
     values = {"ecn_marking": int(s.ecn), "ecn_enable": int(s.ecn)}
     if s.ecn:
         values["cc_mode"] = 1
-    if nic.service_type != 1:
-        values |= {
-            "cnp_prio": s.cnp_priority,
-            "roce_prio": s.pfc_priority,
-            "roce_dscp": s.dscp,
-            "cnp_dscp": s.cnp_dscp,
-        }
+    values |= {
+        "cnp_prio": s.cnp_priority,
+        "roce_prio": s.pfc_priority,
+        "roce_dscp": s.dscp,
+        "cnp_dscp": s.cnp_dscp,
+    }
     cc = f"{BNXT_RE}/{nic.device}/ports/1/cc"
     writes = [f"printf '%s' {_hex(x)} > {quote(f'{cc}/{k}')}" for k, x in values.items()]
     command = " && ".join(
