@@ -907,3 +907,31 @@ def test_a_wrong_variable_is_refused_before_any_host_is_touched(
     unchanged(before, snapshot(fleet, "lab01") + hardware(fleet, "lab01"))
     with fleet.connect("lab01") as conn:
         assert len(calls(conn)) == logged  # no stand-in was even asked
+
+
+@pytest.mark.lab
+def test_thor2_with_the_kernels_own_bnxt_re_says_which_driver_is_loaded(
+    lab_fleet, tmp_path: Path
+) -> None:
+    """Profile mi308x-thor2-inbox: bnxt_re loaded without a version, no bnxt_re configfs. On a
+    lab host the congestion-control step is skipped naming the loaded driver and the one it
+    needs (the dcb steps run: bnxt_en's DCB is the kernel's); a host not marked as a lab host
+    fails with that reason before anything changes."""
+    fleet = lab_fleet(1, name="roce-thor2-inbox", profile="mi308x-thor2-inbox")
+    before = snapshot(fleet, "lab01") + hardware(fleet, "lab01")
+    refused = play(tmp_path, fleet, roce_nic_interfaces=["ens26np0"], fxkit_lab=False)
+    unchanged(before, snapshot(fleet, "lab01") + hardware(fleet, "lab01"))
+    assert [t["status"] for t in refused] == ["failed"]
+    assert refused[0]["msg"].startswith("congestion control of bnxt_re0: ")
+    reason = (
+        "no /sys/kernel/config/bnxt_re: its congestion control comes with Broadcom's "
+        "out-of-tree bnxt_re (loaded: the kernel's own bnxt_re, which declares no version; "
+        "or configfs is not mounted)"
+    )
+    assert reason in refused[0]["msg"] and "not marked as a lab host" in refused[0]["msg"]
+
+    tasks = play(tmp_path, fleet, roce_nic_interfaces=["ens26np0"])
+    done = by_operation(tasks)
+    assert [done[s] for s in THOR2_STEPS[:-1]] == ["changed"] * 6
+    skipped = {t["operation"]: t["msg"] for t in tasks if t["status"] == "skipped"}
+    assert reason in skipped["congestion control of bnxt_re0"]

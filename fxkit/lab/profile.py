@@ -162,9 +162,9 @@ def build_layer(layer: Path, name: str) -> None:
             },
         )
     _files(sys_dir / "module" / "nvme_core" / "parameters", {"multipath": "Y"})
-    for module, version in data.get("modules", {}).items():  # what MODULE_VERSION declares
+    for module, version in data.get("modules", {}).items():  # loaded; its MODULE_VERSION ("": none)
         if version is not None:
-            _files(sys_dir / "module" / module, {"version": version})
+            _files(sys_dir / "module" / module, {"version": version} if version else {})
     (sys_dir / "kernel" / "config").mkdir(parents=True)  # the configfs stand-in's mount point
 
     config = tmp / "config"
