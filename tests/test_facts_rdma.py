@@ -72,7 +72,11 @@ RDMA_LINK_FILES = sorted(p.name for p in REFERENCE.glob("rdma_link_*.txt"))
 
 
 def test_every_rdma_link_reference_is_covered() -> None:
-    assert RDMA_LINK_FILES == ["rdma_link_bnxt_thor2.txt", "rdma_link_mi300x_8x_connectx.txt"]
+    assert RDMA_LINK_FILES == [
+        "rdma_link_bnxt_thor2.txt",
+        "rdma_link_bnxt_thor2_8x_amd.txt",
+        "rdma_link_mi300x_8x_connectx.txt",
+    ]
 
 
 @pytest.mark.parametrize("name", RDMA_LINK_FILES)
