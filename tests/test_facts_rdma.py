@@ -32,17 +32,22 @@ from fxkit.facts.lab import SEPARATOR
 from fxkit.facts.rdma import (
     NOT_FOUND,
     BnxtCc,
-    DcbAppDscp,
+    DcbApp,
+    DcbEts,
     DcbPfc,
+    EthtoolPause,
     GidTypes,
     IbvDevinfo,
+    KernelModule,
     MlnxQos,
     NetInterface,
     RdmaLink,
     RdmaPort,
     driver_family,
-    parse_dcb_app_dscp,
+    parse_dcb_app,
+    parse_dcb_ets,
     parse_dcb_pfc,
+    parse_ethtool_pause,
     parse_gid_types,
     parse_ibv_devinfo,
     parse_mlnx_qos,
@@ -67,7 +72,11 @@ RDMA_LINK_FILES = sorted(p.name for p in REFERENCE.glob("rdma_link_*.txt"))
 
 
 def test_every_rdma_link_reference_is_covered() -> None:
-    assert RDMA_LINK_FILES == ["rdma_link_bnxt_thor2.txt", "rdma_link_mi300x_8x_connectx.txt"]
+    assert RDMA_LINK_FILES == [
+        "rdma_link_bnxt_thor2.txt",
+        "rdma_link_bnxt_thor2_8x_amd.txt",
+        "rdma_link_mi300x_8x_connectx.txt",
+    ]
 
 
 @pytest.mark.parametrize("name", RDMA_LINK_FILES)
@@ -269,6 +278,19 @@ def test_mlnx_qos_reference_outputs() -> None:
     for text in outputs:
         qos = MlnxQos().parse(output(text, LAB), "eth4")
         assert (qos.trust, qos.pfc, qos.simulated) == ("dscp", (0, 0, 0, 1, 0, 0, 0, 0), True)
+        assert qos.dscp2prio == {dscp: dscp >> 3 for dscp in range(64)}  # the default map
+    # mlnx-tools printAppSelector: 8 DSCPs a line, a ninth on a line of its own; pcp: no map.
+    nine = outputs[0].replace(
+        "prio:6 dscp:55,54,53,52,51,50,49,48,", "prio:6 dscp:55,54,53,52,51,50,49,"
+    )
+    nine = nine.replace(
+        "prio:7 dscp:63,62,61,60,59,58,57,56,",
+        "prio:7 dscp:48,63,62,61,60,59,58,57,\n\tprio:7 dscp:56,",
+    )
+    assert parse_mlnx_qos(nine, "eth4").dscp2prio == {**{d: d >> 3 for d in range(64)}, 48: 7}
+    pcp = outputs[0].replace("trust state: dscp", "trust state: pcp").split("dscp2prio mapping:")
+    pcp_text = pcp[0] + "Cable len" + pcp[1].split("Cable len", 1)[1]
+    assert parse_mlnx_qos(pcp_text, "eth4").dscp2prio is None
 
 
 def test_mlnx_qos_whole_trace_or_cut_output_is_a_fact_error() -> None:
@@ -306,25 +328,85 @@ def test_dcb_pfc_json() -> None:
         DcbPfc().parse(output("", rc=1, stderr="Attribute read: No such device\n"), "x")
 
 
-def test_dcb_app_dscp_json() -> None:
-    # dcb/dcb_app.c: each entry an array of the DSCP, the priority and a " " separator.
-    text = json.dumps({"dscp_prio": [[26, 3, " "], [48, 7, " "]]})
-    assert parse_dcb_app_dscp(text, "ens26np0") == {26: 3, 48: 7}
-    assert DcbAppDscp().parse(output(text), "ens26np0").dscp_prio == {26: 3, 48: 7}
-    assert parse_dcb_app_dscp("{}", "ens26np0") == {}  # no entries: no key
-    assert parse_dcb_app_dscp("", "ens26np0") == {}
-    for bad in ("[", '{"dscp_prio": [[26]]}', '{"dscp_prio": 3}', '{"dscp_prio": [[1, 2, 3]]}'):
+def test_dcb_app_json() -> None:
+    # dcb/dcb_app.c: each entry an array of the protocol, the priority and a " " separator.
+    text = json.dumps(
+        {"dscp_prio": [[26, 3, " "], [48, 7, " "]], "dgram_port_prio": [[4791, 3, " "]]}
+    )
+    assert parse_dcb_app(text, "ens26np0") == {
+        "dscp_prio": {26: 3, 48: 7},
+        "dgram_port_prio": {4791: 3},
+    }
+    info = DcbApp().parse(output(text), "ens26np0")
+    assert info.table("dgram_port_prio") == {4791: 3} and info.table("stream_port_prio") == {}
+    assert parse_dcb_app("{}", "ens26np0") == {"dscp_prio": {}, "dgram_port_prio": {}}
+    assert parse_dcb_app("", "ens26np0") == {"dscp_prio": {}, "dgram_port_prio": {}}
+    for bad in (
+        "[",
+        "[]",
+        '{"dscp_prio": [[26]]}',
+        '{"dscp_prio": 3}',
+        '{"dscp_prio": [[1, 2, 3]]}',
+    ):
         with pytest.raises(FactError, match="not the JSON dcb prints"):
-            parse_dcb_app_dscp(bad, "ens26np0")
+            parse_dcb_app(bad, "ens26np0")
     veth = output("", rc=1, stderr="Attribute read: Operation not supported\n")
-    assert "no DCB support" in DcbAppDscp().parse(veth, "ens26np0").missing
+    assert "no DCB support" in DcbApp().parse(veth, "ens26np0").missing
+
+
+def test_dcb_ets_json() -> None:
+    # dcb/dcb_ets.c dcb_ets_print: the arrays by their JSON names, TSAs by name.
+    ets = {
+        "willing": False,
+        "ets_cap": 8,
+        "cbs": False,
+        "tc_bw": [50, 50, 0, 0, 0, 0, 0, 0],
+        "pg_bw": [0] * 8,
+        "tc_tsa": ["ets", "ets"] + ["strict"] * 6,
+        "prio_tc": [0, 0, 0, 1, 0, 0, 0, 0],
+    }
+    info = DcbEts().parse(output(json.dumps(ets)), "ens26np0")
+    assert (info.tc_tsa[:3], info.tc_bw[:2], info.prio_tc[3]) == (
+        ("ets", "ets", "strict"),
+        (50, 50),
+        1,
+    )
+    assert parse_dcb_ets(json.dumps(ets), "x").prio_tc == (0, 0, 0, 1, 0, 0, 0, 0)
+    for bad in (
+        "",
+        "{}",
+        json.dumps({**ets, "tc_bw": [50]}),
+        json.dumps({**ets, "tc_tsa": [0] * 8}),
+    ):
+        with pytest.raises(FactError, match="not the JSON dcb prints"):
+            parse_dcb_ets(bad, "ens26np0")
+    assert "dcb not found" in DcbEts().parse(output(NOT_FOUND + "\n"), "x").missing
+
+
+def test_ethtool_pause_text() -> None:
+    # ethtool netlink/pause.c: "Pause parameters for %s:", then "Autonegotiate:\t%s",
+    # "RX:\t\t%s", "TX:\t\t%s" (and "RX negotiated"... with autonegotiation on).
+    text = "Pause parameters for ens26np0:\nAutonegotiate:\ton\nRX:\t\ton\nTX:\t\ton\n"
+    text += "RX negotiated: on\nTX negotiated: on\n\n"
+    info = EthtoolPause().parse(output(text, LAB), "ens26np0")
+    assert (info.autoneg, info.rx, info.tx, info.simulated) == ("on", "on", "on", True)
+    assert parse_ethtool_pause(text.replace("on\nTX:", "off\nTX:"), "ens26np0").rx == "off"
+    with pytest.raises(FactError, match="not its pause parameters"):
+        parse_ethtool_pause(text.replace("ens26np0", "eth0"), "ens26np0")
+    unsupported = output("", rc=76, stderr="netlink error: Operation not supported\n")
+    assert "Operation not supported" in EthtoolPause().parse(unsupported, "veth0").missing
+    assert "ethtool not found" in EthtoolPause().parse(output(NOT_FOUND + "\n"), "x").missing
 
 
 def test_bnxt_cc_values_are_numbers_as_the_driver_prints_them() -> None:
-    # bnxt_re's configfs show functions print "%#x\n" (0x1a); 0 prints as "0".
-    text = "ecn_enable=0x1\ncc_mode=0x1\nroce_prio=0x3\ncnp_prio=0x7\nroce_dscp=0x1a\ncnp_dscp=0\n"
-    info = BnxtCc().parse(RunResult("c", 0, text, ""), "bnxt_re0")
+    # bnxt_re's configfs show functions print "%#x\n" (0x1a); 0 prints as "0". The CNP service
+    # type is debugfs.c's "\tfw_service_prof_type_sup : %u" line of bnxt_re/DEV/info.
+    head = "version=233.2.77.9\nservice=\tfw_service_prof_type_sup : 1\n"
+    text = head + "ecn_marking=0x1\necn_enable=0x1\ncc_mode=0x1\nroce_prio=0x3\ncnp_prio=0x7\n"
+    text += "roce_dscp=0x1a\ncnp_dscp=0\n"
+    info = BnxtCc().parse(output(text), "bnxt_re0")
     assert info.values == {
+        "ecn_marking": 1,
         "ecn_enable": 1,
         "cc_mode": 1,
         "roce_prio": 3,
@@ -332,10 +414,22 @@ def test_bnxt_cc_values_are_numbers_as_the_driver_prints_them() -> None:
         "roce_dscp": 26,
         "cnp_dscp": 0,
     }
-    assert BnxtCc().parse(RunResult("c", 0, "nodir\n", ""), "bnxt_re0").values is None
-    assert "configfs" in BnxtCc().parse(RunResult("c", 0, "nocfs\n", ""), "bnxt_re0").missing
+    assert (info.service_type, info.driver_version) == (1, "233.2.77.9")
+    nodir = BnxtCc().parse(output("version=\nservice=\nnodir\n"), "bnxt_re0")
+    assert (nodir.values, nodir.service_type, nodir.missing) == (None, 0, "")
+    nocfs = BnxtCc().parse(output("version=\nservice=\nnocfs\n"), "bnxt_re0").missing
+    assert "out-of-tree bnxt_re (loaded: the kernel's own bnxt_re, which declares no" in nocfs
+    absent = BnxtCc().parse(output("version=-\nservice=\nnocfs\n"), "bnxt_re0")
+    assert "(loaded: no bnxt_re;" in absent.missing and absent.driver_version == ""
     with pytest.raises(FactError, match="cannot read"):
-        BnxtCc().parse(RunResult("c", 0, "ecn_enable=on\n", ""), "bnxt_re0")
+        BnxtCc().parse(output("version=\nservice=\necn_enable=on\n"), "bnxt_re0")
+
+
+def test_kernel_module() -> None:
+    loaded = KernelModule().parse(output("loaded\nversion=233.2.77.9\n"), "bnxt_re")
+    assert (loaded.loaded, loaded.version) == (True, "233.2.77.9")
+    absent = KernelModule().parse(output("version=\n"), "mlx5_core")
+    assert (absent.loaded, absent.version) == (False, "")
 
 
 def test_gid_types_lines() -> None:

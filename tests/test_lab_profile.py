@@ -90,11 +90,12 @@ def test_the_stand_ins_exist_only_on_profiled_hosts(node, lab_fleet) -> None:
     for tool in TOOLS:
         assert run(node, f"command -v {tool}").stdout.strip() == f"/usr/local/bin/{tool}"
     with lab_fleet(1).connect("lab01") as plain:
-        for tool in TOOLS:  # (rdma is iproute2's real one, in /usr/bin, on both kinds)
+        for tool in TOOLS:  # (rdma and dcb are iproute2's real ones, in /usr/bin, /usr/sbin)
             assert run(plain, f"test -e /usr/local/bin/{tool}", ok=False).rc != 0, tool
             assert run(plain, f"command -v {tool}", ok=False).stdout.strip() in (
                 "",
                 f"/usr/bin/{tool}",
+                f"/usr/sbin/{tool}",
             )
         assert run(plain, "ls /sys/class/infiniband /sys/kernel/config", ok=False).rc != 0
         assert run(plain, "ls /sys/class/net").stdout.split() == ["lo"]

@@ -15,6 +15,7 @@ apply); `ip link set dev IF mtu N` is run for real below.
 
 from __future__ import annotations
 
+import difflib
 import json
 import optparse
 import re
@@ -37,7 +38,7 @@ from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import VarError
 from fxkit.facts.base import FactCache
 from fxkit.facts.lab import SEPARATOR
-from fxkit.facts.rdma import GidTypes, IbvDevinfo, NetInterface, RdmaLink
+from fxkit.facts.rdma import GidTypes, IbvDevinfo, MlnxQos, NetInterface, RdmaLink
 from fxkit.lab import Fleet, calls
 from fxkit.ops.base import OpContext, Status
 
@@ -92,7 +93,13 @@ def test_the_defaults_and_a_full_interface_list_validate() -> None:
         ({"roce_nic_gid_index": -1}, "roce_nic_gid_index (inventory)", "or equal to 0"),
         ({"roce_nic_tos": 104 + 8}, "roce_nic_tos", "carries DSCP 28, but roce_nic_dscp is 26"),
         ({"roce_nic_tos": 107}, "roce_nic_tos", "ECN bits 3"),
-        ({"roce_nic_dscp": 46, "roce_nic_tos": 184}, "roce_nic_dscp", "maps to priority 5"),
+        (
+            {"roce_nic_tos": 105, "roce_nic_ecn": False},
+            "roce_nic_tos",
+            "(ECN bits 1), but roce_nic_ecn is false",
+        ),
+        ({"roce_nic_cnp_dscp": 26}, "roce_nic_cnp_dscp", "is also the RoCE DSCP"),
+        ({"roce_nic_roce_bandwidth": 100}, "roce_nic_roce_bandwidth (inventory)", "or equal to 99"),
         ({"roce_nic_trust": "vlan"}, "roce_nic_trust (inventory)", "'vlan'"),
         ({"roce_nic_ecn": "maybe"}, "roce_nic_ecn (inventory)", "'maybe'"),
         ({"roce_nic_script": "fxkit-roce-nic"}, "roce_nic_script (inventory)", "not absolute"),
@@ -152,8 +159,15 @@ def test_wrong_variables_name_host_and_variable(values: dict, where: str, words:
     assert caught.value.hint
 
 
-def test_pcp_trust_does_not_tie_dscp_to_the_priority() -> None:
-    typed(roce_nic_trust="pcp", roce_nic_dscp=46, roce_nic_tos=186)
+def test_the_tos_rule_and_any_dscp_on_the_roce_priority() -> None:
+    """ToS = DSCP << 2 | ECN bits: unset, it is derived per NIC; set, it must carry the DSCP.
+    Both NICs get the DSCP-to-priority map set explicitly, so any DSCP may carry RoCE."""
+    s = R.settings(typed())
+    assert (s.tos, s.tos_for("connectx"), s.tos_for("thor2")) == (None, 106, 104)
+    assert R.settings(typed(roce_nic_ecn=False)).tos_for("connectx") == 104
+    assert R.settings(typed(roce_nic_tos=104)).tos_for("connectx") == 104
+    typed(roce_nic_dscp=46, roce_nic_tos=186)
+    typed(roce_nic_trust="pcp", roce_nic_dscp=46)
 
 
 # -- the commands, against the real tools' syntax ------------------------------------------------
@@ -169,6 +183,7 @@ def mlnx_qos_parser() -> optparse.OptionParser:
     parser.add_option("-i", "--interface", dest="intf")
     parser.add_option("--trust", dest="trust")
     parser.add_option("-f", "--pfc", dest="pfc", metavar="LIST")
+    parser.add_option("--dscp2prio", dest="dscp2prio", action="append")
     return parser
 
 
@@ -177,6 +192,7 @@ def test_connectx_steps() -> None:
     assert [s.what for s in steps] == [
         "MTU of ens6np0",
         "trust and PFC of ens6np0",
+        "DSCP priorities of ens6np0",
         "rdma_cm defaults of mlx5_0",
         "ECN of ens6np0 priority 3",
     ]
@@ -188,7 +204,14 @@ def test_connectx_steps() -> None:
     assert [int(x) for x in options.pfc.split(",")] == [0, 0, 0, 1, 0, 0, 0, 0]
     assert steps[1].want == "trust dscp, pfc 0,0,0,1,0,0,0,0"
 
-    tos = steps[2]
+    # AMD's network guide (nic-installation.md, "PFC Enable"): --dscp2prio set,26,3 and
+    # set,48,7; mlnx_qos refuses --trust and --dscp2prio in one call.
+    options, args = mlnx_qos_parser().parse_args(shlex.split(steps[2].command)[1:])
+    assert (args, options.intf, options.trust) == ([], "ens6np0", None)
+    assert options.dscp2prio == ["set,26,3", "set,48,7"]
+    assert steps[2].want == "dscp2prio 26:3 48:7"
+
+    tos = steps[3]
     assert tos.command == (
         "mkdir -p /sys/kernel/config/rdma_cm/mlx5_0 && "
         "printf '%s\\n' 'RoCE v2' > /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_mode && "
@@ -196,7 +219,7 @@ def test_connectx_steps() -> None:
     )
     assert tos.want == "default_roce_mode RoCE v2, default_roce_tos 106"
 
-    ecn = steps[3]
+    ecn = steps[4]
     paths = [p for _, p in ecn.attributes]
     assert paths == [
         "/sys/class/net/ens6np0/ecn/roce_np/enable/3",
@@ -206,59 +229,116 @@ def test_connectx_steps() -> None:
     ]
     assert ecn.want == "roce_np 1, roce_rp 1, cnp_dscp 48, cnp_802p_prio 7"
     assert all(f"> {p}" in ecn.command for p in paths)
+    assert ecn.requires and ecn.requires[2] == "mlx5_core"
 
 
-def test_thor2_steps() -> None:
+def cc_writes(step: Any) -> list[tuple[str, str]]:
+    """(attribute, value) of a bnxt_re congestion-control command, after its mkdir."""
+    parts = step.command.split(" && ")
+    assert parts[0] == "mkdir -p /sys/kernel/config/bnxt_re/bnxt_re0"
+    base = "/sys/kernel/config/bnxt_re/bnxt_re0/ports/1/cc/"
+    found = [re.fullmatch(r"printf '%s' (\S+) > (\S+)", c).groups() for c in parts[1:]]  # type: ignore[union-attr]
+    assert all(path.startswith(base) for _, path in found)
+    return [(path.removeprefix(base), value) for value, path in found]
+
+
+def test_thor2_steps_as_bnxt_setupcc() -> None:
+    """bnxt_setupcc.sh (Hinokami-Kagura/bnxt_re-ofed at 1ba6eeea; lykeioner/driver at be704352,
+    version 233.2.77.9, with -u 4 its dcb path), CNP service type 0: ethtool -A IF rx off tx off;
+    dcb ets set with tc-tsa 0:ets 1:ets, tc-bw 0:L2 1:RoCE, prio-tc RoCE priority -> 1; dcb pfc
+    on the RoCE priority; dcb app dgram-port-prio 4791:PRIO and dscp-prio DSCP:PRIO; rdma_cm ToS
+    DSCP << 2; bnxt_re cc: ecn_marking, ecn_enable, cc_mode, cnp_prio, roce_prio, roce_dscp,
+    cnp_dscp (written in hexadecimal), apply."""
     steps = R.plan(THOR2, S)
-    assert [s.kind for s in steps] == ["mtu", "dcb_pfc", "dcb_app", "attributes", "bnxt_cc"]
-    argv = shlex.split(steps[1].command)
+    assert [s.kind for s in steps] == [
+        "mtu",
+        "pause",
+        "dcb_ets",
+        "dcb_pfc",
+        "dcb_app",
+        "attributes",
+        "bnxt_cc",
+    ]
+    assert shlex.split(steps[1].command) == ["ethtool", "-A", "ens26np0", "rx", "off", "tx", "off"]
+    argv = shlex.split(steps[2].command)
+    assert argv[:5] == ["dcb", "ets", "set", "dev", "ens26np0"]
+    words = " ".join(argv[5:])
+    assert "tc-tsa 0:ets 1:ets tc-bw" in words and "tc-bw 0:50 1:50" in words
+    assert "prio-tc 0:0 1:0 2:0 3:1 4:0 5:0 6:0 7:0" in words
+    argv = shlex.split(steps[3].command)
     assert argv[:5] == ["dcb", "pfc", "set", "dev", "ens26np0"] and argv[5] == "prio-pfc"
     mapping = dict(item.split(":") for item in argv[6:])
     assert mapping == {str(p): "on" if p == 3 else "off" for p in range(8)}
-    # dcb app { add | del | replace } dev DEV dscp-prio DSCP:PRIO... (dcb/dcb_app.c usage)
-    assert shlex.split(steps[2].command) == [
+    # dcb app { add | del | replace } dev DEV dgram-port-prio PORT:PRIO dscp-prio DSCP:PRIO
+    assert shlex.split(steps[4].command) == [
         "dcb",
         "app",
         "replace",
         "dev",
         "ens26np0",
+        "dgram-port-prio",
+        "4791:3",
         "dscp-prio",
         "26:3",
-        "48:7",
     ]
-    assert steps[2].want == "dscp-prio 26:3 48:7"
-    assert "/sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos" in steps[3].command
-    cc = steps[4].command.split(" && ")
-    base = "/sys/kernel/config/bnxt_re/bnxt_re0"
-    assert cc[0] == f"mkdir -p {base}"
-    writes = [re.fullmatch(r"printf '%s' (\S+) > (\S+)", c).groups() for c in cc[1:]]  # type: ignore[union-attr]
-    assert writes == [
-        (v, f"{base}/ports/1/cc/{k}")
-        for k, v in [
-            ("ecn_enable", "0x1"),
-            ("cc_mode", "0x1"),
-            ("roce_prio", "0x3"),
-            ("cnp_prio", "0x7"),
-            ("roce_dscp", "0x1a"),
-            ("cnp_dscp", "0x30"),
-            ("apply", "0x1"),
-        ]
+    assert steps[5].want == "default_roce_mode RoCE v2, default_roce_tos 104"  # 26 << 2
+    assert cc_writes(steps[6]) == [
+        ("ecn_marking", "0x1"),
+        ("ecn_enable", "0x1"),
+        ("cc_mode", "0x1"),
+        ("cnp_prio", "0x7"),
+        ("roce_prio", "0x3"),
+        ("roce_dscp", "0x1a"),
+        ("cnp_dscp", "0x30"),
+        ("apply", "0x1"),
     ]
+
+
+def test_thor2_with_the_cnp_service_type() -> None:
+    """Service type 1 (the firmware owns the priorities and DSCPs of RoCE and CNPs: bnxt_re
+    refuses roce_prio and cnp_prio then, configfs.c): ETS with a strict class 2 for CNPs, their
+    DSCP in the application table, and no bnxt_re congestion-control writes at all (233.2.77.9:
+    `if [ "$CNP_SERVICE_TYPE" == "0" ]` around them)."""
+    thor2 = R.Nic("ens26np0", 9000, "bnxt_re0", "thor2", service_type=1)
+    steps = R.plan(thor2, S)
+    assert [s.kind for s in steps] == [
+        "mtu",
+        "pause",
+        "dcb_ets",
+        "dcb_pfc",
+        "dcb_app",
+        "attributes",
+    ]
+    assert steps[2].want == (
+        "prio-tc 0:0 1:0 2:0 3:1 4:0 5:0 6:0 7:2 tc-tsa 0:ets 1:ets 2:strict tc-bw 0:50 1:50"
+    )
+    assert steps[4].want == "dgram-port-prio 4791:3 dscp-prio 26:3 48:7"
+    off = R.plan(thor2, R.settings(typed(roce_nic_ecn=False)))
+    assert off[2].want.endswith("7:0 tc-tsa 0:ets 1:ets 2:strict tc-bw 0:50 1:50")
+    assert off[4].want == "dgram-port-prio 4791:3 dscp-prio 26:3"
 
 
 def test_ecn_off_and_other_priorities() -> None:
     s = R.settings(
-        typed(roce_nic_ecn=False, roce_nic_pfc_priority=4, roce_nic_dscp=34, roce_nic_tos=138)
+        typed(roce_nic_ecn=False, roce_nic_pfc_priority=4, roce_nic_dscp=34, roce_nic_tos=136)
     )
     connectx = R.plan(CONNECTX, s)
     assert "--pfc=0,0,0,0,1,0,0,0" in connectx[1].command
-    assert connectx[3].want.startswith("roce_np 0, roce_rp 0")
-    assert "/enable/4" in connectx[3].command
-    assert "ecn_enable 0, cc_mode 0x1, roce_prio 0x4" in R.plan(THOR2, s)[4].want
-    assert R.plan(THOR2, s)[2].want == "dscp-prio 34:4 48:7"
+    assert connectx[2].want == "dscp2prio 34:4 48:7"
+    assert connectx[4].want.startswith("roce_np 0, roce_rp 0")
+    assert "/enable/4" in connectx[4].command
+    thor2 = R.plan(THOR2, s)
+    assert thor2[6].want == "ecn_marking 0, ecn_enable 0, cnp_prio 0x7, roce_prio 0x4, " + (
+        "roce_dscp 0x22, cnp_dscp 0x30"
+    )
+    assert thor2[4].want == "dgram-port-prio 4791:4 dscp-prio 34:4"
+    assert "3:0 4:1" in thor2[2].want
     pcp = R.settings(typed(roce_nic_trust="pcp"))
-    assert "dcb_app" not in [step.kind for step in R.plan(THOR2, pcp)]
+    assert R.plan(THOR2, pcp)[4].want == "dgram-port-prio 4791:3"
+    assert "mlnx_dscp" not in [step.kind for step in R.plan(CONNECTX, pcp)]
     assert "--trust=pcp" in R.plan(CONNECTX, pcp)[1].command
+    wide = R.settings(typed(roce_nic_roce_bandwidth=80))
+    assert R.plan(THOR2, wide)[2].want.endswith("tc-bw 0:20 1:80")
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
@@ -338,17 +418,29 @@ def test_each_step_names_what_this_machine_lacks() -> None:
     reasons = [R.requirement(host, step) for step in R.plan(lo_connectx, S)]
     assert reasons[0] == ""  # the MTU: ip is everywhere
     if shutil.which("mlnx_qos") is None:
-        assert reasons[1] == "mlnx_qos not found (install MLNX_OFED or DOCA-OFED)"
-    assert reasons[2] == (
+        assert reasons[1] == reasons[2] == "mlnx_qos not found (install MLNX_OFED or DOCA-OFED)"
+    assert reasons[3] == (
         "no /sys/kernel/config/rdma_cm (configfs not mounted or the rdma_cm module not loaded)"
     )
-    assert reasons[3] == (
-        "no /sys/class/net/lo/ecn (the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED)"
+    # The ECN attributes: which mlx5_core is loaded (none on this machine).
+    assert reasons[4] == (
+        "no /sys/class/net/lo/ecn (the mlx5 ECN attributes come with MLNX_OFED/DOCA-OFED's "
+        "mlx5_core; loaded: no mlx5_core)"
     )
     reasons = [R.requirement(host, step) for step in R.plan(lo_thor2, S)]
+    if shutil.which("ethtool"):
+        assert "lo has no pause frame settings" in reasons[1]
+    else:
+        assert reasons[1] == "ethtool not found (install ethtool)"
     if shutil.which("dcb"):
-        assert reasons[1] == reasons[2] == "lo has no DCB support (dcb: Operation not supported)"
-    assert reasons[4].startswith("no /sys/kernel/config/bnxt_re")
+        assert (
+            reasons[2]
+            == reasons[3]
+            == reasons[4]
+            == ("lo has no DCB support (dcb: Operation not supported)")
+        )
+    assert reasons[6].startswith("no /sys/kernel/config/bnxt_re: its congestion control comes ")
+    assert "(loaded: no bnxt_re; or configfs is not mounted)" in reasons[6]
 
 
 class RecordedHost(Connection):
@@ -483,13 +575,13 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 
 
 def test_the_rccl_environment() -> None:
-    text = render("roce-nic.env.j2", s=S, devices=["mlx5_0", "mlx5_1"])
+    text = render("roce-nic.env.j2", s=S, tos=106, devices=["mlx5_0", "mlx5_1"])
     assert text.splitlines()[2:] == [
         "NCCL_IB_TC=106",
         "NCCL_IB_GID_INDEX=3",
         "NCCL_IB_HCA=mlx5_0,mlx5_1",
     ]
-    assert "NCCL_IB_HCA" not in render("roce-nic.env.j2", s=S, devices=[])
+    assert "NCCL_IB_HCA" not in render("roce-nic.env.j2", s=S, tos=106, devices=[])
 
 
 # -- real runs on lab hosts -----------------------------------------------------------------------
@@ -638,3 +730,208 @@ def test_on_an_mi308x_lab_host_the_ecn_step_runs_for_real(lab_fleet, tmp_path: P
         qos = [c["argv"] for c in calls(conn) if c["argv"][0] == "mlnx_qos"]
     assert ["mlnx_qos", "-i", "ens6np0", "--trust=dscp", "--pfc=0,0,0,1,0,0,0,0"] in qos
     assert ["mlnx_qos", "-i", "ens6np0"] in qos  # the read before it and after
+
+
+# -- each setting on lab hosts of both NIC vendors ------------------------------------------------
+
+#: What the stand-ins change: their state (/var/lib/fxkit-lab), the configfs stand-in (rdma_cm,
+#: bnxt_re) and, on the ConnectX profile, the mlx5 ECN attributes (a tmpfs of their own).
+HARDWARE = "/sys/kernel/config /sys/devices/virtual/net/ens6np0/ecn"
+THOR2_STEPS = (
+    "MTU of ens26np0",
+    "global pause of ens26np0",
+    "ETS of ens26np0",
+    "PFC of ens26np0",
+    "DCB apps of ens26np0",
+    "rdma_cm defaults of bnxt_re0",
+    "congestion control of bnxt_re0",
+)
+CONNECTX_STEPS = (
+    "MTU of ens6np0",
+    "trust and PFC of ens6np0",
+    "DSCP priorities of ens6np0",
+    "rdma_cm defaults of mlx5_0",
+    "ECN of ens6np0 priority 3",
+)
+
+
+def hardware(fleet: Fleet, host: str) -> str:
+    """The stand-ins' state and the simulated sysfs/configfs files, with their content."""
+    with fleet.connect(host) as conn:
+        result = conn.run(
+            f"for d in {HARDWARE} /var/lib/fxkit-lab; do [ ! -d $d ] || "
+            'find $d -xdev -type f -exec sh -c \'printf "%s=%s\\n" "$1" "$(cat "$1")"\' '
+            "_ {} \\; ; done | LC_ALL=C sort"
+        )
+    assert result.ok, result.stderr
+    return result.stdout
+
+
+def unchanged(before: str, after: str) -> None:
+    """``after`` is ``before``; else the lines that differ."""
+    diff = difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+    assert before == after, "\n".join(list(diff)[:40])
+
+
+def by_operation(tasks: list[dict]) -> dict[str, str]:
+    return {t["operation"]: t["status"] for t in tasks}
+
+
+def converges(fleet: Fleet, folder: Path, steps: tuple[str, ...], **hostvars: Any) -> None:
+    """Check mode changes nothing and reports each step; a run changes each step and reads it
+    back (a value that does not read back fails the step); a second run changes nothing."""
+    before = snapshot(fleet, "lab01") + hardware(fleet, "lab01")
+    checked = by_operation(play(folder, fleet, "--check", **hostvars))
+    unchanged(before, snapshot(fleet, "lab01") + hardware(fleet, "lab01"))
+    assert [checked[s] for s in steps] == ["changed"] * len(steps), checked
+    first = by_operation(play(folder, fleet, **hostvars))
+    assert [first[s] for s in steps] == ["changed"] * len(steps), first
+    assert first["verify RoCE"] == "ok"
+    again = play(folder, fleet, **hostvars)
+    assert statuses(again).get("changed", 0) == 0, [t for t in again if t["status"] == "changed"]
+    assert [by_operation(again)[s] for s in steps] == ["ok"] * len(steps)
+
+
+def reads_and_writes(conn: Connection, tool: str) -> list[list[str]]:
+    return [c["argv"] for c in calls(conn) if c["argv"][0] == tool]
+
+
+@pytest.mark.lab
+def test_thor2_lab_host_as_bnxt_setupcc(lab_fleet, tmp_path: Path) -> None:
+    """A Thor2 node (profile mi308x-thor2): every setting is read, changed, read back; then
+    other values change only the settings they touch; the stand-ins' state shows them."""
+    fleet = lab_fleet(1, name="roce-thor2", profile="mi308x-thor2")
+    converges(fleet, tmp_path, THOR2_STEPS, roce_nic_interfaces=["ens26np0"])
+    with fleet.connect("lab01") as conn:
+        ethtool = reads_and_writes(conn, "ethtool")
+        dcb = reads_and_writes(conn, "dcb")
+        cc = "/sys/kernel/config/bnxt_re/bnxt_re0/ports/1/cc"
+        values = conn.run(
+            f"cd {cc} && for f in ecn_marking ecn_enable cc_mode cnp_prio roce_prio roce_dscp "
+            "cnp_dscp apply; do printf '%s ' $(cat $f); done; "
+            "cat /sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos"
+        ).stdout.split()
+        ets = json.loads(conn.run("dcb -j ets show dev ens26np0").stdout)
+        app = json.loads(conn.run("dcb -j app show dev ens26np0").stdout)
+        pause = conn.run("ethtool -a ens26np0").stdout
+    # read, set once, read back
+    writes = [argv for argv in ethtool if argv[1] == "-A"]
+    assert writes == [["ethtool", "-A", "ens26np0", "rx", "off", "tx", "off"]]
+    assert ethtool.index(writes[0]) > 0 and ethtool[-1] == ["ethtool", "-a", "ens26np0"]
+    ets_set = [argv for argv in dcb if argv[1:3] == ["ets", "set"]]
+    assert len(ets_set) == 1 and dcb[dcb.index(ets_set[0]) + 1][1:4] == ["-j", "ets", "show"]
+    assert "RX:\t\toff\nTX:\t\toff" in pause
+    assert (ets["tc_tsa"][:2], ets["tc_bw"][:2], ets["prio_tc"]) == (
+        ["ets", "ets"],
+        [50, 50],
+        [0, 0, 0, 1, 0, 0, 0, 0],
+    )
+    assert app == {"dscp_prio": [[26, 3, " "]], "dgram_port_prio": [[4791, 3, " "]]}
+    assert values == ["0x1", "0x1", "0x1", "0x7", "0x3", "0x1a", "0x30", "0x1", "104"]
+
+    # Other values: what they do not touch stays (the pause, the MTU, ecn_marking...).
+    moved = by_operation(
+        play(
+            tmp_path,
+            fleet,
+            roce_nic_interfaces=["ens26np0"],
+            roce_nic_pfc_priority=4,
+            roce_nic_dscp=34,
+            roce_nic_roce_bandwidth=60,
+        )
+    )
+    assert [moved[s] for s in THOR2_STEPS] == ["ok", "ok", *["changed"] * 5], moved
+    with fleet.connect("lab01") as conn:
+        app = json.loads(conn.run("dcb -j app show dev ens26np0").stdout)
+        tos = conn.run("cat /sys/kernel/config/rdma_cm/bnxt_re0/ports/1/default_roce_tos").stdout
+    # replace: 4791 moves to priority 4; DSCP 34 is added beside the earlier 26
+    assert app["dgram_port_prio"] == [[4791, 4, " "]] and [34, 4, " "] in app["dscp_prio"]
+    assert tos.strip() == "136"  # 34 << 2
+
+
+@pytest.mark.lab
+def test_connectx_lab_host_dscp2prio_and_the_rest(lab_fleet, tmp_path: Path) -> None:
+    """A ConnectX node (profile mi308x): trust and PFC, the RoCE and CNP DSCPs' priorities
+    (the default map put DSCP 48 on priority 6), the rdma_cm ToS 106, ECN: each read, changed,
+    read back; check mode and a second run change nothing."""
+    fleet = lab_fleet(1, name="roce-connectx", profile="mi308x")
+    with fleet.connect("lab01") as conn:
+        conn.run("mlnx_qos -i ens6np0 --trust=dscp")  # the default map, as mlx5 shows it
+        default = MlnxQos().parse(conn.run(MlnxQos().command("ens6np0")), "ens6np0")
+    assert default.dscp2prio and (default.dscp2prio[26], default.dscp2prio[48]) == (3, 6)
+    converges(fleet, tmp_path, CONNECTX_STEPS[2:], roce_nic_interfaces=["ens6np0"])
+    with fleet.connect("lab01") as conn:
+        qos = MlnxQos().parse(conn.run(MlnxQos().command("ens6np0")), "ens6np0")
+        text = conn.run("mlnx_qos -i ens6np0").stdout
+        tos = conn.run("cat /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos").stdout
+        qos_calls = reads_and_writes(conn, "mlnx_qos")
+    assert qos.dscp2prio and (qos.dscp2prio[26], qos.dscp2prio[48]) == (3, 7)
+    assert "  prio:7 dscp:48,63,62,61,60,59,58,57,\n        prio:7 dscp:56," in text
+    assert tos.strip() == "106"
+    sets = [a for a in qos_calls if "--dscp2prio" in a]
+    assert sets == [
+        ["mlnx_qos", "-i", "ens6np0", "--dscp2prio", "set,26,3", "--dscp2prio", "set,48,7"]
+    ]
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize(
+    "profile, values, words",
+    [
+        ("mi308x-thor2", {"roce_nic_tos": 108}, "carries DSCP 27, but roce_nic_dscp is 26"),
+        ("mi308x", {"roce_nic_cnp_dscp": 26}, "is also the RoCE DSCP"),
+    ],
+)
+def test_a_wrong_variable_is_refused_before_any_host_is_touched(
+    lab_fleet, tmp_path: Path, profile: str, values: dict, words: str
+) -> None:
+    from click.testing import CliRunner
+
+    from fxkit.cli import cli
+
+    fleet = lab_fleet(1, name=f"roce-{profile}", profile=profile)
+    before = snapshot(fleet, "lab01") + hardware(fleet, "lab01")
+    with fleet.connect("lab01") as conn:
+        logged = len(calls(conn))
+    inventory = yaml.safe_load(fleet.inventory.read_text())
+    inventory["all"]["children"]["lab"].setdefault("vars", {}).update(values)
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "site.yml").write_text(PLAYBOOK)
+    with pytest.raises(VarError) as caught:
+        CliRunner().invoke(
+            cli,
+            ["play", str(tmp_path / "site.yml"), "-i", str(tmp_path / "inventory.yml")],
+            catch_exceptions=False,
+        )
+    assert words in caught.value.message and "lab01" in str(caught.value.where)
+    unchanged(before, snapshot(fleet, "lab01") + hardware(fleet, "lab01"))
+    with fleet.connect("lab01") as conn:
+        assert len(calls(conn)) == logged  # no stand-in was even asked
+
+
+@pytest.mark.lab
+def test_thor2_with_the_kernels_own_bnxt_re_says_which_driver_is_loaded(
+    lab_fleet, tmp_path: Path
+) -> None:
+    """Profile mi308x-thor2-inbox: bnxt_re loaded without a version, no bnxt_re configfs. On a
+    lab host the congestion-control step is skipped naming the loaded driver and the one it
+    needs (the dcb steps run: bnxt_en's DCB is the kernel's); a host not marked as a lab host
+    fails with that reason before anything changes."""
+    fleet = lab_fleet(1, name="roce-thor2-inbox", profile="mi308x-thor2-inbox")
+    before = snapshot(fleet, "lab01") + hardware(fleet, "lab01")
+    refused = play(tmp_path, fleet, roce_nic_interfaces=["ens26np0"], fxkit_lab=False)
+    unchanged(before, snapshot(fleet, "lab01") + hardware(fleet, "lab01"))
+    assert [t["status"] for t in refused] == ["failed"]
+    assert refused[0]["msg"].startswith("congestion control of bnxt_re0: ")
+    reason = (
+        "no /sys/kernel/config/bnxt_re: its congestion control comes with Broadcom's "
+        "out-of-tree bnxt_re (loaded: the kernel's own bnxt_re, which declares no version; "
+        "or configfs is not mounted)"
+    )
+    assert reason in refused[0]["msg"] and "not marked as a lab host" in refused[0]["msg"]
+
+    tasks = play(tmp_path, fleet, roce_nic_interfaces=["ens26np0"])
+    done = by_operation(tasks)
+    assert [done[s] for s in THOR2_STEPS[:-1]] == ["changed"] * 6
+    skipped = {t["operation"]: t["msg"] for t in tasks if t["status"] == "skipped"}
+    assert reason in skipped["congestion control of bnxt_re0"]

@@ -1,6 +1,6 @@
 """RDMA facts: ports and their netdevs (``rdma link``), HCA ports (``ibv_devinfo``), GID types,
-network interfaces (MTU, driver), and the NIC's QoS (``mlnx_qos``, ``dcb pfc`` and ``dcb app``,
-bnxt_re congestion control).
+network interfaces (MTU, driver), the NIC's QoS (``mlnx_qos``, ``dcb pfc``, ``dcb ets`` and
+``dcb app``, ``ethtool -a``, bnxt_re congestion control) and the loaded kernel modules.
 
 Every command first prints the lab marker (:func:`fxkit.facts.lab.marked`), so each value says
 whether it came from a simulated lab host's stand-in tools (``simulated``). An absent tool,
@@ -382,7 +382,7 @@ def driver_family(driver: str, device: str) -> str:
     return ""
 
 
-# -- QoS state: mlnx_qos, dcb pfc, bnxt_re congestion control ----------------------------------
+# -- QoS state: mlnx_qos, dcb (pfc, ets, app), ethtool pause, bnxt_re congestion control --------
 
 
 @dataclass(frozen=True)
@@ -394,15 +394,19 @@ class QosInfo:
     #: PFC enabled per priority 0..7 (0/1).
     pfc: tuple[int, ...] = ()
     simulated: bool = False
+    #: DSCP -> priority as ``mlnx_qos`` lists it (``dscp2prio mapping``, shown with DSCP trust).
+    dscp2prio: dict[int, int] | None = None
 
 
 _TRUST = re.compile(r"Priority trust state:\s*(\S+)")
 _PFC = re.compile(r"^\s*enabled((?:\s+[01]){8})\s*$", re.M)
+_DSCP2PRIO = re.compile(r"^\s*prio:([0-7]) dscp:((?:\d\d,)+)\s*$", re.M)
 
 
 def parse_mlnx_qos(text: str, interface: str) -> QosInfo:
-    """``mlnx_qos -i IF``: ``Priority trust state: dscp`` and the ``PFC configuration`` table
-    (``enabled 0 0 0 1 0 0 0 0``)."""
+    """``mlnx_qos -i IF``: ``Priority trust state: dscp``, the ``dscp2prio mapping`` lines
+    (``prio:3 dscp:31,30,...,``; a priority with more than 8 DSCPs takes more lines) and the
+    ``PFC configuration`` table (``enabled 0 0 0 1 0 0 0 0``)."""
     trust = _TRUST.search(text)
     pfc = _PFC.findall(text)
     if not trust or len(pfc) != 1:
@@ -410,12 +414,22 @@ def parse_mlnx_qos(text: str, interface: str) -> QosInfo:
             f"mlnx_qos -i {interface}: no {'trust state' if not trust else 'single PFC table'} "
             f"in its output: {text.strip()[:120]!r}"
         )
-    return QosInfo(interface, trust=trust.group(1), pfc=tuple(int(x) for x in pfc[0].split()))
+    mapping = {
+        int(dscp): int(prio)
+        for prio, dscps in _DSCP2PRIO.findall(text)
+        for dscp in dscps.rstrip(",").split(",")
+    }
+    return QosInfo(
+        interface,
+        trust=trust.group(1),
+        pfc=tuple(int(x) for x in pfc[0].split()),
+        dscp2prio=mapping if "dscp2prio mapping:" in text else None,
+    )
 
 
 class MlnxQos(Fact[QosInfo]):
-    """``mlnx_qos -i IF`` (NVIDIA's MLNX_OFED/DOCA tool): trust state and PFC of a ConnectX
-    port."""
+    """``mlnx_qos -i IF`` (NVIDIA's MLNX_OFED/DOCA tool): trust state, DSCP-to-priority map and
+    PFC of a ConnectX port."""
 
     def command(self, interface: str) -> str:
         return with_tool("mlnx_qos", f"mlnx_qos -i {quote(interface)}")
@@ -431,25 +445,37 @@ class MlnxQos(Fact[QosInfo]):
         if not result.ok:
             raise FactError.from_result(f"mlnx_qos -i {interface}", result)
         found = parse_mlnx_qos(out, interface)
-        return QosInfo(interface, trust=found.trust, pfc=found.pfc, simulated=simulated)
+        return QosInfo(
+            interface,
+            trust=found.trust,
+            pfc=found.pfc,
+            simulated=simulated,
+            dscp2prio=found.dscp2prio,
+        )
+
+
+def _dcb_json(text: str, what: str) -> dict[str, Any]:
+    """The JSON object ``dcb -j WHAT`` printed ({} for nothing)."""
+    try:
+        data = json.loads(text) if text.strip() else {}
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise FactError(
+            f"dcb -j {what}: not the JSON dcb prints ({exc!r}): {text.strip()[:80]!r}"
+        ) from None
+    return data
 
 
 def parse_dcb_pfc(text: str, interface: str) -> tuple[int, ...]:
     """``dcb -j pfc show dev IF``: ``{"pfc_cap": 8, ..., "prio_pfc": [false, ..., true, ...]}``
     (iproute2 dcb/dcb_pfc.c)."""
-    try:
-        prio = json.loads(text)["prio_pfc"]
-        if (
-            not isinstance(prio, list)
-            or len(prio) != 8
-            or not all(isinstance(x, bool) for x in prio)
-        ):
-            raise ValueError("prio_pfc is not 8 booleans")
-    except (ValueError, KeyError, TypeError) as exc:
+    prio = _dcb_json(text, f"pfc show dev {interface}").get("prio_pfc")
+    if not isinstance(prio, list) or len(prio) != 8 or not all(isinstance(x, bool) for x in prio):
         raise FactError(
-            f"dcb -j pfc show dev {interface}: not the JSON dcb prints ({exc!r}): "
-            f"{text.strip()[:80]!r}"
-        ) from None
+            f"dcb -j pfc show dev {interface}: not the JSON dcb prints (prio_pfc is not 8 "
+            f"booleans): {text.strip()[:80]!r}"
+        )
     return tuple(int(x) for x in prio)
 
 
@@ -479,90 +505,270 @@ class DcbPfc(Fact[QosInfo]):
 
 
 @dataclass(frozen=True)
-class DscpMapInfo:
+class EtsInfo:
     interface: str
     missing: str = ""
-    #: DSCP -> priority, the NIC's DCB application table entries of selector DSCP.
-    dscp_prio: dict[int, int] | None = None
+    #: Per traffic class 0..7: its scheduler (``strict``, ``ets``...) and bandwidth share (%).
+    tc_tsa: tuple[str, ...] = ()
+    tc_bw: tuple[int, ...] = ()
+    #: Per priority 0..7: its traffic class.
+    prio_tc: tuple[int, ...] = ()
     simulated: bool = False
 
 
-def parse_dcb_app_dscp(text: str, interface: str) -> dict[int, int]:
-    """``dcb -j app show dev IF dscp-prio``: ``{"dscp_prio": [[26, 3, " "], ...]}`` (iproute2
-    dcb/dcb_app.c prints each entry as an array: the DSCP, the priority, a separator); no entries
-    leave the key out."""
-    try:
-        data = json.loads(text) if text.strip() else {}
-        entries = data.get("dscp_prio", [])
-        mapping = {}
-        for entry in entries:
-            dscp, prio = (x for x in entry if isinstance(x, int) and not isinstance(x, bool))
-            mapping[dscp] = prio
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise FactError(
-            f"dcb -j app show dev {interface} dscp-prio: not the JSON dcb prints ({exc!r}): "
-            f"{text.strip()[:80]!r}"
-        ) from None
-    return mapping
+def parse_dcb_ets(text: str, interface: str) -> EtsInfo:
+    """``dcb -j ets show dev IF``: ``{"willing": false, "ets_cap": 8, "cbs": false, "tc_bw":
+    [8 numbers], "pg_bw": [...], "tc_tsa": ["strict", "ets", ...], "prio_tc": [8 numbers],
+    "reco_...": ...}`` (iproute2 dcb/dcb_ets.c, dcb_ets_print)."""
+    data = _dcb_json(text, f"ets show dev {interface}")
+    lists = {key: data.get(key) for key in ("tc_tsa", "tc_bw", "prio_tc")}
+    for key, value in lists.items():
+        kind = str if key == "tc_tsa" else int
+        if (
+            not isinstance(value, list)
+            or len(value) != 8
+            or not all(isinstance(x, kind) and not isinstance(x, bool) for x in value)
+        ):
+            raise FactError(
+                f"dcb -j ets show dev {interface}: not the JSON dcb prints ({key} is not 8 "
+                f"{kind.__name__}s): {text.strip()[:80]!r}"
+            )
+    return EtsInfo(
+        interface,
+        tc_tsa=tuple(lists["tc_tsa"] or ()),
+        tc_bw=tuple(lists["tc_bw"] or ()),
+        prio_tc=tuple(lists["prio_tc"] or ()),
+    )
 
 
-class DcbAppDscp(Fact[DscpMapInfo]):
-    """``dcb -j app show dev IF dscp-prio`` (iproute2): which priority each DSCP maps to."""
+class DcbEts(Fact[EtsInfo]):
+    """``dcb -j ets show dev IF`` (iproute2): the NIC's ETS (enhanced transmission selection)."""
 
     def command(self, interface: str) -> str:
-        return with_tool("dcb", f"dcb -j app show dev {quote(interface)} dscp-prio")
+        return with_tool("dcb", f"dcb -j ets show dev {quote(interface)}")
 
-    def parse(self, result: RunResult, interface: str) -> DscpMapInfo:
+    def parse(self, result: RunResult, interface: str) -> EtsInfo:
+        simulated, out = tool_output(f"dcb ets show dev {interface}", result)
+        if out is None:
+            return EtsInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
+        missing = _no_dcb(result, interface, "ets")
+        if missing:
+            return EtsInfo(interface, missing, simulated=simulated)
+        found = parse_dcb_ets(out, interface)
+        return EtsInfo(interface, "", found.tc_tsa, found.tc_bw, found.prio_tc, simulated)
+
+
+@dataclass(frozen=True)
+class DcbAppInfo:
+    interface: str
+    missing: str = ""
+    #: The NIC's DCB application table, by selector (``dscp_prio``, ``dgram_port_prio``):
+    #: protocol (a DSCP, a UDP port) -> priority.
+    tables: dict[str, dict[int, int]] | None = None
+    simulated: bool = False
+
+    def table(self, selector: str) -> dict[int, int]:
+        return (self.tables or {}).get(selector, {})
+
+
+#: The selectors of ``dcb app`` the role reads, as dcb's JSON names them.
+DCB_APP_SELECTORS = ("dscp_prio", "dgram_port_prio")
+
+
+def parse_dcb_app(text: str, interface: str) -> dict[str, dict[int, int]]:
+    """``dcb -j app show dev IF``: ``{"dscp_prio": [[26, 3, " "], ...], "dgram_port_prio":
+    [[4791, 3, " "]], ...}`` (iproute2 dcb/dcb_app.c prints each entry as an array: the
+    protocol, the priority, a separator); a selector without entries is left out."""
+    data = _dcb_json(text, f"app show dev {interface}")
+    tables = {}
+    for selector in DCB_APP_SELECTORS:
+        try:
+            mapping = {}
+            for entry in data.get(selector, []):
+                protocol, prio = (
+                    x for x in entry if isinstance(x, int) and not isinstance(x, bool)
+                )
+                mapping[protocol] = prio
+        except (ValueError, TypeError) as exc:
+            raise FactError(
+                f"dcb -j app show dev {interface}: not the JSON dcb prints ({selector}: "
+                f"{exc!r}): {text.strip()[:80]!r}"
+            ) from None
+        tables[selector] = mapping
+    return tables
+
+
+class DcbApp(Fact[DcbAppInfo]):
+    """``dcb -j app show dev IF`` (iproute2): the priorities of DSCPs and UDP ports."""
+
+    def command(self, interface: str) -> str:
+        return with_tool("dcb", f"dcb -j app show dev {quote(interface)}")
+
+    def parse(self, result: RunResult, interface: str) -> DcbAppInfo:
         simulated, out = tool_output(f"dcb app show dev {interface}", result)
         if out is None:
-            return DscpMapInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
+            return DcbAppInfo(interface, "dcb not found (install iproute2)", simulated=simulated)
         missing = _no_dcb(result, interface, "app")
         if missing:
-            return DscpMapInfo(interface, missing, simulated=simulated)
-        return DscpMapInfo(
-            interface, dscp_prio=parse_dcb_app_dscp(out, interface), simulated=simulated
-        )
+            return DcbAppInfo(interface, missing, simulated=simulated)
+        return DcbAppInfo(interface, tables=parse_dcb_app(out, interface), simulated=simulated)
+
+
+@dataclass(frozen=True)
+class PauseInfo:
+    interface: str
+    missing: str = ""
+    #: ``on``/``off`` as ethtool prints them.
+    autoneg: str = ""
+    rx: str = ""
+    tx: str = ""
+    simulated: bool = False
+
+
+_PAUSE = re.compile(r"^(Autonegotiate|RX|TX):\s+(on|off)\s*$", re.M)
+
+
+def parse_ethtool_pause(text: str, interface: str) -> PauseInfo:
+    """``ethtool -a IF``: ``Pause parameters for IF:`` then ``Autonegotiate:\\ton``,
+    ``RX:\\t\\toff``, ``TX:\\t\\toff`` (ethtool netlink/pause.c; the ioctl path of ethtool.c
+    prints the same)."""
+    fields = dict(_PAUSE.findall(text))
+    if f"Pause parameters for {interface}:" not in text or set(fields) != {
+        "Autonegotiate",
+        "RX",
+        "TX",
+    }:
+        raise FactError(f"ethtool -a {interface}: not its pause parameters: {text.strip()[:120]!r}")
+    return PauseInfo(interface, "", fields["Autonegotiate"], fields["RX"], fields["TX"])
+
+
+class EthtoolPause(Fact[PauseInfo]):
+    """``ethtool -a IF``: the port's global (802.3x) pause frames."""
+
+    def command(self, interface: str) -> str:
+        return with_tool("ethtool", f"ethtool -a {quote(interface)}")
+
+    def parse(self, result: RunResult, interface: str) -> PauseInfo:
+        simulated, out = tool_output(f"ethtool -a {interface}", result)
+        if out is None:
+            return PauseInfo(interface, "ethtool not found (install ethtool)", simulated=simulated)
+        if not result.ok and "Operation not supported" in result.stderr:
+            reason = f"{interface} has no pause frame settings (ethtool: Operation not supported)"
+            return PauseInfo(interface, reason, simulated=simulated)
+        if not result.ok:
+            raise FactError.from_result(f"ethtool -a {interface}", result)
+        found = parse_ethtool_pause(out, interface)
+        return PauseInfo(interface, "", found.autoneg, found.rx, found.tx, simulated)
 
 
 #: The bnxt_re congestion-control attributes the role sets, in the order bnxt_setupcc.sh writes
 #: them (Broadcom's bnxt_re driver, configfs ``bnxt_re/DEV/ports/1/cc/``).
-BNXT_CC = ("ecn_enable", "cc_mode", "roce_prio", "cnp_prio", "roce_dscp", "cnp_dscp")
+BNXT_CC = (
+    "ecn_marking",
+    "ecn_enable",
+    "cc_mode",
+    "cnp_prio",
+    "roce_prio",
+    "roce_dscp",
+    "cnp_dscp",
+)
 
 
 @dataclass(frozen=True)
 class BnxtCcInfo:
     device: str
     missing: str = ""
-    #: attribute -> value (the driver prints ``%#x``: ``0x1a``; read as a number).
+    #: attribute -> value (the driver prints ``%#x``: ``0x1a``; read as a number); None before
+    #: ``mkdir /sys/kernel/config/bnxt_re/DEV``. An attribute this driver lacks is left out.
     values: dict[str, int] | None = None
+    #: ``fw_service_prof_type_sup`` of ``/sys/kernel/debug/bnxt_re/DEV/info`` (1: the firmware
+    #: owns the RoCE and CNP priorities and DSCPs); 0 where that file is absent, as
+    #: bnxt_setupcc.sh takes it.
+    service_type: int = 0
+    #: ``/sys/module/bnxt_re/version``: Broadcom's out-of-tree bnxt_re declares one
+    #: (``MODULE_VERSION``), the kernel's own does not; "" without.
+    driver_version: str = ""
+
+
+_SERVICE_TYPE = re.compile(r"^\s*fw_service_prof_type_sup\s*:\s*(\d+)\s*$", re.M)
 
 
 class BnxtCc(Fact[BnxtCcInfo]):
-    """``/sys/kernel/config/bnxt_re/DEV/ports/1/cc/*``: exists once ``mkdir
-    /sys/kernel/config/bnxt_re/DEV`` made it; before that ``values`` is None."""
+    """``/sys/kernel/config/bnxt_re/DEV/ports/1/cc/*`` (exists once ``mkdir
+    /sys/kernel/config/bnxt_re/DEV`` made it), the CNP service type from the driver's debugfs
+    ``info`` and the loaded bnxt_re's version."""
 
     def command(self, device: str) -> str:
         base = quote(f"/sys/kernel/config/bnxt_re/{device}")
+        info = quote(f"/sys/kernel/debug/bnxt_re/{device}/info")
         names = " ".join(BNXT_CC)
-        return (
+        return marked(
+            "m=/sys/module/bnxt_re; "
+            "echo version=$([ -d $m ] || echo -; cat $m/version 2>/dev/null); "
+            f"echo service=$(grep fw_service_prof_type_sup {info} 2>/dev/null); "
             "[ -d /sys/kernel/config/bnxt_re ] || { echo nocfs; exit 0; }; "
             f"cd {base}/ports/1/cc 2>/dev/null || {{ echo nodir; exit 0; }}; "
-            f'for f in {names}; do printf \'%s=%s\\n\' "$f" "$(cat "$f")"; done'
+            f'for f in {names}; do [ -e "$f" ] && printf \'%s=%s\\n\' "$f" "$(cat "$f")"; '
+            "done; true"
         )
 
     def parse(self, result: RunResult, device: str) -> BnxtCcInfo:
-        out = result.stdout.strip()
-        if out == "nocfs":
-            reason = "no /sys/kernel/config/bnxt_re (configfs not mounted or bnxt_re not loaded)"
-            return BnxtCcInfo(device, reason)
-        if out == "nodir":
-            return BnxtCcInfo(device)
+        _, out = split_marked(result, f"bnxt_re cc of {device}")
+        lines = out.strip().splitlines()
+        head = dict(line.split("=", 1) for line in lines[:2] if "=" in line)
+        service = _SERVICE_TYPE.search(head.get("service", "").replace("\t", " "))
+        version = head.get("version", "").strip()
+        common: dict[str, Any] = {
+            "service_type": int(service.group(1)) if service else 0,
+            "driver_version": "" if version == "-" else version,
+        }
+        rest = lines[2:]
+        if rest == ["nocfs"]:
+            loaded = (
+                "no bnxt_re"
+                if version == "-"
+                else version or "the kernel's own bnxt_re, which declares no version"
+            )
+            reason = (
+                "no /sys/kernel/config/bnxt_re: its congestion control comes with Broadcom's "
+                f"out-of-tree bnxt_re (loaded: {loaded}; or configfs is not mounted)"
+            )
+            return BnxtCcInfo(device, reason, **common)
+        if rest == ["nodir"]:
+            return BnxtCcInfo(device, **common)
         try:
-            fields = dict(line.split("=", 1) for line in out.splitlines())
-            values = {name: int(fields[name], 0) for name in BNXT_CC}
-        except (ValueError, KeyError) as exc:
+            fields = dict(line.split("=", 1) for line in rest)
+            values = {name: int(fields[name], 0) for name in BNXT_CC if name in fields}
+        except ValueError as exc:
             raise FactError(
                 f"bnxt_re cc of {device}: cannot read {exc} from {out[:120]!r}",
                 hint="the driver prints each attribute as a number (0x1a)",
             ) from None
-        return BnxtCcInfo(device, values=values)
+        return BnxtCcInfo(device, values=values, **common)
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    name: str
+    #: Whether the module is loaded (``/sys/module/NAME`` exists).
+    loaded: bool = False
+    #: ``/sys/module/NAME/version``: what ``MODULE_VERSION`` the loaded module declares ("").
+    version: str = ""
+
+
+class KernelModule(Fact[ModuleInfo]):
+    """``/sys/module/NAME``: loaded or not, and the version the loaded module declares (an
+    out-of-tree driver such as MLNX_OFED's mlx5_core or Broadcom's bnxt_re declares one)."""
+
+    def command(self, name: str) -> str:
+        folder = quote(f"/sys/module/{name}")
+        return marked(
+            f"[ -d {folder} ] && echo loaded; "
+            f"echo version=$(cat {folder}/version 2>/dev/null); true"
+        )
+
+    def parse(self, result: RunResult, name: str) -> ModuleInfo:
+        _, out = split_marked(result, f"module {name}")
+        lines = out.splitlines()
+        version = next((x.split("=", 1)[1] for x in lines if x.startswith("version=")), "")
+        return ModuleInfo(name, "loaded" in lines, version.strip())

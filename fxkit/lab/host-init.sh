@@ -151,7 +151,7 @@ else
         while read -r _ ecn _; do
             while read -r file _; do set -- "$@" "$ecn/${file%/*}"; done < "$layer/ecn"
         done < "$layer/ecn.fstab"
-        mkdir -p "$@"
+        [ $# -eq 0 ] || mkdir -p "$@"
         while read -r _ ecn _; do
             while read -r file value; do printf '%s\n' "$value" > "$ecn/$file"; done < "$layer/ecn"
         done < "$layer/ecn.fstab"

@@ -11,10 +11,13 @@ picks the tool by the name it is called by (see docs/lab.md, "Simulated hardware
 profile: ``usr/`` (a lower layer of the host's /usr overlay: the stand-ins in /usr/local/bin,
 their data in /usr/local/lib/fxkit-lab), ``sys/`` (read-only layers over the host's sysfs:
 ``class/infiniband``, ``bus/pci/devices/BDF`` (the GPUs' PCIe links), ``module/nvme_core``,
-``kernel/config``, ``devices/virtual/net/IF/ecn``),
-``config/`` (what the host's writable configfs stand-in starts with), ``ecn.fstab`` and ``ecn``
+``module/NAME/version`` (the profile's ``modules``), ``kernel/config``,
+``kernel/debug/bnxt_re/DEV/info``, ``devices/virtual/net/IF/ecn``),
+``config/`` (what the host's writable configfs stand-in starts with: rdma_cm, and bnxt_re's
+congestion control where the profile has ``rdma.bnxt_re``), ``ecn.fstab`` and ``ecn``
 (a small writable tmpfs on each RDMA netdev's ``ecn`` folder, and the attribute files, one
-``PATH VALUE`` a line, each of them starts with: the mlx5 ECN attributes) and ``netdevs`` (an
+``PATH VALUE`` a line, each of them starts with: the mlx5 ECN attributes; both empty where the
+profile's ``rdma.ecn`` is null) and ``netdevs`` (an
 ``ip -batch`` file making a veth pair per RDMA netdev). :func:`calls` reads the log the
 stand-ins write on a host.
 """
@@ -36,6 +39,7 @@ STANDINS = Path(standins.__file__).parent
 LAUNCHER = """#!/usr/bin/python3
 # The fxkit lab's stand-ins (fxkit/lab/standins): the name this is called by picks the tool.
 import sys
+sys.dont_write_bytecode = True  # no __pycache__ in the host's /usr: a call leaves no trace there
 sys.path.insert(0, "/usr/local/lib/fxkit-lab")
 from standins import main
 sys.exit(main())
@@ -122,6 +126,8 @@ def build_layer(layer: Path, name: str) -> None:
 
     sys_dir = tmp / "sys"
     ports = data["rdma"]["ports"]
+    #: MLNX_OFED's mlx5 ECN attributes (none on a NIC of another driver: ``"ecn": null``).
+    ecn_files = _ecn_files(data["rdma"].get("ecn") or {})
     #: RDMA devices whose link is down (a variant's cable pulled): their veth peer stays down.
     down = set(data["rdma"].get("down", []))
     for port in ports:
@@ -142,8 +148,8 @@ def build_layer(layer: Path, name: str) -> None:
                 "node_guid": port["node_guid"],
             },
         )
-        # The mount point of the netdev's ECN stand-in (/sys/class/net/IF links here).
-        (sys_dir / "devices" / "virtual" / "net" / port["netdev"] / "ecn").mkdir(parents=True)
+        if ecn_files:  # the mount point of the netdev's ECN stand-in (/sys/class/net/IF links here)
+            (sys_dir / "devices" / "virtual" / "net" / port["netdev"] / "ecn").mkdir(parents=True)
     pcie = data["gpus"]["pcie"]  # each GPU's PCIe link, as sysfs shows it
     for bdf in data["gpus"]["bdfs"]:
         _files(
@@ -156,26 +162,28 @@ def build_layer(layer: Path, name: str) -> None:
             },
         )
     _files(sys_dir / "module" / "nvme_core" / "parameters", {"multipath": "Y"})
+    for module, version in data.get("modules", {}).items():  # loaded; its MODULE_VERSION ("": none)
+        if version is not None:
+            _files(sys_dir / "module" / module, {"version": version} if version else {})
     (sys_dir / "kernel" / "config").mkdir(parents=True)  # the configfs stand-in's mount point
 
     config = tmp / "config"
     for group in ("hosts", "ports", "subsystems"):
         (config / "nvmet" / group).mkdir(parents=True)
+    bnxt = data["rdma"].get("bnxt_re")
     for port in ports:
         port_dir = config / "rdma_cm" / port["dev"] / "ports" / "1"
         _files(port_dir, {"default_roce_tos": "0", "default_roce_mode": "RoCE v2"})
+        if bnxt:  # Broadcom's bnxt_re: its configfs group as `mkdir bnxt_re/DEV` makes it
+            _files(config / "bnxt_re" / port["dev"] / "ports" / "1" / "cc", bnxt["cc"])
+            info = f"\tfw_service_prof_type_sup : {bnxt['service_type']}"
+            _files(sys_dir / "kernel" / "debug" / "bnxt_re" / port["dev"], {"info": info})
 
     # Targets relative to the folder host-init.sh builds the host's root in (root/ there).
     mounts = [f"root/sys/devices/virtual/net/{port['netdev']}/ecn" for port in ports]
-    _lines(tmp / "ecn.fstab", [f"fxkit-lab {target} tmpfs {ECN_TMPFS} 0 0" for target in mounts])
-    ecn: list[str] = []  # roce_np/, roce_rp/: enable/<priority> and the other attributes
-    for protocol, attributes in data["rdma"]["ecn"].items():
-        for attribute, value in attributes.items():
-            if isinstance(value, list):
-                ecn += [f"{protocol}/{attribute}/{i} {x}" for i, x in enumerate(value)]
-            else:
-                ecn.append(f"{protocol}/{attribute} {value}")
-    _lines(tmp / "ecn", ecn)
+    fstab = [f"fxkit-lab {target} tmpfs {ECN_TMPFS} 0 0" for target in mounts if ecn_files]
+    _lines(tmp / "ecn.fstab", fstab)
+    _lines(tmp / "ecn", ecn_files)
 
     batch = []
     for port in ports:
@@ -186,6 +194,19 @@ def build_layer(layer: Path, name: str) -> None:
     _lines(tmp / "netdevs", batch)
     shutil.rmtree(layer, ignore_errors=True)
     tmp.rename(layer)
+
+
+def _ecn_files(ecn: dict[str, Any]) -> list[str]:
+    """``PATH VALUE`` lines of the ECN attributes: roce_np/, roce_rp/: enable/<priority> and the
+    other attributes."""
+    lines: list[str] = []
+    for protocol, attributes in ecn.items():
+        for attribute, value in attributes.items():
+            if isinstance(value, list):
+                lines += [f"{protocol}/{attribute}/{i} {x}" for i, x in enumerate(value)]
+            else:
+                lines.append(f"{protocol}/{attribute} {value}")
+    return lines
 
 
 def _lines(path: Path, lines: list[str]) -> None:

@@ -168,6 +168,10 @@ def ibv_devinfo(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) 
 
 # -- mlnx_qos -----------------------------------------------------------------------------------
 
+#: DSCP trust's starting map, in the order mlnx_qos lists it (the newest application entry first:
+#: 63 down to 0, as in reference/mlnx_qos_trust_dscp_pfc3_output.txt): DSCP >> 3.
+DEFAULT_DSCP2PRIO = [[dscp, dscp >> 3] for dscp in range(63, -1, -1)]
+
 
 def mlnx_qos(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> int:
     parser = new_parser("mlnx_qos")
@@ -180,8 +184,8 @@ def mlnx_qos(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> 
     parser.add_argument("-i", "--interface", required=True)
     parser.add_argument("--trust", choices=["pcp", "dscp"])
     parser.add_argument("-f", "--pfc")
+    parser.add_argument("--dscp2prio", action="append")
     for option in (
-        "--dscp2prio",
         "-p",
         "--prio_tc",
         "-s",
@@ -201,10 +205,19 @@ def mlnx_qos(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> 
     interface = opts.interface
     if interface not in [port["netdev"] for port in p["rdma"]["ports"]]:
         fail("", f"Interface {interface} doesn't exist", 1)  # wording not checked upstream
+    if opts.dscp2prio and opts.trust:  # mlnx-tools python/mlnx_qos: printed, exit 1
+        print("trust and dscp2prio commands cannot be used at the same time.")
+        return 1
     state = load_state("mlnx_qos.json", {})
-    mine = state.setdefault(interface, {"trust": "pcp", "pfc": [0] * 8})
+    mine = state.setdefault(interface, {"trust": "pcp", "pfc": [0] * 8, "dscp2prio": []})
     if opts.trust:
+        # mlx5 (en_dcbnl.c, mlx5e_dcbnl_dscp_app): DSCP trust lists the DSCP map as
+        # application entries, PCP trust removes them.
+        if opts.trust != mine["trust"]:
+            mine["dscp2prio"] = [list(x) for x in DEFAULT_DSCP2PRIO] if opts.trust == "dscp" else []
         mine["trust"] = opts.trust
+    for command in opts.dscp2prio or []:
+        _dscp2prio(mine, command)
     if opts.pfc is not None:
         values = opts.pfc.split(",")
         if len(values) != 8 or any(v not in ("0", "1") for v in values):
@@ -215,10 +228,43 @@ def mlnx_qos(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> 
                 2,
             )
         mine["pfc"] = [int(v) for v in values]
-    if opts.trust or opts.pfc is not None:  # a query changes nothing, as on the real NIC
+    if opts.trust or opts.pfc is not None or opts.dscp2prio:  # a query changes nothing
         save_state("mlnx_qos.json", state)
     print(_qos_text(mine), end="")
     return 0
+
+
+def _dscp2prio(state: dict[str, Any], command: str) -> None:
+    """``set,DSCP,PRIO`` / ``del,DSCP,PRIO`` / ``flush`` (mlnx-tools python/mlnx_qos): mlx5
+    replaces the DSCP's entry (the new one listed first) and turns DSCP trust on with the first
+    entry, PCP trust on when the last is gone."""
+    parts = command.split(",")
+    if parts == ["flush"]:
+        state["dscp2prio"] = []
+    elif len(parts) == 3 and parts[0] in ("set", "del") and all(x.isdigit() for x in parts[1:]):
+        dscp, prio = int(parts[1]), int(parts[2])
+        if dscp > 63 or prio > 7:
+            fail("", "Invalid dscp2prio command. Refer to the help.", 1)
+        if state["trust"] != "dscp" and parts[0] == "set":
+            state["trust"], state["dscp2prio"] = "dscp", [list(x) for x in DEFAULT_DSCP2PRIO]
+        kept = [e for e in state["dscp2prio"] if e[0] != dscp]
+        state["dscp2prio"] = [[dscp, prio], *kept] if parts[0] == "set" else kept
+    else:
+        fail("", "Invalid dscp2prio command. Refer to the help.", 1)
+    if not state["dscp2prio"]:
+        state["trust"] = "pcp"
+
+
+def _dscp_lines(mapping: list[list[int]]) -> list[str]:
+    """mlnx-tools dcbnetlink.py printAppSelector: per priority its DSCPs (``%02d,``), in the
+    table's order, at most 8 a line; indented as the recorded output shows it (8 spaces where
+    mlnx_qos prints a tab, as for the PFC table)."""
+    lines = []
+    for prio in range(8):
+        dscps = [f"{d:02d}," for d, p in mapping if p == prio]
+        start = f"        prio:{prio} dscp:"
+        lines += [start + "".join(dscps[i : i + 8]) for i in range(0, len(dscps), 8)]
+    return lines
 
 
 def _qos_text(state: dict[str, Any]) -> str:
@@ -226,9 +272,7 @@ def _qos_text(state: dict[str, Any]) -> str:
     out = ["DCBX mode: OS controlled", f"Priority trust state: {state['trust']}"]
     if state["trust"] == "dscp":
         out.append("dscp2prio mapping:")
-        for prio in range(8):
-            dscps = ",".join(f"{d:02d}" for d in range(prio * 8 + 7, prio * 8 - 1, -1))
-            out.append(f"        prio:{prio} dscp:{dscps},")
+        out += _dscp_lines(state.get("dscp2prio") or DEFAULT_DSCP2PRIO)
     out += [
         "Cable len: 7",
         "PFC configuration:",
