@@ -86,11 +86,13 @@ def _writers(initiators: Mapping[str, Any]) -> Iterator[VarError]:
     for (nqn, nsid), mounts in _mounts(initiators).items():
         what = namespace(nqn, nsid)
         writers = [m for m in mounts if m.writes]
-        if len(writers) > 1:
+        hosts = {m.host for m in writers}  # one host mounting it at two paths is one writer
+        if len(hosts) > 1:
+            second = next(m for m in writers if m.host != writers[0].host)
             who = ", ".join(f"{m.host} ({m.path})" for m in writers)
-            yield writers[1].v.wrong(
-                writers[1].var,
-                f"{what} carries a filesystem that {len(writers)} hosts would mount read-write "
+            yield second.v.wrong(
+                second.var,
+                f"{what} carries a filesystem that {len(hosts)} hosts would mount read-write "
                 f"(and make where it is empty): {who}. XFS is not a cluster filesystem: "
                 "concurrent writers corrupt it",
                 ALTERNATIVES,

@@ -254,3 +254,13 @@ def test_the_example_inventory_passes_and_its_old_layout_is_refused(tmp_path: Pa
         "4 hosts would mount read-write (and make where it is empty): gpu01 (/mnt/models), "
         "gpu02 (/mnt/models), gpu03 (/mnt/models), gpu04 (/mnt/models)" in caught.value.message
     )
+
+
+def test_one_host_mounting_a_namespace_at_two_paths_is_one_writer(tmp_path: Path) -> None:
+    inv = good()
+    own = {"nqn": NODE, "nsid": 1}
+    gpu_vars(inv)["nvmeof_initiator_filesystems"][1:] = [
+        {**own, "path": "/mnt/local"},
+        {**own, "path": "/mnt/local2"},
+    ]
+    runner(tmp_path, inv).validate()
