@@ -241,6 +241,9 @@ def mounted(**keys: Any) -> dict[str, Any]:
          "nvmeof_initiator_filesystems[0].device", "not a device under /dev"),
         (mounted(label="much-too-long-label"),
          "nvmeof_initiator_filesystems[0].label", "up to 12"),
+        (mounted(reader_opts="defaults,_netdev"),
+         "nvmeof_initiator_filesystems[0].reader_opts", "does not mount read-only"),
+        (mounted(owner=["gpu01"]), "nvmeof_initiator_filesystems[0].owner", "valid string"),
     ],
 )  # fmt: skip
 def test_wrong_variables_name_the_host_and_the_variable(
@@ -536,6 +539,49 @@ def test_a_filesystem_is_made_only_where_there_is_nothing(initiator: Any, tmp_pa
         assert kept.code == 0, kept.output
         assert digest(xfs) == untouched[xfs]
         sh(conn, f"rm -f {empty} {ext4} {xfs}")
+
+
+@pytest.mark.lab
+def test_a_reader_never_makes_the_filesystem_and_mounts_it_read_only(
+    initiator: Any, tmp_path: Path
+) -> None:
+    """A host that is not the namespace's owner: an empty device stays empty (skipped in check
+    mode, a failure naming the owner otherwise); once the owner made XFS, the reader's fstab
+    entry mounts it ro,norecovery, and a second run changes nothing."""
+    shared = "/dev/fx-shared.img"
+    reader = {"nvmeof_initiator_filesystems": [
+        {"device": shared, "path": "/mnt/models", "owner": "lab02"}]}  # fmt: skip
+    with initiator.connect("lab01") as conn:
+        if not conn.run("command -v mkfs.xfs").ok:
+            pytest.skip("needs xfsprogs on the lab hosts")
+        sh(conn, f"rm -f {shared} && truncate -s 300M {shared}")
+        empty = sh(conn, f"sha256sum {shared}")
+        try:
+            check = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader, "--check")
+            assert check.code == 0, check.output
+            why = f"{shared} holds no filesystem yet and lab02 owns it: only the owner makes its "
+            assert (f"xfs on {shared}", f"{why}filesystem (it may in this run)") in events_of(
+                check, "lab01", "skipped"
+            )
+            waits = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)
+            assert waits.code != 0
+            assert events_of(waits, "lab01", "failed") == [
+                (f"xfs on {shared}", f"{why}filesystem; run the play on lab02 first, then here")
+            ]
+            assert sh(conn, f"sha256sum {shared}") == empty  # never formatted by a reader
+
+            sh(conn, f"mkfs.xfs -q -L models {shared}")  # what the owner, lab02, does
+            made = sh(conn, f"sha256sum {shared}")
+            uuid = sh(conn, f"blkid -p -s UUID -o value {shared}").strip()
+            mounted = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)
+            assert mounted.code == 0, mounted.output
+            entry = f"UUID={uuid} /mnt/models xfs ro,norecovery,_netdev,nofail 0 0\n"
+            assert entry in sh(conn, "cat /etc/fstab")
+            again = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)
+            assert again.code == 0 and events_of(again, "lab01", "changed") == [], again.output
+            assert sh(conn, f"sha256sum {shared}") == made
+        finally:
+            sh(conn, f"rm -f {shared} && sed -i '\\# /mnt/models #d' /etc/fstab")
 
 
 @pytest.mark.lab
