@@ -287,10 +287,13 @@ def _hook(module: ModuleType, name: str, file: Path) -> Callable[..., None] | No
         return None
     if not (_takes(hook, 1) or (name == "validate_all" and _takes(hook, 2))):
         line = getattr(getattr(hook, "__code__", None), "co_firstlineno", 1)
+        which = "one argument" if name == "validate" else "one or two arguments"
         raise PlaybookError(
-            f"{name} must be a function of one argument",
+            f"{name} must be a function of {which}",
             where=f"{file}:{line}",
-            hint=f"define def {name}({'v' if name == 'validate' else 'hosts'}): ...",
+            hint="define def validate(v): ..."
+            if name == "validate"
+            else "define def validate_all(hosts): ... or def validate_all(hosts, fleet): ...",
         )
     return hook
 
