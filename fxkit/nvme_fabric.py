@@ -82,7 +82,8 @@ def _mounts(initiators: Mapping[str, Any]) -> dict[tuple[str, int], list[Mount]]
 
 
 def _writers(initiators: Mapping[str, Any]) -> Iterator[VarError]:
-    """A namespace written by more than one host, or owned by a host that does not mount it."""
+    """A namespace written by more than one host, whose hosts name different owners, or owned
+    by a host that does not mount it."""
     for (nqn, nsid), mounts in _mounts(initiators).items():
         what = namespace(nqn, nsid)
         writers = [m for m in mounts if m.writes]
@@ -96,6 +97,16 @@ def _writers(initiators: Mapping[str, Any]) -> Iterator[VarError]:
                 f"(and make where it is empty): {who}. XFS is not a cluster filesystem: "
                 "concurrent writers corrupt it",
                 ALTERNATIVES,
+            )
+            continue
+        owners = {m.owner: m for m in mounts}
+        if len(owners) > 1:
+            named = ", ".join(f"{m.host} names {m.owner}" for m in mounts)
+            last = list(owners.values())[-1]
+            yield last.v.wrong(
+                f"{last.var}.owner",
+                f"the hosts that mount {what} name different owners ({named})",
+                "one owner, the staging host, the same on every host's entry",
             )
             continue
         mounting = {m.host for m in mounts}

@@ -148,6 +148,19 @@ def _owner(inv: dict[str, Any]) -> None:
     gpu_vars(inv)["nvmeof_initiator_filesystems"][0]["owner"] = "gpu09"
 
 
+def _owners(inv: dict[str, Any]) -> None:
+    models = {"nqn": MODELS, "nsid": 1, "path": "/mnt/models"}
+    hosts = inv["all"]["children"]["gpu_nodes"]["hosts"]
+    hosts["gpu01"]["nvmeof_initiator_filesystems"] = [{**models, "owner": "gpu01"}]
+    hosts["gpu02"]["nvmeof_initiator_filesystems"] = [{**models, "owner": "gpu01"}]
+    hosts["gpu03"] = {
+        "nvmeof_initiator_hostnqn": hostnqn(3),
+        "nvmeof_initiator_connections": [connection(MODELS, "10.0.0.1")],
+        "nvmeof_initiator_filesystems": [{**models, "owner": "gpu02"}],
+    }
+    targets(inv)["tgt01"]["nvmeof_target_subsystems"][0] = subsystem(MODELS, 1, 2, 3)
+
+
 def _more_namespaces(inv: dict[str, Any]) -> None:
     targets(inv)["tgt01"]["nvmeof_target_subsystems"][0] = subsystem(MODELS, 1, 2, nsids=(1, 2))
 
@@ -184,6 +197,9 @@ def _reader_rw(inv: dict[str, Any]) -> None:
         (_owner, "gpu01: nvmeof_initiator_filesystems[0].owner",
          f"owner gpu09 of nsid 1 of {MODELS} does not mount it (it is mounted by gpu01, gpu02): "
          "no host would make its filesystem"),
+        (_owners, "gpu03: nvmeof_initiator_filesystems[0].owner",
+         f"the hosts that mount nsid 1 of {MODELS} name different owners (gpu01 names gpu01, "
+         "gpu02 names gpu01, gpu03 names gpu02)"),
         (_more_namespaces, "gpu01: nvmeof_initiator_connections[0].namespaces",
          f"gpu01, gpu02 expect(s) 1 namespace(s) of {MODELS}, tgt01 exports 2 (nsid 1, 2)"),
         (_unexported, "gpu01: nvmeof_initiator_connections[0].nqn",

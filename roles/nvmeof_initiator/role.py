@@ -280,9 +280,8 @@ def host_identity(ctx: OpContext, nqn_file: str, id_file: str, wanted: str = "")
     old = _read(ctx, nqn_file)
     nqn = wanted or (old if old and not nqn_problem(old) else f"{UUID_NQN}{uuid.uuid4()}")
     old_id = _read(ctx, id_file)
-    tail = nqn[len(UUID_NQN) :]
     if nqn.startswith(UUID_NQN):
-        hostid = tail.lower()
+        hostid = nqn[len(UUID_NQN) :].lower()
     else:
         hostid = old_id if old_id and UUID.fullmatch(old_id) else str(uuid.uuid4())
     if (old, old_id) == (nqn, hostid):
