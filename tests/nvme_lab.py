@@ -5,12 +5,15 @@ with variables.
 nvmetcli is not in Debian 12 (this machine) and nvme-cli should not have to be installed on it,
 so the tests give each lab host a file: apt repository holding small packages of those names
 (built with dpkg-deb, documentation only: no executables, so every fact still finds no tool, as on
-a host without NVMe-oF): the roles' install steps then run apt for real.
+a host without NVMe-oF): the roles' install steps then run apt for real. The nvme-cli stand-in
+can carry Debian's real postinst (:func:`nvme_cli_postinst`): installing it then writes
+/etc/nvme/hostnqn and /etc/nvme/hostid as the real package does.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from fxkit.errors import VarError
 from fxkit.lab import Fleet
 from tests.lab_helpers import sh
 
+REFERENCE = Path(__file__).parent / "data" / "reference"
 REPO = "/srv/fxkit-nvme-repo"
 SOURCES = "/etc/apt/sources.list.d/fxkit-nvme-test.list"
 
@@ -49,8 +53,24 @@ def place(problem: VarError) -> str:
     return problem.where.split(": ", 1)[1].rsplit(" (", 1)[0]
 
 
-def stand_in_packages(conn: Connection, *names: str) -> None:
-    """Packages ``names`` (version 0.0-fxkit) in a local repository the host's apt knows."""
+def nvme_cli_postinst() -> str:
+    """Debian 12's nvme-cli 2.4+really2.3-3 postinst (tests/data/reference, SOURCES.md), the
+    two tools it runs replaced by what they print where they are absent (the stand-in package
+    ships no executables): ``nvme gen-hostnqn`` an NQN of a random UUID (libnvme's way on a
+    machine without a DMI product UUID), ``uuidgen`` (uuid-runtime) a random UUID of its own."""
+    text = (REFERENCE / "nvme-cli_2.4+really2.3-3.postinst").read_text()
+    assert text.count("nvme gen-hostnqn") == 1 and text.count("uuidgen") == 1
+    random = "cat /proc/sys/kernel/random/uuid"
+    nqn = f'echo "nqn.2014-08.org.nvmexpress:uuid:$({random})"'
+    return text.replace("nvme gen-hostnqn", nqn).replace("uuidgen", random)
+
+
+def stand_in_packages(
+    conn: Connection, *names: str, postinst: Mapping[str, str] | None = None
+) -> None:
+    """Packages ``names`` (version 0.0-fxkit) in a local repository the host's apt knows; a
+    package in ``postinst`` runs that script when it is configured (and ships /etc/nvme, as
+    nvme-cli does)."""
     script = ["set -e", f"rm -rf {REPO} /tmp/fxkit-pkgs", f"mkdir -p {REPO}"]
     for name in names:
         root = f"/tmp/fxkit-pkgs/{name}"
@@ -70,6 +90,12 @@ def stand_in_packages(conn: Connection, *names: str) -> None:
             f"echo 'fxkit lab stand-in' > {root}/usr/share/doc/{name}/README",
             f"dpkg-deb --root-owner-group --build {root} {REPO}/{name}.deb >/dev/null",
         ]
+        if name in (postinst or {}):
+            script[-1:-1] = [
+                f"mkdir -p {root}/etc/nvme",
+                f"printf %s {shlex.quote((postinst or {})[name])} > {root}/DEBIAN/postinst",
+                f"chmod 755 {root}/DEBIAN/postinst",
+            ]
     script.append(f"cd {REPO} && dpkg-scanpackages --multiversion . > Packages 2>/dev/null")
     sh(conn, " && ".join(script))
     conn.put(SOURCES, f"deb [trusted=yes] file:{REPO} ./\n".encode())

@@ -45,6 +45,8 @@ def test_demo_provisions_reruns_with_no_change_and_loads(tmp_path: Path) -> None
         assert "2 host(s) started" in out
         assert "check mode: nothing was changed" in out and "+role: inference" in out
         assert "second run: 0 changed on 2 hosts" in out
+        assert "lab01 (/mnt/models), lab02 (/mnt/models)" in out  # the shared namespace, refused
+        assert "refused before any host was touched" in out
         assert "G1 arrival acceptance" in out and "amd-smi not found on lab01" in out
         assert "is not in [ubuntu 22.04, ubuntu 24.04]" in out  # host text, not rich markup
         assert (tmp_path / ".cache/demo-g1/report.html").is_file()

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from nvme_lab import place, play_role, refusal, stand_in_packages
+from nvme_lab import nvme_cli_postinst, place, play_role, refusal, stand_in_packages
 
 from fxkit.connection.local import LocalConnection
 from fxkit.engine.role import RoleLoader, roles_path
@@ -240,6 +241,9 @@ def mounted(**keys: Any) -> dict[str, Any]:
          "nvmeof_initiator_filesystems[0].device", "not a device under /dev"),
         (mounted(label="much-too-long-label"),
          "nvmeof_initiator_filesystems[0].label", "up to 12"),
+        (mounted(reader_opts="defaults,_netdev"),
+         "nvmeof_initiator_filesystems[0].reader_opts", "does not mount read-only"),
+        (mounted(owner=["gpu01"]), "nvmeof_initiator_filesystems[0].owner", "valid string"),
     ],
 )  # fmt: skip
 def test_wrong_variables_name_the_host_and_the_variable(
@@ -376,27 +380,107 @@ def test_on_a_plain_lab_host_files_apply_and_hardware_steps_skip_with_reasons(
         assert sh(conn, "cat /etc/nvme/hostnqn").strip() == nqn  # not rotated
 
 
+PRESET = "nqn.2014-08.org.nvmexpress:uuid:3b2f6c1e-0d0a-4a51-9a57-0c5d1f2e0a01"
+PACKAGE_NQN = re.compile(r"^\s*-(nqn\.2014-08\.org\.nvmexpress:uuid:[0-9a-f-]{36})$", re.M)
+
+
+def _identity(conn: Any) -> tuple[str, str]:
+    return sh(conn, "cat /etc/nvme/hostnqn").strip(), sh(conn, "cat /etc/nvme/hostid").strip()
+
+
 @pytest.mark.lab
-def test_the_host_nqn_is_never_rotated(initiator: Any, tmp_path: Path) -> None:
+def test_the_preset_nqn_replaces_the_package_s_until_a_subsystem_is_connected(
+    initiator: Any, tmp_path: Path
+) -> None:
+    """As Debian and Ubuntu ship nvme-cli: its postinst (the real one, tests/data/reference)
+    writes /etc/nvme/hostnqn and a hostid of its own UUID when the package installs. The
+    inventory's NQN, and a hostid of its UUID, replace them while nothing is connected; once a
+    subsystem is, a different NQN is refused and nothing changes."""
+    preset = {"nvmeof_initiator_hostnqn": PRESET}
     with initiator.connect("lab01") as conn:
-        old = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
-        sh(conn, f"mkdir -p /etc/nvme && echo {old} > /etc/nvme/hostnqn && rm -f /etc/nvme/hostid")
-        kept = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", {})
-        assert kept.code == 0, kept.output
-        assert sh(conn, "cat /etc/nvme/hostnqn") == (
-            "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555\n"
-        )
-        assert sh(conn, "cat /etc/nvme/hostid") == "11111111-2222-3333-4444-555555555555\n"
-        other = {"nvmeof_initiator_hostnqn": "nqn.2024-01.io.fxkit:gpu01"}
-        refused = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", other)
-        assert refused.code != 0
-        [(op, msg)] = events_of(refused, "lab01", "failed")
-        assert op == "host identity /etc/nvme/hostnqn"
-        assert "nvmeof_initiator_hostnqn says nqn.2024-01.io.fxkit:gpu01" in msg
-        assert "fxkit never rotates a host NQN" in msg
-        assert sh(conn, "cat /etc/nvme/hostnqn") == (
-            "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555\n"
-        )
+        if not conn.run("test -x /usr/bin/python3").ok:
+            pytest.skip("needs python3 on the lab hosts (the stand-in nvme)")
+        sh(conn, "dpkg --purge nvme-cli >/dev/null 2>&1; rm -rf /etc/nvme")
+        stand_in_packages(conn, "nvme-cli", postinst={"nvme-cli": nvme_cli_postinst()})
+        try:
+            before = snapshot(initiator, "lab01")
+            check = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", preset, "--check")
+            assert check.code == 0, check.output
+            assert changes(before, snapshot(initiator, "lab01")) == []
+
+            first = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", preset, "--diff")
+            assert first.code == 0, first.output
+            assert "ii" in sh(conn, "dpkg -l nvme-cli | tail -1")[:2]  # the role installed it
+            [package_nqn] = PACKAGE_NQN.findall(first.output)  # what the postinst wrote
+            assert package_nqn != PRESET
+            assert "host identity /etc/nvme/hostnqn" in dict(events_of(first, "lab01", "changed"))
+            assert _identity(conn) == (PRESET, PRESET.rsplit(":", 1)[1])
+
+            again = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", preset)
+            assert again.code == 0 and events_of(again, "lab01", "changed") == [], again.output
+
+            # A node whose package wrote its pair, connected by hand before fxkit came.
+            fresh = "rm -rf /etc/nvme /var/lib/fxkit-test-nvme.json"
+            sh(
+                conn,
+                f"dpkg --purge nvme-cli >/dev/null && {fresh} && apt-get install -y -q nvme-cli",
+            )
+            package_nqn, package_id = _identity(conn)
+            assert package_id != package_nqn.rsplit(":", 1)[1]  # the postinst's uuidgen
+            conn.put("/usr/local/bin/nvme", STAND_IN_NVME.encode())
+            sh(conn, "chmod 755 /usr/local/bin/nvme && touch /dev/nvme-fabrics && "
+                     f"nvme connect -t rdma -a 192.168.100.10 -s 4420 -n {MODELS}")  # fmt: skip
+            kept = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", {})
+            assert kept.code == 0, kept.output
+            assert (
+                "host identity /etc/nvme/hostnqn",
+                f"/etc/nvme/hostnqn is {package_nqn}; /etc/nvme/hostid ({package_id}) is not its "
+                f"UUID, left as it is while connected (nvme1 ({MODELS}))",
+            ) in events_of(kept, "lab01", "ok")
+            refused = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", preset)
+            assert refused.code != 0
+            [(op, msg)] = events_of(refused, "lab01", "failed")
+            assert op == "host identity /etc/nvme/hostnqn"
+            assert f"this host is connected as {package_nqn} (nvme1 ({MODELS}))" in msg
+            assert "fxkit never rotates the host NQN of a connected host" in msg
+            assert _identity(conn) == (package_nqn, package_id)
+        finally:
+            sh(conn, "rm -f /usr/local/bin/nvme /dev/nvme-fabrics /dev/nvme1n1 "
+                     "/var/lib/fxkit-test-nvme.json")  # fmt: skip
+
+
+SHARED_RW = {
+    "nvmeof_initiator_connections": [
+        {"nqn": MODELS, "transport": "rdma", "address": "192.168.100.10", "namespaces": 1}
+    ],
+    "nvmeof_initiator_filesystems": [{"nqn": MODELS, "nsid": 1, "path": "/mnt/models"}],
+}
+
+
+@pytest.mark.lab
+def test_two_lab_hosts_on_one_read_write_namespace_are_refused_untouched(
+    lab_fleet: Any, tmp_path: Path
+) -> None:
+    """The old example layout on real hosts: two hosts mounting one namespace read-write is
+    refused by ``fxkit play`` before either host is touched (tests/test_nvme_fabric.py has
+    every case)."""
+    fleet = lab_fleet(2)
+    before = {h: snapshot(fleet, h) for h in ("lab01", "lab02")}
+    run = play_role(fleet, tmp_path, "nvmeof_initiator", "lab01:lab02", SHARED_RW, executable=True)
+    assert run.code != 0 and run.events == []
+    said = " ".join(run.output.split())
+    assert (
+        f"nsid 1 of {MODELS} carries a filesystem that 2 hosts would mount read-write (and make "
+        "where it is empty): lab01 (/mnt/models), lab02 (/mnt/models)" in said
+    ), run.output
+    assert "give each host a namespace of its own" in said
+    assert {h: snapshot(fleet, h) for h in ("lab01", "lab02")} == before
+    owned = [{**SHARED_RW["nvmeof_initiator_filesystems"][0], "owner": "lab01"}]
+    check = play_role(
+        fleet, tmp_path, "nvmeof_initiator", "lab01:lab02",
+        {**SHARED_RW, "nvmeof_initiator_filesystems": owned}, "--check",
+    )  # fmt: skip
+    assert check.code == 0, check.output  # one owner, one reader: accepted
 
 
 def _device_vars(device: str) -> dict[str, Any]:
@@ -455,6 +539,49 @@ def test_a_filesystem_is_made_only_where_there_is_nothing(initiator: Any, tmp_pa
         assert kept.code == 0, kept.output
         assert digest(xfs) == untouched[xfs]
         sh(conn, f"rm -f {empty} {ext4} {xfs}")
+
+
+@pytest.mark.lab
+def test_a_reader_never_makes_the_filesystem_and_mounts_it_read_only(
+    initiator: Any, tmp_path: Path
+) -> None:
+    """A host that is not the namespace's owner: an empty device stays empty (skipped in check
+    mode, a failure naming the owner otherwise); once the owner made XFS, the reader's fstab
+    entry mounts it ro,norecovery, and a second run changes nothing."""
+    shared = "/dev/fx-shared.img"
+    reader = {"nvmeof_initiator_filesystems": [
+        {"device": shared, "path": "/mnt/models", "owner": "lab02"}]}  # fmt: skip
+    with initiator.connect("lab01") as conn:
+        if not conn.run("command -v mkfs.xfs").ok:
+            pytest.skip("needs xfsprogs on the lab hosts")
+        sh(conn, f"rm -f {shared} && truncate -s 300M {shared}")
+        empty = sh(conn, f"sha256sum {shared}")
+        try:
+            check = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader, "--check")
+            assert check.code == 0, check.output
+            why = f"{shared} holds no filesystem yet and lab02 owns it: only the owner makes its "
+            assert (f"xfs on {shared}", f"{why}filesystem (it may in this run)") in events_of(
+                check, "lab01", "skipped"
+            )
+            waits = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)
+            assert waits.code != 0
+            assert events_of(waits, "lab01", "failed") == [
+                (f"xfs on {shared}", f"{why}filesystem; run the play on lab02 first, then here")
+            ]
+            assert sh(conn, f"sha256sum {shared}") == empty  # never formatted by a reader
+
+            sh(conn, f"mkfs.xfs -q -L models {shared}")  # what the owner, lab02, does
+            made = sh(conn, f"sha256sum {shared}")
+            uuid = sh(conn, f"blkid -p -s UUID -o value {shared}").strip()
+            mounted = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)
+            assert mounted.code == 0, mounted.output
+            entry = f"UUID={uuid} /mnt/models xfs ro,norecovery,_netdev,nofail 0 0\n"
+            assert entry in sh(conn, "cat /etc/fstab")
+            again = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)
+            assert again.code == 0 and events_of(again, "lab01", "changed") == [], again.output
+            assert sh(conn, f"sha256sum {shared}") == made
+        finally:
+            sh(conn, f"rm -f {shared} && sed -i '\\# /mnt/models #d' /etc/fstab")
 
 
 @pytest.mark.lab

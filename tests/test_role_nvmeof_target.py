@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -320,10 +321,21 @@ def test_an_nqn_on_two_targets_is_refused_naming_both() -> None:
         "storage02": typed("storage02", **GOOD),
     }
     with pytest.raises(VarError) as caught:
-        CODE.validate_all(hosts)
+        CODE.validate_all(hosts, Targets(hosts))
     assert caught.value.where == "storage02: nvmeof_target_subsystems[0].nqn (inventory)"
     assert f"subsystem {MODELS} is defined on storage01 and on storage02" in caught.value.message
-    CODE.validate_all({"storage01": hosts["storage01"]})
+    one = {"storage01": hosts["storage01"]}
+    CODE.validate_all(one, Targets(one))
+
+
+@dataclass
+class Targets:
+    """The fleet of a play of targets only (no initiator in the inventory)."""
+
+    hosts: dict[str, Any]
+
+    def of(self, role: str) -> dict[str, Any]:
+        return self.hosts if role == "nvmeof_target" else {}
 
 
 def test_the_shipped_unit_is_valid_for_systemd_analyze() -> None:

@@ -102,6 +102,61 @@ def test_validate_all_receives_typed_values_of_every_host(tmp_path: Path) -> Non
         play(tmp_path, "- hosts: all\n  roles: [typed]\n", inventory, TYPED)
 
 
+ACROSS = {
+    **TYPED,
+    "roles/across/role.py": """
+        from fxkit.errors import VarError
+
+
+        def validate_all(hosts, fleet):
+            seen = {h: v.nqn for h, v in fleet.of("typed").items()}
+            if len(set(seen.values())) < len(seen):
+                raise VarError(f"typed across the inventory: {sorted(seen.items())}")
+
+
+        def apply(host, v):
+            pass
+        """,
+}
+TWO_PLAYS = """
+- hosts: targets
+  roles: [typed]
+- hosts: others
+  roles: [across]
+"""
+
+
+@pytest.mark.parametrize("limit", [None, "others", "nobody"])
+def test_validate_all_reads_another_role_s_values_across_the_inventory(
+    tmp_path: Path, limit: str | None
+) -> None:
+    """fleet.of(role): every host that runs it in the playbook, or that sets one of its
+    variables (h3, in no play), whatever --limit says."""
+    inventory = """
+    all:
+      children:
+        targets: {hosts: {h1: {nqn: "nqn.2024-01.io.fx:a"}}}
+        others: {hosts: {h2: {}, h3: {nqn: "nqn.2024-01.io.fx:a"}}}
+    """
+    fleet = Fleet()
+    with pytest.raises(VarError) as caught:
+        play(tmp_path, TWO_PLAYS, inventory, ACROSS, fleet=fleet, limit=limit)
+    assert "typed across the inventory: [('h1', 'nqn.2024-01.io.fx:a'), ('h3', " in str(
+        caught.value
+    )
+    assert fleet.hosts == {}
+
+
+def test_a_validate_all_of_three_arguments_is_refused(tmp_path: Path) -> None:
+    role = tmp_path / "roles" / "three"
+    role.mkdir(parents=True)
+    (role / "role.py").write_text("def validate_all(a, b, c): pass\ndef apply(host, v): pass\n")
+    with pytest.raises(
+        PlaybookError, match="validate_all must be a function of one or two arguments"
+    ):
+        RoleLoader([tmp_path / "roles"]).load("three")
+
+
 def test_a_role_without_vars_keeps_its_untyped_hostvars(tmp_path: Path) -> None:
     with pytest.raises(VarError, match="mtu 0 is out of range"):
         play(

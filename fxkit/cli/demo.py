@@ -3,10 +3,12 @@
 1. a lab fleet of real SSH hosts (``fxkit lab up``; idempotent);
 2. the example playbook in check mode with diffs, then converged, then run again: the second run
    must change nothing, and the line saying so comes from that run's results;
-3. G1 arrival acceptance (gates/g1.yml) on the lab hosts, reports in ``.cache/demo-g1``: fio
+3. the storage check: the storage playbook with every lab host mounting one NVMe-oF namespace
+   read-write is refused before any host is touched (docs/storage.md);
+4. G1 arrival acceptance (gates/g1.yml) on the lab hosts, reports in ``.cache/demo-g1``: fio
    really reads each host's disk; lab hosts have no GPU or RDMA device, so those checks are ERROR
    (by design: never PASS without a measurement);
-4. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
+5. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
    plain loader does, e.g. from NFS) and by ``fxkit.loader.load``; every byte of every tensor is
    read in both, from a cold page cache, and compared.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import click
+import yaml
 from rich.console import Console
 from rich.text import Text
 
@@ -32,6 +36,7 @@ from fxkit.connection import ConnectOptions
 from fxkit.engine.console import console_recorder
 from fxkit.engine.record import Outcome, PlaybookResult
 from fxkit.engine.runner import RunOptions, run_playbook
+from fxkit.errors import VarError
 from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
 from fxkit.lab.fleet import host_name
 
@@ -41,6 +46,14 @@ STAMP = "fxkit-demo.json"
 GATE_REPORTS = Path(".cache/demo-g1")
 #: G1's storage check on the lab hosts: a short fio run (the thresholds stay G1's own).
 GATE_VARS = {"g1_fio_size": "256M", "g1_fio_runtime": 3}
+#: The old example layout, on the lab hosts: each would mount one namespace read-write.
+MODELS = "nqn.2026-01.io.fxkit:models"
+SHARED_RW = {
+    "nvmeof_initiator_connections": [
+        {"nqn": MODELS, "transport": "rdma", "address": "192.168.100.21", "namespaces": 1}
+    ],
+    "nvmeof_initiator_filesystems": [{"nqn": MODELS, "nsid": 1, "path": "/mnt/models"}],
+}
 
 
 @click.command()
@@ -108,13 +121,16 @@ def demo(
         style="bold green" if idempotent else "bold red",
     )
 
-    step(5, "G1 arrival acceptance (gates/g1.yml) on the lab hosts")
+    step(5, "the storage check: one namespace that every host would mount read-write")
+    refused = storage_demo(fleet, limit, hosts)
+
+    step(6, "G1 arrival acceptance (gates/g1.yml) on the lab hosts")
     gate_demo(fleet, limit)
 
-    step(6, "loader: a synthetic checkpoint, every byte loaded, against the plain baseline")
+    step(7, "loader: a synthetic checkpoint, every byte loaded, against the plain baseline")
     load_demo(loader, cache, size, threads)
 
-    step(7, "done")
+    step(8, "done")
     if down:
         stopped = fleet.down()
         console.print(f"fleet stopped ({len(stopped)} hosts), {fleet.dir} removed")
@@ -125,7 +141,7 @@ def demo(
             f"`fxkit play site -i {fleet.inventory} --check --diff`; stop it with "
             f"`fxkit lab down{where}`"
         )
-    if first.exit_code or not idempotent:
+    if first.exit_code or not idempotent or not refused:
         sys.exit(1)
 
 
@@ -142,6 +158,30 @@ def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> P
         connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
     )
     return run_playbook("site", fleet.inventory, options, console_recorder(console, diff=diff))
+
+
+def storage_demo(fleet: Fleet, limit: str, hosts: int) -> bool:
+    """playbooks/storage.yml with the lab hosts as GPU nodes that would each mount one
+    namespace read-write: refused before any host is touched. False when it was not."""
+    if hosts < 2:
+        console.print("one lab host: no namespace to share (--hosts 2 or more shows it)")
+        return True
+    nodes = {host_name(i): None for i in range(1, hosts + 1)}
+    layout = {"all": {"children": {"gpu_nodes": {"hosts": nodes, "vars": SHARED_RW}}}}
+    options = RunOptions(
+        check=True, limit=limit, connect=ConnectOptions(known_hosts=str(fleet.known_hosts))
+    )
+    try:
+        with tempfile.TemporaryDirectory(prefix="fxkit-demo-") as folder:
+            shared = Path(folder) / "shared-rw.yml"
+            shared.write_text(yaml.safe_dump(layout))
+            run_playbook("storage", [fleet.inventory, shared], options, console_recorder(console))
+    except VarError as exc:
+        console.print(Text(str(exc), style="dim"))
+        console.print("refused before any host was touched", style="bold green")
+        return True
+    console.print("the shared read-write namespace was NOT refused", style="bold red")
+    return False
 
 
 # -- the loader -----------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from fxkit import ops, paths
-from fxkit.engine.rolevars import RoleVars
+from fxkit.engine.rolevars import FleetVars, RoleVars
 from fxkit.engine.serving import ServingRole, serving_role
 from fxkit.engine.variables import HostVars, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
@@ -125,8 +125,10 @@ class Role:
     #: ``validate(v)``: checks one host's variables before any host is touched (what the types
     #: of ``Vars`` cannot say).
     validate: Callable[[Any], None] | None = None
-    #: ``validate_all({host: v})``: checks across the play's hosts (an NQN used twice).
-    validate_all: Callable[[dict[str, Any]], None] | None = None
+    #: ``validate_all({host: v}, fleet)``: checks across the play's hosts (an NQN used twice)
+    #: and, through ``fleet`` (:class:`~fxkit.engine.rolevars.FleetVars`), other roles' values
+    #: across the inventory; role.py's own may take ``hosts`` alone.
+    validate_all: Callable[[dict[str, Any], FleetVars], None] | None = None
     #: The declaration of the role's variables (role.py's ``Vars``), if it has one.
     vars_model: type[RoleVars] | None = None
     #: role.py as a serving role, if it is one: the instances ``fxkit rollout`` rolls out.
@@ -173,7 +175,7 @@ class RoleLoader:
                     model.defaults() if model else _defaults(path),
                     _apply_function(module, path / "role.py"),
                     _hook(module, "validate", path / "role.py"),
-                    _hook(module, "validate_all", path / "role.py"),
+                    _across(_hook(module, "validate_all", path / "role.py")),
                     model,
                     serving_role(name, module, model, path / "role.py"),
                 )
@@ -261,20 +263,38 @@ def _apply_function(module: ModuleType, file: Path) -> Handler:
     return apply
 
 
-def _hook(module: ModuleType, name: str, file: Path) -> Callable[[Any], None] | None:
-    """The role's optional ``validate(v)`` / ``validate_all(hosts)``: one argument each."""
+def _across(hook: Callable[..., None] | None) -> Callable[[Any, FleetVars], None] | None:
+    """``validate_all`` as the runner calls it, ``(hosts, fleet)``, whether role.py's takes
+    ``fleet`` or not."""
+    if hook is None or _takes(hook, 2):
+        return hook
+    return lambda hosts, fleet: hook(hosts)
+
+
+def _takes(hook: Callable[..., None], count: int) -> bool:
+    try:
+        inspect.signature(hook).bind(*[None] * count)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _hook(module: ModuleType, name: str, file: Path) -> Callable[..., None] | None:
+    """The role's optional ``validate(v)`` / ``validate_all(hosts)`` (or
+    ``validate_all(hosts, fleet)``): one argument each, ``fleet`` besides."""
     hook = getattr(module, name, None)
     if hook is None:
         return None
-    try:
-        inspect.signature(hook).bind(None)
-    except (TypeError, ValueError):
+    if not (_takes(hook, 1) or (name == "validate_all" and _takes(hook, 2))):
         line = getattr(getattr(hook, "__code__", None), "co_firstlineno", 1)
+        which = "one argument" if name == "validate" else "one or two arguments"
         raise PlaybookError(
-            f"{name} must be a function of one argument",
+            f"{name} must be a function of {which}",
             where=f"{file}:{line}",
-            hint=f"define def {name}({'v' if name == 'validate' else 'hosts'}): ...",
-        ) from None
+            hint="define def validate(v): ..."
+            if name == "validate"
+            else "define def validate_all(hosts): ... or def validate_all(hosts, fleet): ...",
+        )
     return hook
 
 

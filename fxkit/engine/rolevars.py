@@ -15,7 +15,8 @@ Everything else comes from that declaration:
   variable with its host, where its value was set (file:line) and a hint (the field's
   ``examples``, or its description);
 - the typed object ``apply(host, v)``, handlers, ``validate(v)`` and ``validate_all(hosts)``
-  receive (:meth:`RoleVars.of`);
+  receive (:meth:`RoleVars.of`); ``validate_all(hosts, fleet)`` also reads other roles' values
+  across the inventory (:class:`FleetVars`);
 - the table of the role's README (:func:`readme_table`), which a test keeps in step.
 
 Values are converted as Ansible users expect: digits from an INI inventory or ``-e`` make a
@@ -30,7 +31,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Annotated, Any, Generic, Self, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Generic, Protocol, Self, TypeVar, get_args, get_origin
 
 import yaml
 from annotated_types import BaseMetadata, Ge, Gt, Le, Lt, MaxLen, MinLen
@@ -46,6 +47,14 @@ from fxkit.yamlfile import short
 
 #: The kernel's dev_valid_name(): 1-15 bytes (IFNAMSIZ 16), no '/', ':' or white space.
 _IFNAME = re.compile(r"[^\s/:]{1,15}")
+
+
+class FleetVars(Protocol):
+    """What ``validate_all(hosts, fleet)`` reads beyond the play's hosts: ``fleet.of(role)``,
+    that role's typed values on every host of the inventory that runs it in the playbook (any
+    play; ``--limit`` does not narrow it) or whose inventory sets one of its variables."""
+
+    def of(self, role: str) -> Mapping[str, RoleVars]: ...
 
 
 class RoleVars(BaseModel):

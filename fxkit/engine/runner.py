@@ -43,7 +43,7 @@ from fxkit.engine.role import (
     UnknownOperation,
     roles_path,
 )
-from fxkit.engine.rolevars import check_vars
+from fxkit.engine.rolevars import FleetVars, RoleVars, check_vars
 from fxkit.engine.runlock import LOCK_WAIT, RunLock, RunLockError, holder
 from fxkit.engine.variables import HostVars, Layer, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
@@ -169,11 +169,13 @@ class Runner:
         """Every role's variable checks on every host of its play: mistakes show (all at once,
         as one error, the secrets masked as everything the run prints) before any host is
         touched."""
+        fleet = _Fleet(self)
         with masked_errors(self.recorder.redact):
             for play in self.playbook.plays:
                 hosts = self._hosts(play)
                 for ref in play.roles:
-                    self._validate(play, ref, self.roles.load(ref.role, ref.where), hosts)
+                    role = self.roles.load(ref.role, ref.where)
+                    self._validate(play, ref, role, hosts, fleet)
 
     def interrupt(self) -> None:
         """Ctrl-C (safe in a signal handler: it only counts; the waiting runner acts on it)."""
@@ -219,10 +221,12 @@ class Runner:
         except FxkitError as exc:
             raise PlaybookError(exc.message, where=where, hint=exc.hint) from None
 
-    def _validate(self, play: Play, ref: RoleRef, role: Role, hosts: list[InventoryHost]) -> None:
+    def _validate(
+        self, play: Play, ref: RoleRef, role: Role, hosts: list[InventoryHost], fleet: FleetVars
+    ) -> None:
         """Check each host's values against the role's ``Vars``, then run its ``validate(v)``
-        for each host and ``validate_all`` across them: every wrong variable of every host is
-        named at once, before any host is touched."""
+        for each host and ``validate_all`` across them (and ``fleet``): every wrong variable of
+        every host is named at once, before any host is touched."""
         if not (role.vars_model or role.validate or role.validate_all):
             return
         problems: list[FxkitError] = []
@@ -243,7 +247,7 @@ class Runner:
                     validate(v)
         if role.validate_all and len(everyone) == len(hosts_vars):  # each host's typed
             with _collect(problems):
-                role.validate_all(everyone)
+                role.validate_all(everyone, fleet)
         if len(problems) == 1:
             raise problems[0]
         if problems:
@@ -252,6 +256,25 @@ class Runner:
                 + "\n".join("  - " + str(p).replace("\n", "\n    ") for p in problems),
                 hint="fix them in the inventory, group_vars, the play's vars or -e",
             )
+
+    def fleet_vars(self, name: str) -> dict[str, RoleVars]:
+        """Role ``name``'s typed values on every host that runs it in the playbook (any play,
+        ``--limit`` aside), then on the inventory's other hosts that set one of its variables
+        (without play vars): what :class:`~fxkit.engine.rolevars.FleetVars` gives."""
+        role = self.roles.load(name)
+        if role.vars_model is None:
+            raise PlaybookError(f"role {name} declares no Vars: no typed values to compare")
+        model, found = role.vars_model, {}
+        for play in self.playbook.plays:
+            for ref in (r for r in play.roles if r.role == name):
+                for inv in self._select(play.hosts, play.where):
+                    if inv.name not in found:
+                        found[inv.name] = model.of(self._vars(play, inv, role, ref))
+        declared, bare = set(model.model_fields), Play.model_validate({"hosts": "all"})
+        for inv in self.inventory.select("all"):
+            if inv.name not in found and declared & set(inv.vars):
+                found[inv.name] = model.of(self._vars(bare, inv, role))
+        return found
 
     def role_vars(
         self, play: Play, ref: RoleRef, role: Role, hosts: list[InventoryHost] | None = None
@@ -444,6 +467,19 @@ class Runner:
         )
         self.recorder.add_secrets(v.secret_values())
         return v
+
+
+@dataclass
+class _Fleet:
+    """:class:`~fxkit.engine.rolevars.FleetVars` of a run: each role's values read once."""
+
+    runner: Runner
+    _read: dict[str, dict[str, RoleVars]] = field(default_factory=dict)
+
+    def of(self, role: str) -> dict[str, RoleVars]:
+        if role not in self._read:
+            self._read[role] = self.runner.fleet_vars(role)
+        return self._read[role]
 
 
 @contextlib.contextmanager

@@ -6,6 +6,11 @@ partition table, LVM, an ambivalent probe, an unreadable device) fails the step 
 nothing. Only a device on which blkid finds nothing gets ``mkfs``, and the command that runs it
 probes again first (the device may have changed since it was read) and calls mkfs without its
 force option, so mkfs's own check refuses an existing filesystem too.
+
+A device another host may write (a namespace of an NVMe-oF target that several hosts connect)
+is made by one host only, its owner: on the others (``owner`` names the owner) an empty device
+is never formatted, since two hosts' mkfs, or one host's mkfs under another's mounted
+filesystem, destroys data. They wait for the owner's filesystem instead.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import re
 from shlex import quote
 
 from fxkit.facts.filesystems import BlockSignature
-from fxkit.ops.base import OpContext, OpError, Result, failed, ok
+from fxkit.ops.base import OpContext, OpError, Result, failed, ok, skipped
 
 _FSTYPE = re.compile(r"[a-z0-9]+")
 #: mkfs options that set a label, by filesystem (mkfs.xfs -L is at most 12 characters).
@@ -24,16 +29,23 @@ _QUIET = {"xfs": "-q", "ext4": "-q"}
 
 
 def filesystem(
-    ctx: OpContext, device: str, fstype: str = "xfs", label: str | None = None
+    ctx: OpContext,
+    device: str,
+    fstype: str = "xfs",
+    label: str | None = None,
+    owner: str | None = None,
 ) -> Result:
     """Ensure ``device`` holds a filesystem of ``fstype``: made with ``mkfs`` when the device is
     empty (blkid finds no signature at all), left alone when it has one of that type, and a
     failure, changing nothing, when it holds anything else. ``data["uuid"]`` is the filesystem's
-    UUID when there is one.
+    UUID when there is one. With ``owner`` (the host that makes it, not this one) an empty
+    device is never formatted: a failure saying to run the owner first (in check mode: skipped,
+    since the owner may be about to make it).
 
     Example::
 
         host.filesystem("/dev/nvme1n1", "xfs", label="models")
+        host.filesystem("/dev/nvme1n1", "xfs", owner="gpu01")   # a reader: gpu01 makes it
     """
     if not device.startswith("/") or "\0" in device:
         raise OpError(f"bad device {device!r}", hint="an absolute path, e.g. /dev/nvme1n1")
@@ -54,6 +66,14 @@ def filesystem(
             f"{device} holds {found.what}, not {fstype}: fxkit never formats over data "
             "(wipe it by hand with wipefs if its data may go, or choose another device)"
         )
+    if owner:
+        why = (
+            f"{device} holds no filesystem yet and {owner} owns it: only the owner makes its "
+            "filesystem"
+        )
+        if ctx.check:
+            return skipped(f"{why} (it may in this run)")
+        return failed(f"{why}; run the play on {owner} first, then here")
     q = quote(device)
     labelled = f"{option} {quote(label)} " if label else ""
     command = (

@@ -1,8 +1,11 @@
-"""nvmeof_initiator: an NVMe-oF host: nvme-cli, a host NQN and host ID made once and never
-rotated, native multipath, /etc/nvme/discovery.conf, the connections (``nvme connect`` only
+"""nvmeof_initiator: an NVMe-oF host: nvme-cli, the inventory's host NQN and a host ID of its
+UUID (replacing what nvme-cli's package wrote while no subsystem is connected, never rotated
+after), native multipath, /etc/nvme/discovery.conf, the connections (``nvme connect`` only
 where ``nvme list-subsys`` shows none), nvmf-autoconnect.service, optional XFS filesystems
-(made only where blkid finds nothing, mounted by UUID with _netdev,nofail), and a verification
-of the namespaces through ``nvme list -o json``.
+(made only by the namespace's owner and only where blkid finds nothing, mounted by UUID with
+_netdev,nofail, read-only on the other hosts), and a verification of the namespaces through
+``nvme list -o json``. Across the inventory (``validate_all``, :mod:`fxkit.nvme_fabric`): no
+namespace written by two hosts, and what the targets export is what the initiators expect.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
+from fxkit import nvme_fabric
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import (
     SIZE,
     AbsolutePath,
+    FleetVars,
     InterfaceName,
     IpAddress,
     Nqn,
@@ -137,7 +142,19 @@ class Filesystem(RoleKeys):
         ]
         | None
     ) = Field(None, description="the filesystem's label", examples=["models"])
-    opts: str = Field("defaults,_netdev,nofail", description="mount options")
+    owner: str | None = Field(
+        None,
+        description="the inventory host that makes the filesystem and mounts it read-write (a "
+        "shared namespace: its staging host, the same on every host); the others mount it with "
+        "`reader_opts` and never make it. Default: this host (a namespace of its own)",
+        examples=["gpu01"],
+    )
+    opts: str = Field("defaults,_netdev,nofail", description="mount options of the owner")
+    reader_opts: str = Field(
+        "ro,norecovery,_netdev,nofail",
+        description="mount options of the other hosts: read-only, and for XFS without log "
+        "recovery (a reader must not replay the owner's log)",
+    )
 
 
 class Vars(RoleVars):
@@ -145,8 +162,9 @@ class Vars(RoleVars):
         str, AfterValidator(Rule('NQN or ""', lambda s: s and nqn_problem(s)))
     ] = Field(
         "",
-        description='the host NQN written when `/etc/nvme/hostnqn` does not exist (`""` makes '
-        "one: `nqn.2014-08.org.nvmexpress:uuid:<random uuid>`); an existing file is never rotated",
+        description="the host NQN (targets allow hosts by it): replaces the one nvme-cli's "
+        'package wrote while no subsystem is connected, never once one is; `""`: keep the '
+        "file's, or make `nqn.2014-08.org.nvmexpress:uuid:<random uuid>` where there is none",
         examples=["nqn.2014-08.org.nvmexpress:uuid:3b2f6c1e-0d0a-4a51-9a57-0c5d1f2e0a01"],
     )
     nvmeof_initiator_hostnqn_file: AbsolutePath = Field(
@@ -212,6 +230,19 @@ def validate(v: Vars) -> None:
                 "give device, or nqn (one of nvmeof_initiator_connections) and nsid",
                 "e.g. {nqn: nqn.2024-01.com.example:models, nsid: 1, path: /mnt/models}",
             )
+        if "ro" not in fs.reader_opts.split(",") or "rw" in fs.reader_opts.split(","):
+            raise v.wrong(
+                f"{var}.reader_opts",
+                f"{fs.reader_opts!r} does not mount read-only: a host other than the owner "
+                "must never write the namespace",
+                "ro,norecovery,_netdev,nofail (XFS)",
+            )
+
+
+def validate_all(hosts: dict[str, Vars], fleet: FleetVars) -> None:
+    """Across the inventory, targets and initiators (:mod:`fxkit.nvme_fabric`): no namespace
+    written by two hosts; every connection exported as expected, to this host."""
+    nvme_fabric.check(fleet)
 
 
 # -- what is written and run ------------------------------------------------------------------
@@ -241,34 +272,55 @@ def discovery_conf(v: Vars) -> str:
 
 
 def host_identity(ctx: OpContext, nqn_file: str, id_file: str, wanted: str = "") -> Result:
-    """/etc/nvme/hostnqn and /etc/nvme/hostid, written only where they do not exist: a target
-    allows hosts by NQN, so an existing identity is never changed (a wrong one fails)."""
-    old = ctx.get(nqn_file)
-    if old is None:
-        nqn = wanted or f"{UUID_NQN}{uuid.uuid4()}"
-        steps = [files.file(ctx, nqn_file, f"{nqn}\n", mode="0644")]
+    """/etc/nvme/hostnqn and /etc/nvme/hostid: the NQN ``wanted`` (else the file's, else a
+    new one) and the host ID of its UUID. Debian's and Ubuntu's nvme-cli package writes both
+    when it installs (its postinst: ``nvme gen-hostnqn``, and ``uuidgen``, a UUID of its own):
+    they are replaced while no subsystem is connected over a fabric. Once one is, the NQN is
+    never rotated (targets allow hosts by it): a difference fails and changes nothing."""
+    old = _read(ctx, nqn_file)
+    nqn = wanted or (old if old and not nqn_problem(old) else f"{UUID_NQN}{uuid.uuid4()}")
+    old_id = _read(ctx, id_file)
+    if nqn.startswith(UUID_NQN):
+        hostid = nqn[len(UUID_NQN) :].lower()
     else:
-        nqn = old.decode(errors="replace").strip()
-        problem = nqn_problem(nqn)
-        if problem:
-            return failed(f"{nqn_file}: {problem}; fxkit never rotates a host NQN: fix it by hand")
-        if wanted and nqn != wanted:
-            return failed(
-                f"{nqn_file} says {nqn}, nvmeof_initiator_hostnqn says {wanted}: fxkit never "
-                "rotates a host NQN (targets allow hosts by it); set the variable to the file's "
-                "value, or replace the file by hand"
-            )
-        steps = [ok(f"{nqn_file} is {nqn}")]
-    old_id = ctx.get(id_file)
-    if old_id is None:
-        tail = nqn[len(UUID_NQN) :]
-        hostid = tail if nqn.startswith(UUID_NQN) else str(uuid.uuid4())
-        steps.append(files.file(ctx, id_file, f"{hostid}\n", mode="0644"))
-    elif not UUID.fullmatch(old_id.decode(errors="replace").strip()):
+        hostid = old_id if old_id and UUID.fullmatch(old_id) else str(uuid.uuid4())
+    if (old, old_id) == (nqn, hostid):
+        return ok(f"{nqn_file} is {nqn}, {id_file} {hostid}")
+    connected = _fabric_paths(ctx) if old else []
+    if connected and old != nqn:
         return failed(
-            f"{id_file} does not hold a UUID; fxkit never rotates a host ID: fix it by hand"
+            f"{nqn_file} says {old}, fxkit would write {nqn} (nvmeof_initiator_hostnqn), and "
+            f"this host is connected as {old} ({', '.join(connected)}): fxkit never rotates "
+            "the host NQN of a connected host (targets allow hosts by it); set the variable to "
+            "the file's value, or disconnect (nvme disconnect-all) and run again"
         )
-    return combine(*steps)
+    if connected:
+        return ok(
+            f"{nqn_file} is {nqn}; {id_file} ({old_id or 'none'}) is not its UUID, left as it "
+            f"is while connected ({', '.join(connected)})"
+        )
+    return combine(
+        files.file(ctx, nqn_file, f"{nqn}\n", mode="0644"),
+        files.file(ctx, id_file, f"{hostid}\n", mode="0644"),
+    )
+
+
+def _read(ctx: OpContext, path: str) -> str:
+    """A one-line file's text, "" when absent or empty (as the postinst's ``[ -s ]``)."""
+    data = ctx.get(path)
+    return "" if data is None else data.decode(errors="replace").strip()
+
+
+def _fabric_paths(ctx: OpContext) -> list[str]:
+    """The controllers connected over a fabric (``nvme list-subsys``; a local PCIe drive does
+    not count), as ``nvme1 (NQN)``; none where nvme-cli is not there yet."""
+    subsystems = ctx.fresh(NvmeListSubsys)
+    return [
+        f"{path.name} ({sub.nqn})"
+        for sub in subsystems.subsystems
+        for path in sub.paths
+        if path.transport != "pcie"
+    ]
 
 
 def nvme_connect(ctx: OpContext, entry: Connection) -> Result:
@@ -399,7 +451,9 @@ def connect(host: Host, connections: list[Connection], coming: bool) -> str:
 
 
 def make_filesystem(host: Host, v: Vars, fs: Filesystem) -> None:
-    """XFS on the namespace (only where blkid finds nothing), mounted by UUID."""
+    """XFS on the namespace, made only by its owner and only where blkid finds nothing, mounted
+    by UUID: read-write on the owner, with ``reader_opts`` elsewhere."""
+    owner = fs.owner if fs.owner and fs.owner != v.host else None
     step = f"XFS at {fs.path}"
     device = fs.device
     if device is None:
@@ -410,12 +464,12 @@ def make_filesystem(host: Host, v: Vars, fs: Filesystem) -> None:
         device = matches[0]
     if not host.needs(host.fact(BlockSignature, device).exists, step, f"{device} does not exist"):
         return
-    made = host.task(f"xfs on {device}").filesystem(device, "xfs", fs.label)
+    made = host.task(f"xfs on {device}").filesystem(device, "xfs", fs.label, owner=owner)
     if made.data.get("uuid"):
         host.mount(
             fs.path,
             f"UUID={made.data['uuid']}",
             "xfs",
-            opts=fs.opts,
+            opts=fs.reader_opts if owner else fs.opts,
             fstab=v.nvmeof_initiator_fstab,
         )

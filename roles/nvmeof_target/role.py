@@ -16,9 +16,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
+from fxkit import nvme_fabric
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import (
     AbsolutePath,
+    FleetVars,
     IpAddress,
     Nqn,
     RoleKeys,
@@ -231,8 +233,9 @@ def _check_ports(v: Vars, subsystems: set[str]) -> None:
             )
 
 
-def validate_all(hosts: dict[str, Vars]) -> None:
-    """An NQN names one subsystem in the whole fabric: no two targets may define the same one."""
+def validate_all(hosts: dict[str, Vars], fleet: FleetVars) -> None:
+    """An NQN names one subsystem in the whole fabric: no two targets may define the same one.
+    Then the fabric as a whole, targets and initiators (:mod:`fxkit.nvme_fabric`)."""
     owner: dict[str, str] = {}
     for name, v in hosts.items():
         for i, sub in enumerate(v.nvmeof_target_subsystems):
@@ -243,6 +246,7 @@ def validate_all(hosts: dict[str, Vars]) -> None:
                     hint="an NQN names one subsystem fabric-wide: give each target its own",
                 )
             owner.setdefault(sub.nqn, name)
+    nvme_fabric.check(fleet)
 
 
 # -- the configuration nvmetcli restores ------------------------------------------------------
