@@ -156,6 +156,8 @@ def build_layer(layer: Path, name: str) -> None:
             },
         )
     _files(sys_dir / "module" / "nvme_core" / "parameters", {"multipath": "Y"})
+    # The loaded amdgpu: a DKMS build says its version (the kernel's own amdgpu has none).
+    _files(sys_dir / "module" / "amdgpu", {"version": data["gpus"]["driver"]["version"]})
     (sys_dir / "kernel" / "config").mkdir(parents=True)  # the configfs stand-in's mount point
 
     config = tmp / "config"
