@@ -143,7 +143,9 @@ def _contents(root: Path, name: str, version: str) -> None:
         dkms = dkms_version(version)
         postinst = root / "DEBIAN" / "postinst"
         postinst.write_text(
-            "#!/bin/sh\nset -e\ncommand -v dkms >/dev/null || exit 0\n"
+            # The lab's dkms is in /usr/local/bin, which dpkg's PATH for maintainer scripts
+            # may lack (a node's is /usr/sbin/dkms).
+            '#!/bin/sh\nset -e\nPATH="/usr/local/bin:$PATH"\ncommand -v dkms >/dev/null || exit 0\n'
             f"dkms add -m amdgpu -v {dkms}\nk=$(uname -r)\n"
             f'if [ -e "/lib/modules/$k/build" ]; then dkms install -m amdgpu -v {dkms} -k "$k"\n'
             'else echo "Module build for kernel $k was skipped since the kernel headers for this '
