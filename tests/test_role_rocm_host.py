@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from fxkit.connection.base import Connection
 from fxkit.errors import VarError
 from fxkit.lab import Fleet, calls
 from tests.gpg_helpers import SigningKey, signing_key
@@ -321,4 +323,121 @@ def test_an_opt_in_reboot_that_cannot_happen_is_skipped_with_the_reason(lab: Lab
     assert skipped["reboot"].startswith("cannot reboot this host: PID 1 is sshd"), skipped
     assert dict(events_of(run, "lab02", "skipped"))["running kernel command line"] == (
         f"running kernel command line: /proc/cmdline lacks {ARGS}: a reboot is pending"
+    )
+
+
+SITE_CFG = "/etc/default/grub.d/60-site.cfg"
+
+
+def update_grub_calls(conn: Connection) -> int:
+    return len([c for c in calls(conn) if c["argv"][0] == "update-grub"])
+
+
+def test_a_grub_d_file_that_drops_the_arguments_is_named_or_edited(lab: Lab) -> None:
+    """A drop-in that assigns GRUB_CMDLINE_LINUX (sourced after /etc/default/grub, as
+    update-grub does) would drop the arguments: the role names it; with ``edit`` it puts them
+    there too, then runs update-grub once and reads grub.cfg back."""
+    assert lab.play("--limit", "lab02").code == 0
+    with lab.fleet.connect("lab02") as conn:
+        conn.put(SITE_CFG, b'GRUB_CMDLINE_LINUX="console=ttyS1"\n')
+        grub_cfg, runs = sh(conn, f"cat {GRUB_CFG}"), update_grub_calls(conn)
+    try:
+        before = snapshot(lab.fleet, "lab02")
+        refused = lab.play("--limit", "lab02")
+        assert refused.code == 1
+        assert dict(events_of(refused, "lab02", "failed"))["fail"] == (
+            f"kernel command line: {SITE_CFG} sets GRUB_CMDLINE_LINUX without keeping the value "
+            'before it, so the arguments do not reach grub.cfg: write it as GRUB_CMDLINE_LINUX="'
+            '$GRUB_CMDLINE_LINUX ...", or set rocm_host_grub_dropin_override: edit'
+        )
+        check = lab.play("--check", "--diff", "--limit", "lab02", **EDIT)
+        assert check.code == 0, check.output
+        assert f'+GRUB_CMDLINE_LINUX="console=ttyS1 {ARGS}"' in check.output
+        assert check.counts("changed") == {"lab02": 2}  # the drop-in and update-grub
+        assert snapshot(lab.fleet, "lab02") == before
+
+        edited = lab.play("--limit", "lab02", **EDIT)
+        assert edited.code == 0, edited.output
+        with lab.fleet.connect("lab02") as conn:
+            assert sh(conn, f"cat {SITE_CFG}") == f'GRUB_CMDLINE_LINUX="console=ttyS1 {ARGS}"\n'
+            assert f"ro console=ttyS1 {ARGS} console=tty1 console=ttyS0\n" in sh(
+                conn, f"cat {GRUB_CFG}"
+            )
+            assert update_grub_calls(conn) == runs + 1
+        again = lab.play("--limit", "lab02", **EDIT)
+        assert again.code == 0 and again.counts("changed") == {"lab02": 0}
+    finally:
+        with lab.fleet.connect("lab02") as conn:
+            sh(conn, f"rm -f {SITE_CFG}")
+            conn.put(GRUB_CFG, grub_cfg.encode())
+
+
+EDIT = {"rocm_host_grub_dropin_override": "edit"}
+
+
+def test_an_option_is_added_then_changed_in_place_and_read_back(lab: Lab) -> None:
+    """transparent_hugepage= (kernel-parameters.md's optional table): set, then another value
+    replaces it in GRUB_CMDLINE_LINUX (never two), update-grub runs for each change only."""
+    assert lab.play("--limit", "lab02").code == 0
+    with lab.fleet.connect("lab02") as conn:
+        runs = update_grub_calls(conn)
+    for value, count in (("madvise", 1), ("always", 2), ("always", 2)):
+        run = lab.play("--limit", "lab02", rocm_host_transparent_hugepage=value)
+        assert run.code == 0, run.output
+        with lab.fleet.connect("lab02") as conn:
+            grub, grub_cfg = sh(conn, f"cat {GRUB}"), sh(conn, f"cat {GRUB_CFG}")
+            assert update_grub_calls(conn) == runs + count
+        assert f'GRUB_CMDLINE_LINUX="{ARGS} transparent_hugepage={value}"\n' in grub
+        assert grub.count("transparent_hugepage=") == 1
+        assert f"ro {ARGS} transparent_hugepage={value} console=tty1" in grub_cfg
+        assert dict(events_of(run, "lab02", "skipped"))["running kernel command line"] == (
+            "running kernel command line: /proc/cmdline lacks "
+            f"{ARGS} transparent_hugepage={value}: a reboot is pending"
+        )
+
+
+def test_a_running_kernel_with_the_arguments_is_verified_from_proc_cmdline(lab: Lab) -> None:
+    """Arguments this machine's kernel runs with (lab hosts share it): read back from
+    /proc/cmdline, no reboot due."""
+    with lab.fleet.connect("lab02") as conn:
+        words = sh(conn, "cat /proc/cmdline").split()
+    usable = [w for w in words if re.fullmatch(r"[A-Za-z0-9_.,:=-]+", w) and w != "--"][:2]
+    if not usable:
+        pytest.skip(f"this machine's kernel command line has no plain argument: {words}")
+    run = lab.play(
+        "--limit",
+        "lab02",
+        rocm_host_kernel_args=usable,
+        rocm_host_iommu_arg="",
+        rocm_host_numa_balancing_arg=False,
+    )
+    assert run.code == 0, run.output
+    assert dict(events_of(run, "lab02", "ok"))["running kernel command line"] == (
+        f"/proc/cmdline has {' '.join(usable)}"
+    )
+    assert "reboot" not in dict(events_of(run, "lab02", "skipped"))
+
+
+def test_without_the_headers_dkms_cannot_build_amdgpu(lab: Lab) -> None:
+    """amdgpu-docs prerequisites.rst: DKMS builds amdgpu against the running kernel's headers.
+    Without them amdgpu-dkms installs, but ``dkms status`` has it only added: said so on a lab
+    host, a failure on any other."""
+    with lab.fleet.connect("lab03") as conn:
+        sh(conn, "rm -f /etc/os-release")
+        conn.put("/etc/os-release", OS_RELEASE.format(version="24.04", codename="noble").encode())
+    run = lab.play("--limit", "lab03", rocm_host_kernel_headers=False)
+    assert run.code == 0, run.output
+    missing = (
+        f"dkms status shows no amdgpu installed for the running kernel {KERNEL} "
+        f"(amdgpu/{DKMS} added)"
+    )
+    skipped = dict(events_of(run, "lab03", "skipped"))
+    assert skipped["amdgpu DKMS build"] == f"amdgpu DKMS build: {missing}"
+    with lab.fleet.connect("lab03") as conn:
+        assert sh(conn, "dkms status") == f"amdgpu/{DKMS}: added\n"
+    strict = lab.play(
+        "--limit", "lab03", rocm_host_kernel_headers=False, rocm_host_grub=False, fxkit_lab=False
+    )
+    assert dict(events_of(strict, "lab03", "failed"))["fail"].startswith(
+        f"amdgpu DKMS build: {missing} (this host is not marked as a lab host"
     )

@@ -449,8 +449,14 @@ def amdgpu_built(host: Host) -> tuple[str, str]:
     for module in modules:
         if module.name == "amdgpu" and module.kernel == release and module.state == "installed":
             return module.version, ""
-    found = "; ".join(f"{m.name}/{m.version} {m.kernel} {m.state}" for m in modules) or "nothing"
-    return "", f"dkms status shows no amdgpu installed for the running kernel {release} ({found})"
+    found = "; ".join(
+        " ".join(w for w in (f"{m.name}/{m.version}", m.kernel, m.state) if w) for m in modules
+    )
+    return (
+        "",
+        f"dkms status shows no amdgpu installed for the running kernel {release} "
+        f"({found or 'nothing'})",
+    )
 
 
 def reboot_due(host: Host, v: Vars, args: list[str], dkms: Result | None) -> str:
