@@ -102,7 +102,8 @@ def test_grub_defaults_sourced_in_update_grubs_order(tmp_path: Path) -> None:
     )
     (dropins / "60-site.cfg").write_text('GRUB_CMDLINE_LINUX="console=ttyS1"\n')
     (dropins / "70-not-a-cfg.txt").write_text('GRUB_CMDLINE_LINUX="never"\n')
-    got = FactCache(LocalConnection("localhost")).get(GrubDefaults, str(grub), str(dropins))
+    cache = FactCache(LocalConnection("localhost"))
+    got = cache.get(GrubDefaults, str(grub), str(dropins))
     assert got == (
         GrubSource(str(grub), "iommu=pt", "quiet"),
         GrubSource(str(dropins / "40-append.cfg"), "iommu=pt nokaslr", "quiet"),
@@ -113,4 +114,4 @@ def test_grub_defaults_sourced_in_update_grubs_order(tmp_path: Path) -> None:
         ),
         GrubSource(str(dropins / "60-site.cfg"), "console=ttyS1", "console=tty1 console=ttyS0"),
     )
-    assert FactCache(LocalConnection("localhost")).get(GrubDefaults, str(tmp_path / "no"), str(dropins)) == ()
+    assert cache.get(GrubDefaults, str(tmp_path / "no"), str(dropins)) == ()
