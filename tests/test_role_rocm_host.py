@@ -355,6 +355,8 @@ def test_a_grub_d_file_that_drops_the_arguments_is_named_or_edited(lab: Lab) -> 
         assert f'+GRUB_CMDLINE_LINUX="console=ttyS1 {ARGS}"' in check.output
         assert check.counts("changed") == {"lab02": 2}  # the drop-in and update-grub
         assert snapshot(lab.fleet, "lab02") == before
+        with lab.fleet.connect("lab02") as conn:  # update-grub was not run, grub.cfg as it was
+            assert update_grub_calls(conn) == runs and sh(conn, f"cat {GRUB_CFG}") == grub_cfg
 
         edited = lab.play("--limit", "lab02", **EDIT)
         assert edited.code == 0, edited.output
@@ -441,3 +443,21 @@ def test_without_the_headers_dkms_cannot_build_amdgpu(lab: Lab) -> None:
     assert dict(events_of(strict, "lab03", "failed"))["fail"].startswith(
         f"amdgpu DKMS build: {missing} (this host is not marked as a lab host"
     )
+
+
+def test_an_intel_cpu_gets_intel_iommu_on(lab_fleet, lab: Lab) -> None:
+    """The mi308x-intel-cpu variant's lscpu (util-linux's recorded Xeon) says GenuineIntel:
+    the check-mode diff of GRUB's config has intel_iommu=on, not amd_iommu=on."""
+    fleet: Fleet = lab_fleet(1, name="rocm-intel", profile="mi308x-intel-cpu")
+    with fleet.connect("lab01") as conn:
+        assert "Vendor ID:             GenuineIntel\n" in sh(conn, "lscpu")
+        sh(conn, "id rocmuser >/dev/null 2>&1 || useradd rocmuser")
+        sh(conn, "rm -f /etc/os-release")
+        conn.put("/etc/os-release", OS_RELEASE.format(version="24.04", codename="noble").encode())
+        conn.put(GRUB, GRUB_TEXT.encode())
+        install(conn, lab.mirror)
+    intel = Lab(fleet, lab.key, lab.mirror, lab.arch, lab.folder)
+    check = intel.play("--check", "--diff", "--limit", "lab01")
+    assert check.code == 0, check.output
+    wanted = ARGS.replace("amd_iommu=on", "intel_iommu=on")
+    assert f'+GRUB_CMDLINE_LINUX="{wanted}"' in check.output
