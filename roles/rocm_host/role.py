@@ -474,11 +474,8 @@ def reboot_due(host: Host, v: Vars, args: list[str], dkms: Result | None) -> str
     else:
         version, _ = amdgpu_built(host)
         loaded = host.fact(ModuleVersion, "amdgpu")
-        if version and loaded is not None and loaded != version.split("-", 1)[0]:
-            reasons.append(
-                f"the loaded amdgpu is {loaded or 'the kernel' + chr(39) + 's own'}, "
-                f"not the DKMS build {version}"
-            )
+        if version and loaded != version.split("-", 1)[0]:
+            reasons.append(f"amdgpu is {describe(loaded)}, not the DKMS build {version}")
     return "; ".join(reasons)
 
 
@@ -511,10 +508,18 @@ def verify_boot(host: Host, v: Vars, args: list[str], due: str) -> None:
     if loaded == version.split("-", 1)[0]:
         host.task(step).call(verified, f"/sys/module/amdgpu/version is {loaded}: the DKMS build")
     elif due:
-        now = "not loaded" if loaded is None else f"{loaded or 'the kernel' + chr(39) + 's own'}"
-        host.task(step).call(not_run, step, f"amdgpu is {now}; a reboot is pending ({due})")
+        host.task(step).call(
+            not_run, step, f"amdgpu is {describe(loaded)}; a reboot is pending ({due})"
+        )
     else:
-        host.needs(loaded is not None, step, "amdgpu is not loaded (no /sys/module/amdgpu)")
+        host.needs(False, step, f"amdgpu is {describe(loaded)}, not the DKMS build {version}")
+
+
+def describe(loaded: str | None) -> str:
+    """The loaded amdgpu, in words (/sys/module/amdgpu/version)."""
+    if loaded is None:
+        return "not loaded"
+    return f"{loaded} (loaded)" if loaded else "the kernel's own (loaded, no version)"
 
 
 def verify(host: Host, v: Vars, gpus: GpuInventory, due: str) -> None:
