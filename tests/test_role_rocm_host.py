@@ -377,24 +377,30 @@ def test_a_grub_d_file_that_drops_the_arguments_is_named_or_edited(lab: Lab) -> 
 EDIT = {"rocm_host_grub_dropin_override": "edit"}
 
 
-def test_an_option_is_added_then_changed_in_place_and_read_back(lab: Lab) -> None:
-    """transparent_hugepage= (kernel-parameters.md's optional table): set, then another value
-    replaces it in GRUB_CMDLINE_LINUX (never two), update-grub runs for each change only."""
+def test_options_are_added_then_changed_in_place_and_read_back(lab: Lab) -> None:
+    """processor.max_cstate=0 (os-tuning.md, "C-states Configuration") and transparent_hugepage=
+    (kernel-parameters.md's optional table): added; another THP value replaces the old one in
+    GRUB_CMDLINE_LINUX (never two); update-grub runs for each change only; grub.cfg read back."""
     assert lab.play("--limit", "lab02").code == 0
     with lab.fleet.connect("lab02") as conn:
         runs = update_grub_calls(conn)
     for value, count in (("madvise", 1), ("always", 2), ("always", 2)):
-        run = lab.play("--limit", "lab02", rocm_host_transparent_hugepage=value)
+        run = lab.play(
+            "--limit",
+            "lab02",
+            rocm_host_transparent_hugepage=value,
+            rocm_host_max_cstate_arg=True,
+        )
         assert run.code == 0, run.output
         with lab.fleet.connect("lab02") as conn:
             grub, grub_cfg = sh(conn, f"cat {GRUB}"), sh(conn, f"cat {GRUB_CFG}")
             assert update_grub_calls(conn) == runs + count
-        assert f'GRUB_CMDLINE_LINUX="{ARGS} transparent_hugepage={value}"\n' in grub
+        wanted = f"{ARGS} processor.max_cstate=0 transparent_hugepage={value}"
+        assert f'GRUB_CMDLINE_LINUX="{wanted}"\n' in grub
         assert grub.count("transparent_hugepage=") == 1
-        assert f"ro {ARGS} transparent_hugepage={value} console=tty1" in grub_cfg
+        assert f"ro {wanted} console=tty1" in grub_cfg
         assert dict(events_of(run, "lab02", "skipped"))["running kernel command line"] == (
-            "running kernel command line: /proc/cmdline lacks "
-            f"{ARGS} transparent_hugepage={value}: a reboot is pending"
+            f"running kernel command line: /proc/cmdline lacks {wanted}: a reboot is pending"
         )
 
 
