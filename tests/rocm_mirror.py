@@ -2,15 +2,21 @@
 
 The packages are small stand-ins named ``amdgpu-dkms`` and ``rocm`` (no files of the real ones,
 no dependencies), built with the real dpkg-deb and indexed with dpkg-scanpackages on the
-controller; each suite's Release is clear-signed (InRelease) with a key generated for the run
-(tests/gpg_helpers.py). The layout is repo.radeon.com's::
+controller; amdgpu-dkms's postinst adds and installs its module with ``dkms`` for the running
+kernel, as dh_dkms's common.postinst does (skipped, saying so, without the kernel's headers).
+An Ubuntu archive beside them holds ``linux-headers-$(uname -r)`` (its /lib/modules/KERNEL/build
+link) and ``linux-modules-extra-$(uname -r)``. Each suite's Release is clear-signed
+(InRelease) with a key generated for the run (tests/gpg_helpers.py). The layout is
+repo.radeon.com's::
 
     rocm/rocm.gpg.key                                   the armored public key
     rocm/apt/<rocm_repo>/dists/<codename>/...           rocm (two versions)
     graphics/<graphics_repo>/ubuntu/dists/<codename>/   an empty index
     amdgpu/<amdgpu_repo>/ubuntu/dists/<codename>/...    amdgpu-dkms (two versions)
+    ubuntu/dists/<codename>/...                         the kernel's headers and extra modules
 
-Releases say ``Origin: repo.radeon.com``, as AMD's do, so that the role's pin applies. Put on a
+AMD's Releases say ``Origin: repo.radeon.com``, as AMD's do, so that the role's pin applies
+(the Ubuntu archive's say ``Ubuntu``). Put on a
 host with :func:`install`; the role then runs with ``rocm_repo_base: file://<root>``.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import email.utils
 import hashlib
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -27,12 +34,26 @@ from fxkit.connection.base import Connection
 from tests.gpg_helpers import SigningKey
 
 ROOT = "/srv/rocm-mirror"
-REPOS = {"rocm": "7.2.2", "graphics": "7.2.1", "amdgpu": "30.30"}
-#: Stand-in packages: name -> (the repository holding them, versions, oldest first).
+REPOS = {"rocm": "7.2.2", "graphics": "7.2.1", "amdgpu": "30.30", "ubuntu": ""}
+#: The lab hosts' kernel: they run on this machine's.
+KERNEL = os.uname().release
+#: Stand-in packages: name -> (the repository holding them, versions, oldest first). The newest
+#: amdgpu-dkms builds amdgpu 6.19.14, the version the mi308x profile's loaded amdgpu says.
 PACKAGES = {
     "rocm": ("rocm", ("7.2.1.70201-1", "7.2.2.70202-1")),
-    "amdgpu-dkms": ("amdgpu", ("6.16.6.30300-1", "6.16.13.30301-1")),
+    "amdgpu-dkms": ("amdgpu", ("6.19.13.30300-1", "6.19.14.30301-1")),
+    f"linux-headers-{KERNEL}": ("ubuntu", ("1",)),
+    f"linux-modules-extra-{KERNEL}": ("ubuntu", ("1",)),
 }
+#: The Ubuntu archive's source line on the hosts (the role does not write it: it is the node's).
+UBUNTU_LIST = "/etc/apt/sources.list.d/fxkit-lab-ubuntu.list"
+
+
+def dkms_version(version: str) -> str:
+    """The DKMS version of a stand-in amdgpu-dkms: ``6.19.14.30301-1`` -> ``6.19.14-30301``
+    (as AMD's ``1:6.14.14.60404...-2204008.24.04`` builds ``amdgpu/6.14.14-2204008.24.04``)."""
+    upstream = version.split("-")[0].split(".")
+    return f"{'.'.join(upstream[:3])}-{upstream[3]}"
 
 
 @dataclass
@@ -50,6 +71,8 @@ class Mirror:
 def repo_dir(repo: str) -> str:
     """A repository's folder below the mirror's root, as on repo.radeon.com."""
     version = REPOS[repo]
+    if repo == "ubuntu":
+        return "ubuntu"
     return f"rocm/apt/{version}" if repo == "rocm" else f"{repo}/{version}/ubuntu"
 
 
@@ -77,8 +100,9 @@ def build(key: SigningKey, arch: str, codenames: tuple[str, ...] = ("jammy", "no
                 dists = f"{repo_dir(repo)}/dists/{codename}"
                 listing = f"main/binary-{arch}/Packages"
                 mirror.files[f"{dists}/{listing}"] = index
+                origin = "Ubuntu" if repo == "ubuntu" else "repo.radeon.com"
                 mirror.files[f"{dists}/InRelease"] = key.clearsign(
-                    _release(codename, arch, listing, index)
+                    _release(codename, arch, listing, index, origin)
                 )
     return mirror
 
@@ -89,6 +113,7 @@ def _package(build_dir: Path, name: str, version: str, arch: str, pool: Path) ->
     doc = root / "usr" / "share" / "doc" / name
     doc.mkdir(parents=True)
     (doc / "README").write_text(f"fxkit lab stand-in for {name} {version}\n")
+    _contents(root, name, version)
     (root / "DEBIAN" / "control").write_text(
         f"Package: {name}\nVersion: {version}\nArchitecture: {arch}\n"
         "Maintainer: fxkit <fxkit@localhost>\n"
@@ -103,9 +128,35 @@ def _package(build_dir: Path, name: str, version: str, arch: str, pool: Path) ->
     )  # fmt: skip
 
 
-def _release(codename: str, arch: str, listing: str, index: bytes) -> bytes:
+def _contents(root: Path, name: str, version: str) -> None:
+    """What the stand-in holds beyond its README: the headers' build link, the extra modules'
+    folder, amdgpu-dkms's postinst."""
+    modules = root / "usr" / "lib" / "modules" / KERNEL
+    if name.startswith("linux-headers-"):
+        (root / "usr" / "src" / name).mkdir(parents=True)
+        (root / "usr" / "src" / name / "Makefile").write_text("# fxkit lab stand-in\n")
+        modules.mkdir(parents=True)
+        (modules / "build").symlink_to(f"/usr/src/{name}")
+    elif name.startswith("linux-modules-extra-"):
+        (modules / "kernel" / "fxkit-lab-extra").mkdir(parents=True)
+    elif name == "amdgpu-dkms":
+        dkms = dkms_version(version)
+        postinst = root / "DEBIAN" / "postinst"
+        postinst.write_text(
+            # The lab's dkms is in /usr/local/bin, which dpkg's PATH for maintainer scripts
+            # may lack (a node's is /usr/sbin/dkms).
+            '#!/bin/sh\nset -e\nPATH="/usr/local/bin:$PATH"\ncommand -v dkms >/dev/null || exit 0\n'
+            f"dkms add -m amdgpu -v {dkms}\nk=$(uname -r)\n"
+            f'if [ -e "/lib/modules/$k/build" ]; then dkms install -m amdgpu -v {dkms} -k "$k"\n'
+            'else echo "Module build for kernel $k was skipped since the kernel headers for this '
+            'kernel do not seem to be installed."; fi\n'
+        )
+        postinst.chmod(0o755)
+
+
+def _release(codename: str, arch: str, listing: str, index: bytes, origin: str) -> bytes:
     return (
-        "Origin: repo.radeon.com\nLabel: repo.radeon.com\n"
+        f"Origin: {origin}\nLabel: {origin}\n"
         f"Suite: {codename}\nCodename: {codename}\n"
         f"Date: {email.utils.formatdate(usegmt=True)}\n"
         f"Architectures: {arch}\nComponents: main\n"
@@ -122,4 +173,22 @@ def install(conn: Connection, mirror: Mirror) -> None:
         conn.put(f"{mirror.root}/{path}", content)
     # As a web server's files are: readable by apt's unprivileged _apt user too.
     result = conn.run(f"chmod -R a+rX {mirror.root}")
+    assert result.ok, result
+
+
+def add_ubuntu_archive(conn: Connection, mirror: Mirror, arch: str, dearmored: bytes) -> None:
+    """The node's own Ubuntu archive (the mirror's), as a node has its distribution's before
+    the role runs: its source, the key it is signed with, apt's index of it."""
+    keyring = "/etc/apt/keyrings/fxkit-lab-ubuntu.gpg"
+    result = conn.run("mkdir -p /etc/apt/keyrings")
+    assert result.ok, result
+    conn.put(keyring, dearmored)
+    codename = conn.run(". /etc/os-release && echo $VERSION_CODENAME").stdout.strip()
+    line = f"deb [arch={arch} signed-by={keyring}] {mirror.url}/ubuntu {codename} main\n"
+    conn.put(UBUNTU_LIST, line.encode())
+    result = conn.run(
+        f"chmod 644 {keyring} {UBUNTU_LIST} && apt-get update -q "
+        f"-o Dir::Etc::sourcelist={UBUNTU_LIST} -o Dir::Etc::sourceparts=- "
+        "-o APT::Get::List-Cleanup=0"
+    )
     assert result.ok, result

@@ -138,6 +138,29 @@ def test_kernel_cmdline(tmp_path: Path) -> None:
     assert again.status is Status.OK and again.data == {}
 
 
+def test_kernel_cmdline_in_grub_cmdline_linux_keeps_each_pci_option(tmp_path: Path) -> None:
+    """AMD's kernel-parameters.md puts the arguments in GRUB_CMDLINE_LINUX; ``pci=`` takes
+    several options (``pci=realloc=off`` and ``pci=bfsort`` are two arguments, as AMD's grubby
+    line gives them), each replacing only its own old value."""
+    grub = tmp_path / "grub"
+    grub.write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX="pci=realloc=on"\n')
+    args = ["pci=realloc=off", "pci=bfsort", "iommu=pt"]
+    result = kernel_cmdline(
+        make_ctx(), args, grub_file=str(grub), update_grub=False, variable="GRUB_CMDLINE_LINUX"
+    )
+    assert result.changed
+    assert grub.read_text() == (
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
+        'GRUB_CMDLINE_LINUX="pci=realloc=off pci=bfsort iommu=pt"\n'
+    )
+    again = kernel_cmdline(
+        make_ctx(), args, grub_file=str(grub), update_grub=False, variable="GRUB_CMDLINE_LINUX"
+    )
+    assert again.status is Status.OK
+    with pytest.raises(OpError, match="bad GRUB variable"):
+        kernel_cmdline(make_ctx(), args, grub_file=str(grub), variable="GRUB_TIMEOUT")
+
+
 def test_kernel_cmdline_missing_file_and_bad_args(tmp_path: Path) -> None:
     result = kernel_cmdline(make_ctx(), ["quiet"], grub_file=str(tmp_path / "none"))
     assert result.failed and "does not exist" in result.msg

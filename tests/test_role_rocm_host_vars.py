@@ -73,6 +73,13 @@ def test_the_key_pin_is_required_and_the_hint_says_how_to_get_it() -> None:
         ("rocm_host_groups", "render", "valid list"),
         ("rocm_host_sysctl", ["kernel.numa_balancing=0"], "valid dictionary"),
         ("rocm_host_kernel_args", ["iommu=pt quiet"], "not a kernel argument"),
+        ("rocm_host_iommu_arg", "on", "Input should be 'cpu', 'amd_iommu=on', 'intel_iommu=on'"),
+        ("rocm_host_transparent_hugepage", "yes", "Input should be '', 'always'"),
+        ("rocm_host_grub_dropin_override", "ignore", "Input should be 'fail' or 'edit'"),
+        ("rocm_host_grub_dropins", "grub.d", "not absolute"),
+        ("rocm_host_kernel_headers", "maybe", "valid boolean"),
+        ("rocm_host_environment", {"HIP FORCE": "1"}, "not an environment variable name"),
+        ("rocm_host_environment", {"HSA_X": "0 1"}, "not a value without spaces or quotes"),
         ("rocm_host_grub_file", "grub", "not absolute"),
         ("rocm_host_reboot", "maybe", "valid boolean"),
         ("rocm_host_reboot_timeout", 0, "greater than or equal to 1"),
@@ -90,3 +97,56 @@ def test_a_wrong_value_names_host_variable_and_hint(variable: str, value: Any, w
     assert caught.value.message.startswith(f"{variable}"), caught.value.message
     assert words in caught.value.message
     assert caught.value.hint
+
+
+def test_the_kernel_arguments_of_the_defaults() -> None:
+    """AMD's required ones (kernel-parameters.md), the IOMMU one chosen later from the CPU."""
+    v = typed()
+    assert v.rocm_host_kernel_args == ["pci=realloc=off", "pci=bfsort", "iommu=pt"]
+    assert (v.rocm_host_iommu_arg, v.rocm_host_numa_balancing_arg) == ("cpu", True)
+    assert (v.rocm_host_max_cstate_arg, v.rocm_host_transparent_hugepage) == (False, "")
+    assert v.rocm_host_environment == {
+        "HIP_FORCE_DEV_KERNARG": "1",
+        "HSA_OVERRIDE_CPU_AFFINITY_DEBUG": "0",
+    }
+    assert ROLE.validate is not None
+    ROLE.validate(v)  # no two values for one setting
+
+
+@pytest.mark.parametrize(
+    "values, variable, words",
+    [
+        ({"rocm_host_kernel_args": ["iommu=pt", "iommu=off"]}, "rocm_host_kernel_args", "iommu"),
+        (
+            {"rocm_host_kernel_args": ["intel_iommu=off"], "rocm_host_iommu_arg": "intel_iommu=on"},
+            "rocm_host_iommu_arg",
+            "intel_iommu",
+        ),
+        (
+            {"rocm_host_kernel_args": ["transparent_hugepage=never"]}
+            | {"rocm_host_transparent_hugepage": "always"},
+            "rocm_host_transparent_hugepage",
+            "transparent_hugepage",
+        ),
+        (
+            {"rocm_host_kernel_args": ["numa_balancing=enable"]},
+            "rocm_host_numa_balancing_arg",
+            "numa_balancing",
+        ),
+    ],
+)
+def test_two_values_for_one_kernel_setting_are_refused(
+    values: dict[str, Any], variable: str, words: str
+) -> None:
+    v = typed(**values)
+    assert ROLE.validate is not None
+    with pytest.raises(VarError) as caught:
+        ROLE.validate(v)
+    assert caught.value.where.startswith(f"gpu01: {variable}")
+    assert f"two values for {words}" in caught.value.message
+
+
+def test_pci_options_are_separate_settings() -> None:
+    """pci=realloc=off and pci=bfsort are two (AMD's grubby line gives both)."""
+    assert ROLE.validate is not None
+    ROLE.validate(typed(rocm_host_kernel_args=["pci=realloc=off", "pci=bfsort"]))

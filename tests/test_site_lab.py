@@ -28,7 +28,7 @@ from fxkit.lab import Fleet, calls
 from tests.gpg_helpers import signing_key
 from tests.lab_helpers import events_of, sh
 from tests.nvme_lab import stand_in_packages
-from tests.rocm_mirror import build, install
+from tests.rocm_mirror import add_ubuntu_archive, build, install
 from tests.test_play_lab import Run, cli_play, snapshot
 from tests.test_role_rocm_host import OS_RELEASE
 
@@ -39,7 +39,11 @@ HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:6f1c2a9e-4b7d-4e21-9a3c-5d8e7f6a1b20"
 STORAGE = "192.168.100.1"
 #: The only steps skipped on mi308x hosts: those a lab host cannot do whatever its hardware
 #: (no systemd: PID 1 is sshd), and the reboot the inventory did not opt in to.
-NOT_HARDWARE = ("systemd is not running on this host", "rocm_host_reboot is false")
+NOT_HARDWARE = (
+    "systemd is not running on this host",
+    "rocm_host_reboot is false",
+    "a reboot is pending",  # /proc/cmdline is this machine's: GRUB's new arguments never boot
+)
 #: Steps that change the NICs: on plain hosts they must not even be tried.
 NIC_STEPS = ("MTU of ", "trust and PFC of ", "rdma_cm defaults of ", "ECN of ")
 
@@ -133,6 +137,7 @@ def site(request, lab_fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             conn.put(
                 "/etc/os-release", OS_RELEASE.format(version="24.04", codename="noble").encode()
             )
+            add_ubuntu_archive(conn, mirror, arch, key.dearmored())  # the kernel's headers
             # An Ubuntu server has GRUB's defaults file; the lab's Debian base has none.
             conn.put("/etc/default/grub", b'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT=""\n')
         path = folder / "inventory.yml"

@@ -162,6 +162,8 @@ def build_layer(layer: Path, name: str) -> None:
             },
         )
     _files(sys_dir / "module" / "nvme_core" / "parameters", {"multipath": "Y"})
+    # The loaded amdgpu: a DKMS build says its version (the kernel's own amdgpu has none).
+    _files(sys_dir / "module" / "amdgpu", {"version": data["gpus"]["driver"]["version"]})
     for module, version in data.get("modules", {}).items():  # loaded; its MODULE_VERSION ("": none)
         if version is not None:
             _files(sys_dir / "module" / module, {"version": version} if version else {})

@@ -27,6 +27,8 @@ from fxkit.ops.lines import by_lines, line
 _SYSCTL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _UNSAFE_IN_GRUB = set('"$`\\\n')
+#: The variables of /etc/default/grub that hold kernel arguments.
+GRUB_VARIABLES = ("GRUB_CMDLINE_LINUX_DEFAULT", "GRUB_CMDLINE_LINUX")
 
 
 def sysctl(
@@ -116,9 +118,11 @@ def kernel_cmdline(
     args: list[str],
     grub_file: str = "/etc/default/grub",
     update_grub: bool = True,
+    variable: str = "GRUB_CMDLINE_LINUX_DEFAULT",
 ) -> Result:
     """Ensure ``args`` (``flag`` or ``key=value``; a key's old value is replaced) are in
-    GRUB_CMDLINE_LINUX_DEFAULT, keeping the other arguments. A change needs a reboot
+    ``variable`` of ``grub_file`` (GRUB_CMDLINE_LINUX_DEFAULT, or GRUB_CMDLINE_LINUX, which
+    recovery entries get too), keeping the other arguments. A change needs a reboot
     (``data["reboot_required"]``); ``update_grub`` regenerates the boot config when the host has
     update-grub or grub2-mkconfig.
 
@@ -129,11 +133,13 @@ def kernel_cmdline(
     bad = [a for a in args if not a or _UNSAFE_IN_GRUB & set(a) or " " in a]
     if bad:
         raise OpError(f"bad kernel arguments {bad!r}", hint="no spaces, quotes, $, ` or \\")
+    if variable not in GRUB_VARIABLES:
+        raise OpError(f"bad GRUB variable {variable!r}", hint=" or ".join(GRUB_VARIABLES))
 
     def edit(lines: list[str] | None) -> list[str] | Result:
         if lines is None:
             return failed(f"{grub_file} does not exist on this host")
-        new = _with_kernel_args(lines, args)
+        new = _with_kernel_args(lines, args, variable)
         return ok("kernel arguments present") if new == lines else new
 
     result = files.edit_file(ctx, grub_file, by_lines(edit))
@@ -158,16 +164,22 @@ def kernel_cmdline(
     return combined
 
 
-def _with_kernel_args(lines: list[str], args: list[str]) -> list[str]:
-    """The lines of a GRUB defaults file with ``args`` in its (last) GRUB_CMDLINE_LINUX_DEFAULT,
-    added or replacing a key's old value."""
-    key = "GRUB_CMDLINE_LINUX_DEFAULT="
+def arg_key(arg: str) -> str:
+    """What an argument replaces: ``iommu=pt`` replaces ``iommu=...``; ``pci=`` takes several
+    options, each its own (``pci=realloc=off`` replaces ``pci=realloc=on``, not ``pci=bfsort``)."""
+    name, _, value = arg.partition("=")
+    return f"{name}={value.partition('=')[0]}" if name == "pci" else name
+
+
+def _with_kernel_args(lines: list[str], args: list[str], variable: str) -> list[str]:
+    """The lines of a GRUB defaults file with ``args`` in its (last) ``variable``, added or
+    replacing a key's old value."""
+    key = f"{variable}="
     found = [i for i, text in enumerate(lines) if text.startswith(key)]
     current = shlex.split(lines[found[-1]][len(key) :], comments=True) if found else []
     words = (current[0] if current else "").split()
     for arg in args:
-        name = arg.split("=", 1)[0]
-        same = [i for i, w in enumerate(words) if w == name or w.startswith(f"{name}=")]
+        same = [i for i, w in enumerate(words) if arg_key(w) == arg_key(arg)]
         if same:
             words[same[0]] = arg
         else:

@@ -3,29 +3,46 @@
 1. the repo.radeon.com signing key (downloaded by the host, pinned by sha256) dearmored into
    /etc/apt/keyrings/rocm.gpg; the rocm and graphics sources (rocm.list), the amdgpu driver
    source (amdgpu.list) and the apt pin rocm-pin-600;
-2. amdgpu-dkms and rocm, at the versions asked for; users in render and video;
-3. the kernel command line (pci=realloc=off iommu=pt) and kernel.numa_balancing=0; a reboot when
-   one is due and ``rocm_host_reboot`` is on, else the reason it is due;
-4. the GPUs, read back with amd-smi (or rocm-smi, or rocminfo): count, model and memory.
+2. the running kernel's headers and extra modules, then amdgpu-dkms and rocm, at the versions
+   asked for; users in render and video;
+3. OS tuning (AMD's system-acceptance-docs os-tuning.md): kernel.numa_balancing=0, the ROCm
+   environment variables;
+4. the kernel command line AMD's kernel-parameters.md asks for (the IOMMU argument from the
+   CPU vendor) in GRUB_CMDLINE_LINUX, checked against /etc/default/grub.d/*.cfg, update-grub
+   when it changed; a reboot when one is due and ``rocm_host_reboot`` is on, else the reason;
+5. read back: /proc/cmdline, amdgpu built by DKMS for the running kernel and loaded, the GPUs
+   (amd-smi, rocm-smi or rocminfo): count, model and memory.
 """
 
 from __future__ import annotations
 
 import posixpath
+from itertools import pairwise
 from shlex import quote
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from fxkit.engine.role import Host
 from fxkit.engine.rolevars import AbsolutePath, RoleVars, Text, Whole, pattern
+from fxkit.facts.boot import (
+    AMD,
+    INTEL,
+    BootEntry,
+    CpuVendor,
+    DkmsStatus,
+    GrubDefaults,
+    GrubSource,
+    ModuleVersion,
+)
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.files import FileStat
 from fxkit.facts.gpu import GpuInventory, Gpus
 from fxkit.facts.kernel import KernelCmdline
 from fxkit.facts.packages import InstalledPackages
-from fxkit.facts.system import OsRelease
+from fxkit.facts.system import Kernel, OsRelease
 from fxkit.ops.base import OpContext, Result, ok, skipped
+from fxkit.ops.kernel import arg_key
 from fxkit.ops.packages import version_matches
 
 #: The Ubuntu releases ROCm 7.2 supports, by codename.
@@ -44,6 +61,12 @@ Group = Annotated[str, pattern(_ACCOUNT, "a group name")]
 KernelArg = Annotated[
     str, pattern(_WORD, "a kernel argument (no spaces, quotes, $, backquote or backslash)")
 ]
+EnvName = Annotated[str, pattern(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name")]
+EnvValue = Annotated[str, pattern(r"[^\s\"'`$\\#]*", "a value without spaces or quotes")]
+#: The IOMMU argument for each CPU vendor (kernel-parameters.md, "Required Kernel Parameters";
+#: mi300x.md, "Check kernel boot arguments": amd_iommu=on or intel_iommu=on).
+IOMMU = {AMD: "amd_iommu=on", INTEL: "intel_iommu=on"}
+GRUB_VARIABLE = "GRUB_CMDLINE_LINUX"
 
 
 class Vars(RoleVars):
@@ -114,20 +137,75 @@ class Vars(RoleVars):
         description="the GPU device groups (created when missing)",
         examples=[["render", "video"]],
     )
+    rocm_host_kernel_headers: bool = Field(
+        True,
+        description="install `linux-headers-$(uname -r)` and `linux-modules-extra-$(uname -r)` "
+        "before amdgpu-dkms, which DKMS builds against them (amdgpu-docs prerequisites.rst, "
+        '"Kernel headers")',
+    )
+    rocm_host_grub: bool = Field(
+        True, description="manage the kernel command line (false: leave GRUB alone)"
+    )
     rocm_host_kernel_args: list[KernelArg] = Field(
-        ["pci=realloc=off", "iommu=pt"],
-        description="kernel command-line arguments (`[]`: leave it alone; MI300X-class tuning, "
-        "ROCm's system optimization guide)",
-        examples=[["pci=realloc=off", "iommu=pt"]],
+        ["pci=realloc=off", "pci=bfsort", "iommu=pt"],
+        description="the kernel arguments of every node, AMD's required ones first "
+        '(kernel-parameters.md, "Required Kernel Parameters"); add others here (`nokaslr`, '
+        "`pcie_aspm=off`, ... from its optional table)",
+        examples=[["pci=realloc=off", "pci=bfsort", "iommu=pt"]],
+    )
+    rocm_host_iommu_arg: Literal["cpu", "amd_iommu=on", "intel_iommu=on", ""] = Field(
+        "cpu",
+        description='`cpu`: `amd_iommu=on` or `intel_iommu=on` as lscpu\'s "Vendor ID" says '
+        '(mi300x.md, "Check kernel boot arguments"); `""`: neither',
+    )
+    rocm_host_numa_balancing_arg: bool = Field(
+        True,
+        description='`numa_balancing=disable` on the command line (os-tuning.md, "NUMA '
+        'Configuration"; kernel-parameters.md marks it optional), beside the sysctl',
+    )
+    rocm_host_max_cstate_arg: bool = Field(
+        False,
+        description='`processor.max_cstate=0`: the CPU stays in C0 (os-tuning.md, "C-states '
+        'Configuration": the command line is the preferred way; kernel-parameters.md: '
+        '"highly recommended when prioritizing performance", at a cost in power)',
+    )
+    rocm_host_transparent_hugepage: Literal["", "always", "madvise", "never"] = Field(
+        "",
+        description='`transparent_hugepage=` on the command line (`""`: the kernel\'s default; '
+        "kernel-parameters.md: required `always` on MI300A only, optional on MI300X-class)",
     )
     rocm_host_grub_file: AbsolutePath = Field("/etc/default/grub", description="GRUB's config")
+    rocm_host_grub_dropins: AbsolutePath = Field(
+        "/etc/default/grub.d",
+        description="the folder of `*.cfg` files update-grub sources after it (cloud images "
+        "ship some)",
+    )
+    rocm_host_grub_dropin_override: Literal["fail", "edit"] = Field(
+        "fail",
+        description="a `*.cfg` there that sets GRUB_CMDLINE_LINUX without keeping the value "
+        "before it, so that the arguments would not reach grub.cfg: `fail` names it; `edit` "
+        "puts the arguments into it too",
+    )
+    rocm_host_grub_cfg: AbsolutePath = Field(
+        "/boot/grub/grub.cfg", description="the boot config update-grub writes, read back"
+    )
     rocm_host_sysctl: dict[str, str | int] = Field(
         {"kernel.numa_balancing": 0},
-        description="kernel settings, name: value (ROCm's system optimization guide)",
+        description='kernel settings, name: value (os-tuning.md, "NUMA Configuration": 0, '
+        "disabled)",
         examples=[{"kernel.numa_balancing": 0}],
     )
     rocm_host_sysctl_file: AbsolutePath = Field(
         "/etc/sysctl.d/90-fxkit.conf", description="where they persist (node_base's file too)"
+    )
+    rocm_host_environment: dict[EnvName, EnvValue] = Field(
+        {"HIP_FORCE_DEV_KERNARG": "1", "HSA_OVERRIDE_CPU_AFFINITY_DEBUG": "0"},
+        description='`NAME=value` lines of /etc/environment (os-tuning.md, "Critical ROCm/HIP '
+        'Environment Variables"; `{}`: none)',
+        examples=[{"HSA_OVERRIDE_CPU_AFFINITY_DEBUG": "0"}],
+    )
+    rocm_host_environment_file: AbsolutePath = Field(
+        "/etc/environment", description="where they are set for every login (pam_env)"
     )
     rocm_host_reboot: bool = Field(
         False,
@@ -151,6 +229,34 @@ class Vars(RoleVars):
     )
 
 
+def validate(v: Vars) -> None:
+    """Two arguments for one kernel setting (``iommu=pt`` and ``iommu=off``; a list entry and
+    an option) would leave the kernel to pick the last: refused."""
+    options = [
+        ("rocm_host_iommu_arg", a) for a in IOMMU.values() if v.rocm_host_iommu_arg in ("cpu", a)
+    ]
+    options += [("rocm_host_numa_balancing_arg", "numa_balancing=disable")] * int(
+        v.rocm_host_numa_balancing_arg
+    )
+    options += [("rocm_host_max_cstate_arg", "processor.max_cstate=0")] * int(
+        v.rocm_host_max_cstate_arg
+    )
+    if v.rocm_host_transparent_hugepage:
+        thp = f"transparent_hugepage={v.rocm_host_transparent_hugepage}"
+        options.append(("rocm_host_transparent_hugepage", thp))
+    seen: dict[str, tuple[str, str]] = {}
+    for variable, arg in [("rocm_host_kernel_args", a) for a in v.rocm_host_kernel_args] + options:
+        key = arg_key(arg)
+        if key in seen and seen[key][1] != arg:
+            first, other = seen[key]
+            raise v.wrong(
+                variable,
+                f"{variable} gives {arg}, {first} gives {other}: two values for {key}",
+                hint="keep one (the kernel reads the last one, GRUB keeps both)",
+            )
+        seen.setdefault(key, (variable, arg))
+
+
 def not_run(ctx: OpContext, step: str, reason: str) -> Result:
     """A step that is due but does not run here, with the reason (never ok or changed)."""
     return skipped(f"{step}: {reason}")
@@ -169,6 +275,7 @@ def apply(host: Host, v: Vars) -> None:
             f"ROCm 7.2 is for Ubuntu {supported}; this host runs "
             f"{os_info.pretty_name or os_info.id} ({os_info.codename or 'no codename'})"
         )
+    args = kernel_args(host, v)
     repositories(host, v, os_info.codename)
     dkms = packages(host, v)
     for group in v.rocm_host_groups:
@@ -177,22 +284,52 @@ def apply(host: Host, v: Vars) -> None:
         host.group_member(user, v.rocm_host_groups)
     for name, value in v.rocm_host_sysctl.items():
         host.sysctl(name, value, file=v.rocm_host_sysctl_file)
-    due, lacking = reboot_due(host, v, dkms)
+    for name, text in v.rocm_host_environment.items():
+        host.line(
+            v.rocm_host_environment_file, f"{name}={text}", regexp=rf"^\s*(export\s+)?{name}="
+        )
+    if args:
+        grub(host, v, args)
+    due = reboot_due(host, v, args, dkms)
     if due and v.rocm_host_reboot:
         rebooted = host.reboot(timeout=v.rocm_host_reboot_timeout)
         if rebooted.changed and not host.check:  # back, with every fact read anew
-            still = [a for a in lacking if a not in host.fact(KernelCmdline)]
-            if still:
-                host.fail(
-                    f"rebooted, but the running kernel lacks {' '.join(still)} "
-                    "(/proc/cmdline): is the boot loader's config regenerated (update-grub)?"
-                )
             due = ""
+            still = reboot_due(host, v, args, None)
+            if still:
+                host.fail(f"rebooted, but {still}")
     elif due:
         host.task("reboot").call(
             not_run, "reboot", f"needed ({due}); rocm_host_reboot is false: reboot the host"
         )
+    verify_boot(host, v, args, due)
     verify(host, v, host.fact(Gpus), due)
+
+
+def kernel_args(host: Host, v: Vars) -> list[str]:
+    """Every argument the kernel is to run with: the list, the IOMMU one of this CPU's vendor,
+    the options; [] when the role leaves GRUB alone."""
+    if not v.rocm_host_grub:
+        return []
+    args = list(v.rocm_host_kernel_args)
+    iommu: str = v.rocm_host_iommu_arg
+    if iommu == "cpu":
+        vendor = host.fact(CpuVendor)
+        if vendor not in IOMMU:
+            host.fail(
+                f"rocm_host_iommu_arg is cpu, but lscpu names no vendor it knows ({vendor!r}, "
+                f"not {' or '.join(IOMMU)}): set it to amd_iommu=on or intel_iommu=on"
+            )
+        iommu = IOMMU[vendor]
+    options = {
+        iommu: bool(iommu),
+        "numa_balancing=disable": v.rocm_host_numa_balancing_arg,
+        "processor.max_cstate=0": v.rocm_host_max_cstate_arg,
+        f"transparent_hugepage={v.rocm_host_transparent_hugepage}": bool(
+            v.rocm_host_transparent_hugepage
+        ),
+    }
+    return args + [a for a, wanted in options.items() if wanted and a not in args]
 
 
 def repositories(host: Host, v: Vars, codename: str) -> None:
@@ -225,8 +362,12 @@ def repositories(host: Host, v: Vars, codename: str) -> None:
 
 
 def packages(host: Host, v: Vars) -> Result:
-    """amdgpu-dkms, then rocm, each at its pinned version (or the candidate); the installed
+    """The running kernel's headers and extra modules (DKMS builds amdgpu against them), then
+    amdgpu-dkms, then rocm, each at its pinned version (or the candidate); the installed
     versions read back. Returns amdgpu-dkms's result (a new driver needs a reboot)."""
+    if v.rocm_host_kernel_headers:
+        release = host.fact(Kernel)
+        host.packages([f"linux-headers-{release}", f"linux-modules-extra-{release}"])
     wanted = {"amdgpu-dkms": v.rocm_host_amdgpu_dkms_version, "rocm": v.rocm_host_rocm_version}
     results = {
         name: host.packages(f"{name}={version}" if version else name)
@@ -240,26 +381,145 @@ def packages(host: Host, v: Vars) -> Result:
     return results["amdgpu-dkms"]
 
 
-def reboot_due(host: Host, v: Vars, dkms: Result) -> tuple[str, list[str]]:
-    """Why the host needs a reboot ("" when it does not), and the kernel arguments it is to
-    bring: they are in GRUB's config but not in the running kernel, or amdgpu-dkms was
-    installed in this run."""
-    reasons, lacking = [], []
-    if v.rocm_host_kernel_args:
-        grub = host.fact(FileStat, v.rocm_host_grub_file)
-        if host.needs(
-            grub.exists,
-            "kernel command line",
-            f"{v.rocm_host_grub_file} does not exist (no GRUB here)",
-        ):
-            host.kernel_cmdline(v.rocm_host_kernel_args, grub_file=v.rocm_host_grub_file)
-            running = host.fact(KernelCmdline)
-            lacking = [a for a in v.rocm_host_kernel_args if a not in running]
-            if lacking:
-                reasons.append(f"the running kernel lacks {' '.join(lacking)}")
-    if dkms.changed:
+def grub(host: Host, v: Vars, args: list[str]) -> None:
+    """The arguments in GRUB_CMDLINE_LINUX of GRUB's config, where AMD's kernel-parameters.md
+    puts them (cloud images set GRUB_CMDLINE_LINUX_DEFAULT in a grub.d file, which would win
+    over /etc/default/grub's); a grub.d file that drops them is named, or edited too; then
+    update-grub, when a file changed or grub.cfg's default entry lacks them, and grub.cfg read
+    back."""
+    step = "kernel command line"
+    grub_file = v.rocm_host_grub_file
+    if not host.needs(
+        host.fact(FileStat, grub_file).exists, step, f"{grub_file} does not exist (no GRUB here)"
+    ):
+        return
+    edits = [
+        host.kernel_cmdline(args, grub_file=grub_file, update_grub=False, variable=GRUB_VARIABLE)
+    ]
+    culprits = dropping_files(host.fact(GrubDefaults, grub_file, v.rocm_host_grub_dropins), args)
+    if culprits and v.rocm_host_grub_dropin_override == "fail":
+        host.fail(
+            f"{step}: {', '.join(culprits)} sets {GRUB_VARIABLE} without keeping the value "
+            f"before it, so the arguments do not reach grub.cfg: write it as "
+            f'{GRUB_VARIABLE}="${GRUB_VARIABLE} ...", or set rocm_host_grub_dropin_override: edit'
+        )
+    for path in culprits:
+        edits.append(
+            host.kernel_cmdline(args, grub_file=path, update_grub=False, variable=GRUB_VARIABLE)
+        )
+    entry = host.fact(BootEntry, v.rocm_host_grub_cfg)
+    stale = entry is not None and not set(args) <= set(entry)
+    if not any(e.changed for e in edits) and not stale:
+        return
+    tool = host.fact(CommandOutput, "command -v update-grub").stdout.strip()
+    if not host.needs(tool, "update-grub", "update-grub is not installed: regenerate grub.cfg"):
+        return
+    host.task("update-grub").command("update-grub")
+    if host.check:
+        return
+    entry = host.fact(BootEntry, v.rocm_host_grub_cfg)
+    lacking = [a for a in args if entry is None or a not in entry]
+    if lacking:
+        host.fail(
+            f"update-grub ran, but the default entry of {v.rocm_host_grub_cfg} lacks "
+            f"{' '.join(lacking)}"
+        )
+    host.task("grub.cfg").call(
+        verified, f"the default entry of {v.rocm_host_grub_cfg} has {' '.join(args)}"
+    )
+
+
+def dropping_files(sources: tuple[GrubSource, ...], args: list[str]) -> list[str]:
+    """The grub.d files after which GRUB_CMDLINE_LINUX lacks arguments it had before them."""
+    wanted = set(args)
+    return [
+        now.path
+        for before, now in pairwise(sources)
+        if wanted <= set(before.linux.split()) and not wanted <= set(now.linux.split())
+    ]
+
+
+def amdgpu_built(host: Host) -> tuple[str, str]:
+    """The DKMS version of amdgpu installed for the running kernel (``dkms status``), and why
+    there is none."""
+    release = host.fact(Kernel)
+    modules = host.fact(DkmsStatus)
+    if modules is None:
+        return "", "dkms is not installed"
+    for module in modules:
+        if module.name == "amdgpu" and module.kernel == release and module.state == "installed":
+            return module.version, ""
+    found = "; ".join(
+        " ".join(w for w in (f"{m.name}/{m.version}", m.kernel, m.state) if w) for m in modules
+    )
+    return (
+        "",
+        f"dkms status shows no amdgpu installed for the running kernel {release} "
+        f"({found or 'nothing'})",
+    )
+
+
+def reboot_due(host: Host, v: Vars, args: list[str], dkms: Result | None) -> str:
+    """Why the host needs a reboot ("" when it does not): the running kernel (/proc/cmdline)
+    lacks arguments GRUB now has, amdgpu-dkms was installed in this run, or the loaded amdgpu
+    is not the DKMS build."""
+    reasons = []
+    if args and host.fact(FileStat, v.rocm_host_grub_file).exists:
+        running = host.fact(KernelCmdline)
+        lacking = [a for a in args if a not in running]
+        if lacking:
+            reasons.append(f"the running kernel lacks {' '.join(lacking)}")
+    if dkms is not None and dkms.changed:
         reasons.append("amdgpu-dkms was installed")
-    return "; ".join(reasons), lacking
+    else:
+        version, _ = amdgpu_built(host)
+        loaded = host.fact(ModuleVersion, "amdgpu")
+        if version and loaded != version.split("-", 1)[0]:
+            reasons.append(f"amdgpu is {describe(loaded)}, not the DKMS build {version}")
+    return "; ".join(reasons)
+
+
+def verify_boot(host: Host, v: Vars, args: list[str], due: str) -> None:
+    """Read back what the running kernel shows: its command line, and amdgpu built by DKMS for
+    it and loaded (amdgpu-docs post-install.rst: ``dkms status``; /sys/module/amdgpu/version).
+    A reboot still due is reported as such, never as done."""
+    if args and host.fact(FileStat, v.rocm_host_grub_file).exists:
+        step = "running kernel command line"
+        running = host.fact(KernelCmdline)
+        lacking = [a for a in args if a not in running]
+        if lacking:
+            host.task(step).call(
+                not_run, step, f"/proc/cmdline lacks {' '.join(lacking)}: a reboot is pending"
+            )
+        else:
+            host.task(step).call(verified, f"/proc/cmdline has {' '.join(args)}")
+    step = "amdgpu DKMS build"
+    if host.check and not host.fact(InstalledPackages, "amdgpu-dkms").get("amdgpu-dkms"):
+        host.task(step).call(not_run, step, "check mode: amdgpu-dkms is not installed yet")
+        return
+    version, missing = amdgpu_built(host)
+    if not host.needs(version, step, missing):
+        return
+    host.task(step).call(
+        verified, f"amdgpu/{version} installed for {host.fact(Kernel)} (dkms status)"
+    )
+    step = "loaded amdgpu"
+    loaded = host.fact(ModuleVersion, "amdgpu")
+    if loaded == version.split("-", 1)[0]:
+        host.task(step).call(verified, f"/sys/module/amdgpu/version is {loaded}: the DKMS build")
+    elif due:
+        host.task(step).call(
+            not_run, step, f"amdgpu is {describe(loaded)}; a reboot is pending ({due})"
+        )
+    else:
+        host.needs(False, step, f"amdgpu is {describe(loaded)}, not the DKMS build {version}")
+
+
+def describe(loaded: str | None) -> str:
+    """The loaded amdgpu, in words (/sys/module/amdgpu/version)."""
+    if loaded is None:
+        return "not loaded"
+    return f"{loaded} (loaded)" if loaded else "the kernel's own (loaded, no version)"
 
 
 def verify(host: Host, v: Vars, gpus: GpuInventory, due: str) -> None:
