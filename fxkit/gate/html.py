@@ -115,9 +115,9 @@ details.check { border: 1px solid #ddd; border-radius: 4px; margin: 0 0 6px; }
 details.check > summary { cursor: pointer; padding: 4px 8px; background: #f7f7f7; }
 details.check > summary .status { min-width: 0; margin-right: 4px; font-size: 11px; }
 details.check > div { padding: 4px 10px; }
-details.check table th:nth-child(1) { width: 16%; }
-details.check table th:nth-child(2) { width: 80px; }
-details.check table th:nth-child(3) { width: 30%; }
+table.hosts th:nth-child(1) { width: 16%; }
+table.hosts th:nth-child(2) { width: 80px; }
+table.hosts th:nth-child(3) { width: 30%; }
 svg { max-width: 100%; height: auto; }
 svg text { font: 11px system-ui, "DejaVu Sans", Arial, sans-serif; fill: #222; }
 table.signoff td { height: 2.6em; }
@@ -303,7 +303,7 @@ def _outliers(section: ET.Element, result: GateResult) -> None:
     if not rows:
         _el(section, "p", "None: every value that passes lies near its fleet's median.")
         return
-    table = _el(section, "table")
+    table = _el(section, "table", class_="outliers")
     head = _el(table, "tr")
     for title in ("check", "host", "value", "fleet median", "why it is flagged", "source"):
         _el(head, "th", title)
@@ -323,7 +323,7 @@ def _stages(section: ET.Element, result: GateResult) -> None:
     _el(section, "h2", "Stages: expected and actual duration")
     total = duration_text(wall_time(result))
     _el(section, "p", f"The run took {total} from start to finish, every host in parallel.")
-    table = _el(section, "table")
+    table = _el(section, "table", class_="stages")
     head = _el(table, "tr")
     for title in STAGE_COLUMNS:
         _el(head, "th", title)
@@ -365,7 +365,7 @@ def _check(details: ET.Element, column: CheckResult, result: GateResult) -> None
     dots = [dot for name, check in found for dot in _dots(name, check, fleet)]
     if dots:
         body.append(_strip(dots, fleet, column.unit))
-    table = _el(body, "table")
+    table = _el(body, "table", class_="hosts")
     head = _el(table, "tr")
     for title in ("host", "status", "value", "reason"):
         _el(head, "th", title)
@@ -561,7 +561,7 @@ def _thresholds(section: ET.Element, result: GateResult) -> None:
     if not rows:
         _el(section, "p", "The rules use no variables: their thresholds are written in the file.")
         return
-    table = _el(section, "table")
+    table = _el(section, "table", class_="thresholds")
     head = _el(table, "tr")
     for title in ("variable", "value", "hosts"):
         _el(head, "th", title)
