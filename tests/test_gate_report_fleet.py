@@ -341,19 +341,22 @@ def test_a_stage_alone_on_the_command_line(fleet, tmp_path):
 
 def test_a_stage_must_be_declared_when_the_gate_declares_stages(tmp_path):
     text = (
-        "gate: g\ntitle: G\nstages:\n  health: {expected: 5m}\nchecks:\n"
-        "  - {id: a, title: A, why: w, measure: {command: 'true'}, rule: {'==': ''},\n"
+        "gate: g\ntitle: G\nstages:\n  health: {expected: 5m}\n  validation: {expected: 30m}\n"
+        "checks:\n  - {id: a, title: A, why: w, measure: {command: 'true'}, rule: {'==': ''},\n"
         "     stage: helth}\n"
     )
-    (tmp_path / "g.yml").write_text(text)
-    with pytest.raises(
-        spec.GateError,
-        match=r"check 'a': stage 'helth' is not one of the gate's stages: \(health\)",
-    ):
-        spec.load(tmp_path / "g.yml")
-    (tmp_path / "g.yml").write_text(text.replace("5m", "soon").replace("helth", "health"))
+    gate_file = tmp_path / "g.yml"
+    gate_file.write_text(text)
+    with pytest.raises(spec.GateError, match=r"check 'a': stage 'helth' is not one of the gate's"):
+        spec.load(gate_file)
+    gate_file.write_text(text.replace("helth", "health"))
+    gate = spec.load(gate_file)
+    assert [c.id for c in gate.checks_of(["health"])] == ["a"]
+    with pytest.raises(spec.GateError, match="no check of gate g is in stage validation"):
+        gate.checks_of(["validation"])
+    gate_file.write_text(text.replace("5m", "soon").replace("helth", "health"))
     with pytest.raises(spec.GateError, match="'soon' is not a duration"):
-        spec.load(tmp_path / "g.yml")
+        spec.load(gate_file)
 
 
 # -- in a browser ------------------------------------------------------------------------

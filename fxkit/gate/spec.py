@@ -221,7 +221,14 @@ class Gate:
                 where=str(self.path),
                 hint=f"its stages: {', '.join(known)}" if known else "its checks name no stage",
             )
-        return [c for c in self.spec.checks if c.stage in stages]
+        found = [c for c in self.spec.checks if c.stage in stages]
+        if not found:
+            raise GateError(
+                f"no check of gate {self.name} is in stage {', '.join(stages)}",
+                where=str(self.path),
+                hint="give a stage whose checks name it (stage:), or run the whole gate",
+            )
+        return found
 
     def expected_stages(self) -> dict[str, float | None]:
         """The stages, in order, with their expected durations in seconds (None: not
