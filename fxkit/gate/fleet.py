@@ -25,8 +25,8 @@ from fxkit.errors import FxkitError
 from fxkit.gate.report import value_text
 from fxkit.gate.verdicts import CheckResult, CheckStatus, FleetCheck, GateResult, Outlier
 
-#: The settings, as gate variables, and their defaults: SuperBench's data-diagnosis rule flags
-#: a bandwidth more than 5 % below its baseline (microsoft/superbenchmark
+#: The settings, as gate variables, and their defaults: SuperBench's example data-diagnosis
+#: rule flags a bandwidth more than 5 % below its baseline (microsoft/superbenchmark
 #: tests/analyzer/test_rules.yaml, rule1, ``lambda x:x<-0.05``); a robust z-score beyond 3.5 is
 #: Iglewicz and Hoaglin's cut-off for a potential outlier (NIST/SEMATECH e-Handbook of
 #: Statistical Methods, 1.3.5.17 "Detection of Outliers").
