@@ -338,7 +338,7 @@ def test_markdown_renders_as_written(runs, name):
     hosts, checks = len(run.result.hosts), len(GATE["checks"])
     [matrix] = [t for t in tables if t[0][0] == "host" and len(t[0]) == checks + 1]
     assert len(matrix) == hosts + 1 and all(len(row) == checks + 1 for row in matrix)
-    per_check = [t for t in tables if t[0] == ["host", "status", "value", "reason"]]
+    per_check = [t for t in tables if t[0] == ["host", "status", "value", "rule", "reason"]]
     assert len(per_check) == checks and all(len(t) == hosts + 1 for t in per_check)
     assert tags.count("details") == checks
     text = " ".join(parsed.text)

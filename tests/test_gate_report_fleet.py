@@ -291,6 +291,7 @@ def test_markdown_leads_with_the_failures_then_the_matrix(fleet):
     assert text.count("<details>") == 45 and text.count("</details>") == 45
     checks, signoff = rest[:-1], rest[-1]  # the rules use no variable: no thresholds table
     assert len(checks) == 45 and all(len(t) == 1 + 64 for t in checks)
+    assert all(t[0] == ["host", "status", "value", "rule", "reason"] for t in checks)
     assert signoff[0] == ["Name", "Role", "Date", "Signature"]
 
 

@@ -45,6 +45,7 @@ from fxkit.gate.report import (
     outliers,
     printable,
     problems,
+    rule_text,
     sign_off_statement,
     stage_table,
     summary_text,
@@ -115,9 +116,9 @@ details.check { border: 1px solid #ddd; border-radius: 4px; margin: 0 0 6px; }
 details.check > summary { cursor: pointer; padding: 4px 8px; background: #f7f7f7; }
 details.check > summary .status { min-width: 0; margin-right: 4px; font-size: 11px; }
 details.check > div { padding: 4px 10px; }
-table.hosts th:nth-child(1) { width: 16%; }
+table.hosts th:nth-child(1) { width: 15%; }
 table.hosts th:nth-child(2) { width: 80px; }
-table.hosts th:nth-child(3) { width: 30%; }
+table.hosts th:nth-child(3) { width: 28%; } table.hosts th:nth-child(4) { width: 14%; }
 svg { max-width: 100%; height: auto; }
 svg text { font: 11px system-ui, "DejaVu Sans", Arial, sans-serif; fill: #222; }
 table.signoff td { height: 2.6em; }
@@ -195,10 +196,10 @@ def _problems(section: ET.Element, result: GateResult) -> None:
         _el(row, "td", ", ".join(host for host, _ in gone))
         _el(row, "td", "; ".join(f"{host}: {why}" for host, why in gone))
     for problem in found:
-        _problem(table, problem, len(result.hosts))
+        _problem(table, problem, result)
 
 
-def _problem(table: ET.Element, problem: Problem, hosts: int) -> None:
+def _problem(table: ET.Element, problem: Problem, result: GateResult) -> None:
     """A check's rows: its status and check (id, title, on how many hosts, source, rule) once,
     then a row per reason with its hosts."""
     check = problem.check
@@ -210,17 +211,17 @@ def _problem(table: ET.Element, problem: Problem, hosts: int) -> None:
             _status(_el(row, "td", rowspan=span), problem.status)
             cell = _el(row, "td", rowspan=span)
             _el(cell, "code", check.id).tail = printable(f" {check.title}")
-            _el(cell, "br").tail = f"on {problem.hosts} of {hosts} host(s)"
-            _meta(cell, check)
+            _el(cell, "br").tail = f"on {problem.hosts} of {len(result.hosts)} host(s)"
+            _meta(cell, check, rule_text(result, check.id))
         _el(row, "td", ", ".join(names))
         _el(row, "td", prefix + reason)
 
 
-def _meta(parent: ET.Element, check: CheckResult) -> None:
-    """The check's source, stage, rule and file:line, in a line."""
+def _meta(parent: ET.Element, check: CheckResult, rule: str) -> None:
+    """The check's source, then its stage, rule and file:line, in a line."""
     line = _el(parent, "div", class_="meta")
     _el(line, "strong", "Source: ").tail = printable(check.source or "none given in the gate file")
-    parts = [f"stage {check.stage}" if check.stage else "", f"rule {check.expected or '-'}"]
+    parts = [f"stage {check.stage}" if check.stage else "", f"rule {rule}"]
     parts.append(check.where)
     _el(line, "br").tail = printable(" · ".join(p for p in parts if p))
 
@@ -358,7 +359,7 @@ def _check(details: ET.Element, column: CheckResult, result: GateResult) -> None
         _el(summary, "span", f" · median {value_text(fleet.median, column.unit)}", class_="title")
     body = _el(details, "div")
     _el(body, "p", column.why)
-    _meta(body, column)
+    _meta(body, column, rule_text(result, column.id))
     if fleet is not None:
         spread = f"MAD {value_text(fleet.mad, column.unit)}, {fleet.count} values"
         _el(body, "p", f"Fleet median {value_text(fleet.median, column.unit)} ({spread}).")
@@ -367,7 +368,7 @@ def _check(details: ET.Element, column: CheckResult, result: GateResult) -> None
         body.append(_strip(dots, fleet, column.unit))
     table = _el(body, "table", class_="hosts")
     head = _el(table, "tr")
-    for title in ("host", "status", "value", "reason"):
+    for title in ("host", "status", "value", "rule", "reason"):
         _el(head, "th", title)
     rank = [*PROBLEMS, CheckStatus.SKIP, CheckStatus.PASS]
     for name, check in sorted(found, key=lambda f: rank.index(f[1].status)):
@@ -375,6 +376,7 @@ def _check(details: ET.Element, column: CheckResult, result: GateResult) -> None
         _el(row, "td", name)
         _status(_el(row, "td"), check.status)
         _el(row, "td", full_value_text(check.value, check.unit))
+        _el(row, "td", check.expected or "-")
         reason = "" if check.status is CheckStatus.PASS else check.reason
         _el(row, "td", f"could not run: {reason}" if check.status is CheckStatus.ERROR else reason)
 

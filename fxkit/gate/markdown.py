@@ -31,6 +31,7 @@ from fxkit.gate.report import (
     outliers,
     printable,
     problems,
+    rule_text,
     sign_off_statement,
     stage_table,
     summary_text,
@@ -181,8 +182,8 @@ def _check(column: CheckResult, result: GateResult) -> list[str]:
     lines += [
         f"- **Why:** {text(column.why)}",
         f"- **Source:** {text(column.source or 'none given in the gate file')}",
-        f"- **Stage:** {text(column.stage or '-')}; **rule:** {text(column.expected or '-')}; "
-        f"{text(column.where)}",
+        f"- **Stage:** {text(column.stage or '-')}; "
+        f"**rule:** {text(rule_text(result, column.id))}; {text(column.where)}",
     ]
     if fleet is not None:
         median = value_text(fleet.median, column.unit)
@@ -193,7 +194,8 @@ def _check(column: CheckResult, result: GateResult) -> list[str]:
     rows = [
         _row(name, check) for name, check in sorted(found, key=lambda f: rank.index(f[1].status))
     ]
-    return [*lines, *_table(("host", "status", "value", "reason"), rows), "", "</details>", ""]
+    header = ("host", "status", "value", "rule", "reason")
+    return [*lines, *_table(header, rows), "", "</details>", ""]
 
 
 def _row(host: str, check: CheckResult) -> tuple[str, ...]:
@@ -205,6 +207,7 @@ def _row(host: str, check: CheckResult) -> tuple[str, ...]:
         text(host),
         f"**{check.status}**" if failed else str(check.status),
         text(full_value_text(check.value, check.unit)),
+        text(check.expected or "-"),
         text(reason if check.status is not CheckStatus.PASS else ""),
     )
 

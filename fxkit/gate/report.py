@@ -252,6 +252,15 @@ def checks(result: GateResult) -> list[CheckResult]:
     return sorted(first.values(), key=lambda c: order.get(c.stage or "", len(order)))
 
 
+def rule_text(result: GateResult, check_id: str) -> str:
+    """The check's rule as applied: the same on every host, or a note that hosts differ
+    (per-host thresholds: each host's is in the check's table)."""
+    found = {c.expected for h in result.hosts.values() if (c := h.check(check_id)) and c.expected}
+    if len(found) > 1:
+        return "per host (their thresholds differ)"
+    return found.pop() if found else "-"
+
+
 def unreachable(result: GateResult) -> list[tuple[str, str]]:
     """The hosts that could not be reached, and why (each of their checks is ERROR)."""
     return [(name, host.unreachable) for name, host in result.hosts.items() if host.unreachable]
