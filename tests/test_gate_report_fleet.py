@@ -27,6 +27,7 @@ import gate_fleet
 import junitparser
 import pytest
 import xmlschema
+from rich.console import Console
 from test_gate_report import markdown_tables
 from test_gate_report_browser import colours, png_rows
 from test_play_lab import FXKIT
@@ -35,7 +36,7 @@ from fxkit.engine.runner import load_inventory
 from fxkit.errors import FxkitError
 from fxkit.gate import spec
 from fxkit.gate.html import COLOURS, screenshot
-from fxkit.gate.report import stage_table, write_reports
+from fxkit.gate.report import stage_table, table, write_reports
 from fxkit.gate.run import GateOptions, GateRun, rule_renderer
 from fxkit.gate.verdicts import GateResult, load_results, reevaluate
 
@@ -309,6 +310,16 @@ def test_junit_has_each_source_and_the_outlier(fleet):
     props = {p.name: p.value for p in suites["node41"].properties()}
     assert props["outliers"].startswith("transferbench_a2a (node41): 30% below the fleet median")
     assert "outliers" not in {p.name for p in suites["node01"].properties()}
+
+
+def test_the_terminal_table_of_a_fleet_shows_what_did_not_pass_and_the_outlier(fleet):
+    console = Console(width=250, record=True)
+    console.print(table(fleet.result))
+    text = console.export_text()
+    assert "(2871 passing rows not shown: see report.md)" in text
+    rows = [line for line in text.splitlines() if line.startswith("│ node")]
+    assert len(rows) == len(FAILED) + 1
+    assert any("node41" in r and "outlier: 30% below the fleet median" in r for r in rows)
 
 
 # -- stages ------------------------------------------------------------------------------

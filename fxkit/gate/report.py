@@ -114,23 +114,38 @@ def _scalar_text(value: Any, unit: str | None = None) -> str:
     return f"{text} {unit}" if unit and value is not None else text
 
 
+#: Above this many rows (hosts x checks), the terminal's table leaves out those that passed.
+TABLE_ROWS = 200
+
+
 def table(result: GateResult) -> Table:
-    """One row per host and check: status, value, rule and why it failed."""
-    grid = Table(title=f"{result.title} ({result.gate}): {result.verdict}", title_justify="left")
+    """One row per host and check: status, value, rule and why it failed; for a fleet (more
+    than :data:`TABLE_ROWS` rows), only the checks that did not pass and the outliers."""
+    flagged = outliers(result)
+    rows = [(n, c) for n, h in result.hosts.items() for c in h.checks]
+    title = f"{result.title} ({result.gate}): {result.verdict}"
+    if len(rows) > TABLE_ROWS:
+        shown = [
+            (n, c) for n, c in rows if c.status is not CheckStatus.PASS or (n, c.id) in flagged
+        ]
+        title += f" ({len(rows) - len(shown)} passing rows not shown: see report.md)"
+        rows = shown
+    grid = Table(title=title, title_justify="left")
     for column in ("host", "check", "status", "value", "rule", "reason"):
         grid.add_column(column, overflow="fold")
-    for name, host in result.hosts.items():
-        for check in host.checks:
-            reason = "" if check.status is CheckStatus.PASS else check.reason
-            # Text, not markup: host output like "[ubuntu 22.04, ...]" is shown as it is.
-            grid.add_row(
-                Text(name),
-                Text(check.id),
-                Text(check.status, style=STYLES[check.status]),
-                Text(value_text(check.value, check.unit)),
-                Text(check.expected),
-                Text(reason),
-            )
+    for name, check in rows:
+        reason = "" if check.status is CheckStatus.PASS else check.reason
+        if (name, check.id) in flagged:
+            reason = "; ".join(f"outlier: {o.why}" for o in flagged[(name, check.id)])
+        # Text, not markup: host output like "[ubuntu 22.04, ...]" is shown as it is.
+        grid.add_row(
+            Text(name),
+            Text(check.id),
+            Text(check.status, style=STYLES[check.status]),
+            Text(value_text(check.value, check.unit)),
+            Text(check.expected),
+            Text(reason),
+        )
     return grid
 
 
