@@ -74,7 +74,7 @@ class GateOptions:
     baseline: GateResult | None = None
     #: The ``-i`` sources (recorded in the results; :meth:`GateRun.load` sets them).
     inventory_sources: list[str] = field(default_factory=list)
-    #: The stages to run (``--stage``), in the gate's order; empty: every check.
+    #: The stages whose checks run (``--stage``); empty: every check.
     stages: list[str] = field(default_factory=list)
 
 

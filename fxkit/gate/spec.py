@@ -124,12 +124,14 @@ class StageSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    expected: str
+    expected: str | float
     about: str = ""
 
-    @field_validator("expected")
+    @field_validator("expected", mode="before")
     @classmethod
-    def _duration(cls, value: str) -> str:
+    def _duration(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValueError(f"{value!r} is not a duration (e.g. 90s, 10m, 72h, 1h30m)")
         seconds(value)
         return value
 
