@@ -183,7 +183,9 @@ def test_reports_show_the_stored_verdicts_and_bounds_and_never_judge_again(monke
     assert "<title>h1 · 1: 50 (FAIL)</title>" in page
     assert ">150</text>" in page  # the axis reaches past the stored 140 (8 would end it at 50)
     assert "<title>h1: 50 (PASS)</title>" not in page  # mem has no stored bounds: no bar
-    assert "| `cpus` T | **FAIL** | 50 | >= 8 | kept |" in markdown.render(result)
+    text = markdown.render(result)
+    assert "| **FAIL** | `cpus` T | h1 | kept | - |" in text  # among the failures
+    assert "| h1 | **FAIL** | 50 | >= 8 | kept |" in text  # in the check's own table
     assert '<failure message="kept" type="FAIL">' in junit.render(result)
     console = Console(width=200, record=True)
     console.print(table(result))

@@ -15,6 +15,7 @@ is rendered by markdown-it (rich's parser); the HTML is read by html.parser.
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -277,21 +278,30 @@ def test_junit_keeps_hostile_and_binary_output_as_text(runs):
 
 
 @pytest.mark.parametrize("name", ["first", "second", "reevaluated"])
-def test_markdown_has_every_check_error_and_the_sign_off(runs, name):
+def test_markdown_has_every_failure_every_check_and_the_sign_off(runs, name):
     run = runs[name]
     text = run.text("markdown")
     result = run.result
     assert text.startswith(f"# Lab report test gate (labreport): {result.verdict}\n")
     assert result.gate_sha256 in text and result.gate_file in text
+    failures = text.split("## Failures and errors")[1].split("\n## ")[0]
+    rows = [line for line in failures.splitlines() if line.startswith("| ") and "`" in line]
     for host, host_result in result.hosts.items():
-        section = text.split(f"## {host}: ")[1].split("\n## ")[0]
         for c in host_result.checks:
-            assert f"| `{c.id}` " in section
-        rows = [line for line in section.splitlines() if line.startswith("| `")]
-        assert len(rows) == len(host_result.checks)
-    errors = text.split("## Errors: checks that could not run")[1].split("\n## ")[0]
-    assert errors.count("could not run:") == result.summary["ERROR"]
-    assert "`gpu_count`: could not run: amd-smi not found on lab01" in errors
+            found = [
+                r for r in rows if f"| `{c.id}` " in r and host in r.split(" | ")[2].split(", ")
+            ]
+            assert bool(found) == (c.status in ("FAIL", "ERROR", "WARN")), (host, c.id)
+            assert all(f"| **{c.status}** |" in r or f"| {c.status} |" in r for r in found)
+    errors = [r for r in rows if r.startswith("| **ERROR**")]
+    hosts = sum(len(r.split(" | ")[2].split(", ")) for r in errors)
+    assert hosts == result.summary["ERROR"]  # hosts with the same reason share a row
+    assert all("could not run:" in r for r in errors)
+    assert "| `gpu_count` gpu count | lab01 | could not run: amd-smi not found on lab01" in failures
+    for c in result.hosts["lab01"].checks:
+        block = text.split(f"<summary><code>{c.id}</code>")[1].split("</details>")[0]
+        host_rows = [line for line in block.splitlines() if line.startswith("| lab0")]
+        assert len(host_rows) == len(result.hosts)
     assert "## Thresholds" in text and "`mem_available_min_gib`" in text
     signoff = text.split("## Sign-off")[1]
     assert "| Name | Role | Date | Signature |" in signoff
@@ -303,20 +313,34 @@ def test_markdown_has_every_check_error_and_the_sign_off(runs, name):
         assert "**Re-evaluated from:**" in text
 
 
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Every table of the Markdown, as markdown-it renders it: rows of cell texts."""
+    rendered = MarkdownIt("commonmark").enable("table").render(text)
+    tables = []
+    for table in re.findall(r"<table>(.*?)</table>", rendered, re.S):
+        rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)
+        tables.append([re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.S) for row in rows])
+    return tables
+
+
 @pytest.mark.parametrize("name", ["first", "reevaluated"])
 def test_markdown_renders_as_written(runs, name):
     """markdown-it (CommonMark with tables; rich's own Markdown parser) renders the report with
-    one table per host of one row per check, five cells each, host text shown as written."""
+    the host x check matrix (a row per host, a cell per check), a table per check of one row
+    per host, four cells each, host text shown as written."""
     run = runs[name]
     rendered = MarkdownIt("commonmark").enable("table").render(run.text("markdown"))
     parsed = Page()
     parsed.feed(rendered)
     tags = [t for t, _ in parsed.tags]
-    assert tags.count("table") == len(run.result.hosts) + 2  # hosts, thresholds, sign-off
     assert not {"script", "img", "a", "em"} & set(tags)
-    checks = len(GATE["checks"])
-    assert tags.count("tr") == len(run.result.hosts) * (checks + 1) + (2 + 1) + (1 + 3)
-    assert tags.count("td") == len(run.result.hosts) * checks * 5 + 2 * 3 + 3 * 4
+    tables = markdown_tables(run.text("markdown"))
+    hosts, checks = len(run.result.hosts), len(GATE["checks"])
+    [matrix] = [t for t in tables if t[0][0] == "host" and len(t[0]) == checks + 1]
+    assert len(matrix) == hosts + 1 and all(len(row) == checks + 1 for row in matrix)
+    per_check = [t for t in tables if t[0] == ["host", "status", "value", "rule", "reason"]]
+    assert len(per_check) == checks and all(len(t) == hosts + 1 for t in per_check)
+    assert tags.count("details") == checks
     text = " ".join(parsed.text)
     assert HOSTILE in text and HOSTILE_KEY in text
     assert "token=********" in text
@@ -334,7 +358,7 @@ class Page(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         self.tags.append((tag, dict(attrs)))
-        if tag not in ("meta", "br"):
+        if tag not in ("meta", "br", "col"):  # void elements
             self.open.append(tag)
 
     def handle_startendtag(self, tag, attrs):
@@ -375,20 +399,29 @@ def test_html_parses_and_has_no_external_reference(runs, name):
     assert "".join(parsed.styles).strip(), "the CSS is inline"
 
 
-def test_html_has_a_table_per_node_and_charts_of_numbers(runs):
+def test_html_has_the_matrix_and_a_strip_of_each_numeric_check(runs):
     run = runs["second"]
     parsed = page(run)
     text = " ".join(parsed.text)
-    assert sum(1 for t, _ in parsed.tags if t == "table") == 2 + 1 + 1 + 1  # hosts, run, vars, sign
+    tables = [a.get("class") for t, a in parsed.tags if t == "table"]
+    outliers = ["outliers"] * any(f.outliers for f in run.result.fleet.values())
+    assert tables == [
+        *("problems", "matrix", *outliers, "stages", "facts"),
+        *["hosts"] * len(GATE["checks"]),
+        *("thresholds", "signoff"),
+    ]
+    rows = [a for t, a in parsed.tags if t == "th" and "host" in (a.get("class") or "")]
+    assert {a["title"].split(":")[0] for a in rows if "title" in a} == set(TOKENS)
     for host_result in run.result.hosts.values():
         for c in host_result.checks:
             assert c.id in text
-    for host in TOKENS:
-        assert f"{host} · 1m" in text  # a small bar per item (load_average)
-    titles = [t for t in parsed.text if ": baseline " in t]
-    assert len(titles) == 2, "the change rule's bars show each host's baseline"
-    charted = {t.split(": ")[0] for t in parsed.text if t.endswith(("(PASS)", "(FAIL)", "(WARN)"))}
+    dots = [t for t in parsed.text if re.search(r"\((PASS|FAIL|WARN)\)(, fleet outlier)?$", t)]
+    charted = {t.split(": ")[0] for t in dots}
     assert {"lab01", "lab02", "lab01 · 5m", f"lab02 · {HOSTILE_KEY}"} <= charted
+    for host in TOKENS:
+        assert f"{host} · 1m" in charted  # a dot per item (load_average)
+    titles = [t for t in parsed.text if ": baseline " in t]
+    assert len(titles) == 2, "the change rule's strip shows each host's baseline"
     assert "could not run: amd-smi not found on lab01" in text
 
 

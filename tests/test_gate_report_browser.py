@@ -26,8 +26,8 @@ pytestmark = pytest.mark.lab
 SIZE = (1280, 2000)
 
 
-def png_pixels(path: Path) -> tuple[int, int, set[bytes]]:
-    """Width, height and the distinct colours (RGB) of an 8-bit RGB or RGBA PNG."""
+def png_rows(path: Path) -> tuple[int, int, list[bytes]]:
+    """Width, height and the rows of pixels (RGB, 3 bytes each) of an 8-bit RGB or RGBA PNG."""
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, chunks, header = 8, [], None
@@ -43,7 +43,7 @@ def png_pixels(path: Path) -> tuple[int, int, set[bytes]]:
     assert (depth, interlace) == (8, 0) and colour_type in (2, 6), header
     bpp = 3 if colour_type == 2 else 4
     raw = zlib.decompress(b"".join(chunks))
-    stride, prev, colours = width * bpp, bytearray(width * bpp), set()
+    stride, prev, rows = width * bpp, bytearray(width * bpp), []
     for row in range(height):
         start = row * (stride + 1)
         kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
@@ -60,9 +60,20 @@ def png_pixels(path: Path) -> tuple[int, int, set[bytes]]:
                 p = a + b - c
                 pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                 line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        colours.update(bytes(line[i : i + 3]) for i in range(0, stride, bpp))
+        rows.append(b"".join(bytes(line[i : i + 3]) for i in range(0, stride, bpp)))
         prev = line
-    return width, height, colours
+    return width, height, rows
+
+
+def colours(row: bytes) -> set[bytes]:
+    """The distinct colours of a row of RGB pixels."""
+    return {row[i : i + 3] for i in range(0, len(row), 3)}
+
+
+def png_pixels(path: Path) -> tuple[int, int, set[bytes]]:
+    """Width, height and the distinct colours (RGB) of an 8-bit RGB or RGBA PNG."""
+    width, height, rows = png_rows(path)
+    return width, height, set().union(*(colours(row) for row in rows))
 
 
 def need_chromium() -> None:

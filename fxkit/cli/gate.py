@@ -10,6 +10,8 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from fxkit import paths
 from fxkit.cli.play import CONNECT_OPTIONS, TARGET_OPTIONS, connect_options_from, with_options
@@ -17,7 +19,16 @@ from fxkit.engine.runner import ctrl_c
 from fxkit.engine.variables import parse_extra_vars
 from fxkit.errors import FxkitError, masked_errors
 from fxkit.gate import spec
-from fxkit.gate.report import STYLES, masked, table, value_text, write_reports
+from fxkit.gate.report import (
+    STAGE_COLUMNS,
+    STYLES,
+    duration_text,
+    masked,
+    stage_table,
+    table,
+    value_text,
+    write_reports,
+)
 from fxkit.gate.run import GateOptions, GateRun, rule_renderer
 from fxkit.gate.verdicts import CheckResult, CheckStatus, GateResult, load_results, reevaluate
 from fxkit.redaction import Masker
@@ -66,6 +77,7 @@ def gate() -> None:
     \b
     Examples:
       fxkit gate g1 -i inventory/mi308x.yml --out g1-rack1
+      fxkit gate g1 -i inventory/mi308x.yml --stage health      # one stage alone (minutes)
       fxkit gate g3 -i inventory/mi308x.yml --baseline g2-rack1/result.json
       fxkit gate g4 -i inventory/mi308x.yml -e g4_duration=72h
       fxkit gate my-gates/g1-site.yml -i hosts.ini --limit 'gpu:!rack2'
@@ -86,8 +98,17 @@ def _run_command(name: str) -> click.Command:
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help="An earlier run's result.json that the gate's change rules compare with (G3: G2's).",
     )
+    @click.option(
+        "--stage",
+        "stages",
+        multiple=True,
+        metavar="STAGE",
+        help="Run only this stage's checks (repeat for more); without it, the whole gate.",
+    )
     @with_options(CONNECT_OPTIONS)
-    def run(out: Path | None, baseline: Path | None, **params: Any) -> None:
+    def run(
+        out: Path | None, baseline: Path | None, stages: tuple[str, ...], **params: Any
+    ) -> None:
         gate_file = spec.load(name)
         if gate_file.spec.baseline and baseline is None and _has_change_rules(gate_file):
             console.print(
@@ -101,13 +122,16 @@ def _run_command(name: str) -> click.Command:
             extra_vars=parse_extra_vars(params["extra_vars"]),
             roles_path=list(params["roles_path"]),
             baseline=load_results(baseline) if baseline else None,
+            stages=list(dict.fromkeys(stages)),
         )
         runner = GateRun.load(gate_file, params["inventory"], options, progress=_progress)
         plans = runner.plan()  # mistakes show before any host is touched
         console.print(
             f"[bold]{escape(gate_file.spec.title)}[/] ({gate_file.path}): "
-            f"{len(gate_file.spec.checks)} checks on {len(plans)} host(s)"
+            f"{len(gate_file.checks_of(options.stages))} checks on {len(plans)} host(s)"
+            + (f", stage {', '.join(options.stages)} only" if options.stages else "")
         )
+        _expected(gate_file, options.stages)
         with ctrl_c(lambda: _interrupt(runner)):
             result = runner.run(plans)
         _finish(result, out, runner.masker)
@@ -148,6 +172,7 @@ def evaluate(
             judged_by,
             rule_renderer(judged_by, parse_extra_vars(extra_vars), on_secret=masker.add),
             load_results(baseline) if baseline else None,
+            parse_extra_vars(extra_vars),
         )
     result.reevaluated_from = str(results)
     _finish(result, out or results.parent / f"reevaluated-{_stamp()}", masker)
@@ -175,13 +200,19 @@ def _about(name: str) -> str:
         gate_file = spec.load(name)
     except FxkitError:
         return generic
-    return f"{gate_file.spec.title}: {gate_file.spec.about}\n\n{generic}".strip()
+    about = f"{gate_file.spec.title}: {gate_file.spec.about}\n\n{generic}".strip()
+    expected = gate_file.expected_stages()
+    if not expected:
+        return about
+    stages = ", ".join(f"{s} ({duration_text(t)})" if t else s for s, t in expected.items())
+    return f"{about}\n\nStages (--stage NAME; expected time on a healthy node): {stages}."
 
 
 def _finish(result: GateResult, out: Path | None, masker: Masker) -> None:
     """The table, the reports and the verdict, every secret of ``masker`` masked."""
     result = masked(result, masker.masks)
     console.print(table(result))
+    console.print(_stage_grid(result))
     folder = out or Path("gate-results") / f"{result.gate}-{_stamp()}"
     written = write_reports(result, folder, masker.values)
     summary = ", ".join(f"{n} {s}" for s, n in result.summary.items() if n)
@@ -190,6 +221,25 @@ def _finish(result: GateResult, out: Path | None, masker: Masker) -> None:
     for kind, path in written.items():
         console.print(f"  {kind}: {escape(str(path))}")
     sys.exit(result.exit_code)
+
+
+def _expected(gate_file: spec.Gate, stages: list[str]) -> None:
+    """The stages about to run, each with its expected duration."""
+    expected = gate_file.expected_stages()
+    shown = [s for s in expected if not stages or s in stages]
+    if shown:
+        words = [f"{s} (expected {duration_text(expected[s])})" for s in shown]
+        console.print(f"stages: {', '.join(words)}")
+
+
+def _stage_grid(result: GateResult) -> Table:
+    """Each stage's expected and actual duration."""
+    grid = Table(title="Stages: expected and actual duration", title_justify="left")
+    for column in STAGE_COLUMNS:
+        grid.add_column(column)
+    for row in stage_table(result):
+        grid.add_row(*(Text(cell) for cell in row))
+    return grid
 
 
 def _progress(host: str, check: CheckResult) -> None:

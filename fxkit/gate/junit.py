@@ -3,17 +3,20 @@
 One ``<testsuite>`` per host, one ``<testcase>`` per check: a FAIL is a ``<failure>``, an ERROR
 an ``<error>`` ("could not run: why"), a SKIP ``<skipped>``; a WARN passes, with the warning in
 its ``<system-out>``. The message is the check's reason; the text (of the failure or error, else
-the ``<system-out>``) gives the value, the rule and why the check exists. A check's time is its
-measurement's (a measurement that several checks share counts once, at the first). The file is
-valid against the JUnit schema of Jenkins' xUnit plugin (tests/data/junit/junit-10.xsd).
+the ``<system-out>``) gives the value, the rule, why the check exists, its source and stage. A
+check that passes but is a fleet outlier (:mod:`fxkit.gate.fleet`) passes, its
+``<system-out>`` starting ``OUTLIER``, and the host's suite lists its outliers in the property
+``outliers``. A check's time is its measurement's (a measurement that several checks share
+counts once, at the first). The file is valid against the JUnit schema of Jenkins' xUnit
+plugin (tests/data/junit/junit-10.xsd).
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from fxkit.gate.report import full_value_text, printable
-from fxkit.gate.verdicts import CheckResult, CheckStatus, GateResult, HostChecks
+from fxkit.gate.report import full_value_text, outlier_text, outliers, printable, stages_text
+from fxkit.gate.verdicts import CheckResult, CheckStatus, GateResult, HostChecks, Outlier
 
 
 def render(result: GateResult) -> str:
@@ -55,8 +58,9 @@ def _suite(
             "package": f"fxkit.gate.{result.gate}",
         },
     )
+    flagged = {check: found for (where, check), found in outliers(result).items() if where == name}
     properties = ET.SubElement(suite, "properties")
-    for key, value in _properties(result, host):
+    for key, value in _properties(result, host, flagged):
         ET.SubElement(properties, "property", name=key, value=value)
     timed: set[int] = set()
     took = 0.0
@@ -66,12 +70,14 @@ def _suite(
             timed.add(check.measurement)
             seconds = host.measurements[check.measurement].duration_s
         took += seconds
-        suite.append(_case(result, name, check, seconds))
+        suite.append(_case(result, name, check, seconds, flagged.get(check.id, [])))
     suite.set("time", _seconds(took))
     return suite, counts, took
 
 
-def _properties(result: GateResult, host: HostChecks) -> list[tuple[str, str]]:
+def _properties(
+    result: GateResult, host: HostChecks, flagged: dict[str, list[Outlier]]
+) -> list[tuple[str, str]]:
     found = [
         ("gate", result.gate),
         ("gate_title", result.title),
@@ -84,11 +90,15 @@ def _properties(result: GateResult, host: HostChecks) -> list[tuple[str, str]]:
         ("baseline", result.baseline or ""),
         ("reevaluated_from", result.reevaluated_from or ""),
         ("unreachable", host.unreachable or ""),
+        ("stages_run", stages_text(result) or ""),
+        ("outliers", "; ".join(_outlier(c, o) for c, found in flagged.items() for o in found)),
     ]
     return [(key, value) for key, value in found if value]
 
 
-def _case(result: GateResult, host: str, check: CheckResult, seconds: float) -> ET.Element:
+def _case(
+    result: GateResult, host: str, check: CheckResult, seconds: float, flagged: list[Outlier]
+) -> ET.Element:
     case = ET.Element(
         "testcase", name=check.id, classname=f"{result.gate}.{host}", time=_seconds(seconds)
     )
@@ -104,6 +114,9 @@ def _case(result: GateResult, host: str, check: CheckResult, seconds: float) -> 
         ET.SubElement(case, "skipped", message=check.reason)
     if check.status is CheckStatus.WARN:
         details = f"WARN (severity warning, does not fail the gate): {check.reason}\n{details}"
+    if check.status is CheckStatus.PASS and flagged:
+        why = "; ".join(_outlier(check.id, o) for o in flagged)
+        details = f"OUTLIER (passes; does not fail the gate): {why}\n{details}"
     ET.SubElement(case, "system-out").text = details
     return case
 
@@ -119,7 +132,12 @@ def _details(check: CheckResult) -> str:
     if check.change is not None:
         lines.append(f"change: {check.change:+.1%}")
     lines += [f"reason: {check.reason}", f"why: {check.why}", f"check: {check.where}"]
+    lines += [f"source: {check.source or '-'}", f"stage: {check.stage or '-'}"]
     return "\n".join(lines)
+
+
+def _outlier(check_id: str, outlier: Outlier) -> str:
+    return f"{check_id} ({outlier_text(outlier)}): {outlier.why}"
 
 
 def _clean(root: ET.Element) -> None:

@@ -38,7 +38,7 @@ from fxkit.engine.runner import ctrl_c, load_inventory
 from fxkit.engine.variables import HostVars, Layer, environment, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, masked_errors
 from fxkit.facts.base import FactCache
-from fxkit.gate import platforms
+from fxkit.gate import fleet, platforms
 from fxkit.gate.measure import KINDS, MeasuredHost, MeasureError, Params
 from fxkit.gate.report import masked, write_reports
 from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
@@ -74,6 +74,8 @@ class GateOptions:
     baseline: GateResult | None = None
     #: The ``-i`` sources (recorded in the results; :meth:`GateRun.load` sets them).
     inventory_sources: list[str] = field(default_factory=list)
+    #: The stages whose checks run (``--stage``); empty: every check.
+    stages: list[str] = field(default_factory=list)
 
 
 class _Planned(NamedTuple):
@@ -177,6 +179,8 @@ class GateRun:
     def plan(self) -> list[_Plan]:
         """Every host's checks, and the variables its connection reads (``ansible_*``),
         rendered; all mistakes at once, before any host is touched."""
+        self.gate.checks_of(self.options.stages)  # an unknown stage, before anything
+        fleet.settings(self.gate.spec.vars, self.options.extra_vars)
         with masked_errors(self.masker.text):
             return self._plan()
 
@@ -198,7 +202,7 @@ class GateRun:
             for name in sorted(n for n in v if n.startswith("ansible_")):
                 attempt(functools.partial(v.__getitem__, name), inv.name)
             checks = []
-            for check in self.gate.spec.checks:
+            for check in self.gate.checks_of(self.options.stages):
                 where = f"{self.gate.where(check.id)}: "
                 planned = attempt(functools.partial(self._render, check, v), inv.name, where)
                 if planned is not None:
@@ -241,6 +245,8 @@ class GateRun:
             inventory=list(self.options.inventory_sources),
             limit=self.options.limit,
             baseline=baseline_name(self.options.baseline) if self.options.baseline else None,
+            stages=self.gate.expected_stages(),
+            stages_run=list(self.options.stages),
         )
         with ThreadPoolExecutor(max_workers=self.options.forks) as pool:
             futures = [pool.submit(self._host, plan) for plan in plans]
@@ -250,6 +256,8 @@ class GateRun:
             result.hosts[plan.inv.name] = future.result()
         result.finished_at = _now()
         result.interrupted = self.stop.is_set()
+        result.fleet_settings = fleet.settings(self.gate.spec.vars, self.options.extra_vars)
+        result.fleet = fleet.view(result, result.fleet_settings)
         return masked(result, self.masker.masks)
 
     def _host(self, plan: _Plan) -> HostChecks:

@@ -8,6 +8,8 @@ then the inventory's values, as ``fxkit play`` sees them), variables of its own,
     hosts: gpu_nodes
     roles: [rocm_host, roce_nic]
     vars: {g1_fio_file: /mnt/models/.fxkit-g1.fio}
+    stages:                       # optional: the stages checks name, in order, each with the
+      health: {expected: 5m}      # time a healthy node takes (shown against the actual time)
     checks:
       - id: gpu_count
         title: GPU count
@@ -21,7 +23,8 @@ then the inventory's values, as ``fxkit play`` sees them), variables of its own,
         source: "AMD system-acceptance-docs, docs/gpus/mi300x.md, Basic health"  # where the
                                   # criterion and its threshold come from (document and section,
                                   # or repository path)
-        stage: health             # optional: the stage the check belongs to (`--stage`)
+        stage: health             # optional: the stage the check belongs to (`--stage`); one
+                                  # of the gate's stages when it declares them
 
 Strings anywhere in ``measure``, ``rule`` and ``when`` are Jinja2 templates rendered with each
 host's variables. Every mistake names the file and line.
@@ -32,18 +35,26 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 import fxkit.gate.measures  # noqa: F401  (registers the kinds checks name)
 from fxkit import paths
 from fxkit.errors import FxkitError
 from fxkit.gate import rules
 from fxkit.gate.measure import KINDS
+from fxkit.gate.measures.soak import seconds
 from fxkit.yamlfile import line_at, plain, read_yaml
 
 SEVERITIES = ("critical", "warning")
@@ -108,6 +119,27 @@ class CheckSpec(BaseModel):
         return value
 
 
+class StageSpec(BaseModel):
+    """A stage of a gate: how long it takes on a healthy node (a duration: ``90s``, ``10m``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    expected: str | float
+    about: str = ""
+
+    @field_validator("expected", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValueError(f"{value!r} is not a duration (e.g. 90s, 10m, 72h, 1h30m)")
+        seconds(value)
+        return value
+
+    @property
+    def expected_s(self) -> float:
+        return seconds(self.expected)
+
+
 class GateSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -120,19 +152,41 @@ class GateSpec(BaseModel):
     become: bool = False
     #: The gate whose results ``change`` rules compare with (``--baseline``), e.g. g2 for g3.
     baseline: str | None = None
+    #: The stages its checks name (``stage:``), in the order they run, with their expected
+    #: durations; ``fxkit gate NAME --stage S`` runs one alone.
+    stages: dict[str, StageSpec] = {}
     checks: list[CheckSpec]
+
+    @field_validator("stages")
+    @classmethod
+    def _stage_names(cls, value: dict[str, StageSpec]) -> dict[str, StageSpec]:
+        for name in value:
+            if not _ID.fullmatch(name):
+                raise ValueError(f"{name!r}: stages are lowercase letters, digits and _")
+        return value
 
     @field_validator("checks")
     @classmethod
-    def _unique(cls, value: list[CheckSpec]) -> list[CheckSpec]:
+    def _unique(cls, value: list[CheckSpec], info: ValidationInfo) -> list[CheckSpec]:
         seen: set[str] = set()
+        declared = info.data.get("stages") or {}
         for check in value:
             if check.id in seen:
                 raise ValueError(f"two checks have the id {check.id!r}")
             seen.add(check.id)
+            if declared and check.stage is not None and check.stage not in declared:
+                raise ValueError(
+                    f"check {check.id!r}: stage {check.stage!r} is not one of the gate's "
+                    f"stages: ({', '.join(declared)}); declare it under stages:"
+                )
         if not value:
             raise ValueError("a gate has at least one check")
         return value
+
+    def stage_names(self) -> list[str]:
+        """The stages: those declared, in order, then any other that a check names."""
+        named = [c.stage for c in self.checks if c.stage is not None]
+        return list(dict.fromkeys([*self.stages, *named]))
 
 
 @dataclass(frozen=True)
@@ -155,6 +209,37 @@ class Gate:
 
     def where(self, check_id: str) -> str:
         return f"{self.path}:{self.lines.get(check_id, 1)}"
+
+    def checks_of(self, stages: Sequence[str]) -> list[CheckSpec]:
+        """The checks of ``stages`` (every check when empty); an unknown stage is an error
+        naming the gate's stages."""
+        if not stages:
+            return list(self.spec.checks)
+        known = self.spec.stage_names()
+        unknown = [s for s in stages if s not in known]
+        if unknown:
+            raise GateError(
+                f"no stage {', '.join(map(repr, unknown))} in gate {self.name}",
+                where=str(self.path),
+                hint=f"its stages: {', '.join(known)}" if known else "its checks name no stage",
+            )
+        found = [c for c in self.spec.checks if c.stage in stages]
+        if not found:
+            raise GateError(
+                f"no check of gate {self.name} is in stage {', '.join(stages)}",
+                where=str(self.path),
+                hint="give a stage whose checks name it (stage:), or run the whole gate",
+            )
+        return found
+
+    def expected_stages(self) -> dict[str, float | None]:
+        """The stages, in order, with their expected durations in seconds (None: not
+        declared)."""
+        declared = self.spec.stages
+        return {
+            name: declared[name].expected_s if name in declared else None
+            for name in self.spec.stage_names()
+        }
 
 
 def load(name_or_path: str | Path) -> Gate:

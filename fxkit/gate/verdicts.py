@@ -89,6 +89,9 @@ class CheckResult:
     bounds: Bounds | None = None
     #: For a per-item value: each item's status and thresholds.
     items: dict[str, ItemCheck] = field(default_factory=dict)
+    #: Where the criterion and threshold come from, and the check's stage (the gate file's).
+    source: str | None = None
+    stage: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CheckResult:
@@ -109,6 +112,40 @@ class CheckResult:
 
 def _read_bounds(data: Mapping[str, Any] | None) -> Bounds | None:
     return None if data is None else Bounds(**data)
+
+
+@dataclass
+class Outlier:
+    """A value that passes its rule, but lies far on the worse side of the fleet's median."""
+
+    host: str
+    #: The item (a GPU, a port) for a per-item value, else None.
+    item: str | None
+    value: float
+    #: (value - median) / median: below the median is negative.
+    deviation: float
+    #: (value - median) / (1.4826 * MAD), the robust z-score; None when the MAD is 0.
+    score: float | None
+    #: Why it is flagged, in words.
+    why: str
+
+
+@dataclass
+class FleetCheck:
+    """One numeric check across the fleet: its median, spread and outliers."""
+
+    median: float
+    #: The median absolute deviation from the median (unscaled).
+    mad: float
+    #: How many values (hosts, or host items) it was computed from.
+    count: int
+    #: Which way is worse: "below" (the rule sets a minimum) or "above" (a maximum).
+    worse: str
+    outliers: list[Outlier] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FleetCheck:
+        return cls(**{**data, "outliers": [Outlier(**o) for o in data.get("outliers", [])]})
 
 
 @dataclass
@@ -149,6 +186,14 @@ class GateResult:
     interrupted: bool = False
     #: Set by ``fxkit gate evaluate``: the results file re-evaluated.
     reevaluated_from: str | None = None
+    #: The gate's stages, in order, with their expected durations in seconds (None: the gate
+    #: declares none for it), and the stages this run was limited to (``--stage``; [] = all).
+    stages: dict[str, float | None] = field(default_factory=dict)
+    stages_run: list[str] = field(default_factory=list)
+    #: The fleet view: per numeric check, its median and outliers (:mod:`fxkit.gate.fleet`),
+    #: and the settings they were found with.
+    fleet: dict[str, FleetCheck] = field(default_factory=dict)
+    fleet_settings: dict[str, float] = field(default_factory=dict)
 
     @property
     def verdict(self) -> CheckStatus:
@@ -202,8 +247,13 @@ class GateResult:
                 )
                 for name, host in data["hosts"].items()
             }
-            fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "hosts"}
-            return cls(**fields, hosts=hosts)
+            fields = {
+                k: data[k]
+                for k in cls.__dataclass_fields__
+                if k in data and k not in ("hosts", "fleet")
+            }
+            fleet = {k: FleetCheck.from_json(v) for k, v in (data.get("fleet") or {}).items()}
+            return cls(**fields, hosts=hosts, fleet=fleet)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise GateError(
                 f"a gate results file with a broken entry ({exc})", where=where
@@ -295,6 +345,8 @@ def judge(
         measurement=index,
         baseline_value=baseline,
         where=where,
+        source=check.source,
+        stage=check.stage,
     )
     if measurement.error is not None:
         result.reason = measurement.error
@@ -346,6 +398,8 @@ def skipped(check: CheckSpec, reason: str, where: str) -> CheckResult:
         unit=check.unit,
         why=check.why,
         where=where,
+        source=check.source,
+        stage=check.stage,
     )
 
 
@@ -373,13 +427,18 @@ def reevaluate(
     gate: Gate,
     render: Callable[[HostChecks, CheckSpec], dict[str, Any]],
     baseline: GateResult | None = None,
+    extra_vars: Mapping[str, Any] | None = None,
 ) -> GateResult:
     """Judge ``results``' measurements again against ``gate``'s rules, touching no host.
 
     ``render(host_result, check) -> rule`` renders a check's rule for a host (see
     :func:`fxkit.gate.run.rule_renderer`). A check the run did not measure is ERROR; one it
-    skipped stays SKIP.
+    skipped stays SKIP; a run of some stages (``--stage``) is judged on those stages' checks.
+    The fleet view is found again, with the gate's settings and ``extra_vars`` (``-e``).
     """
+    from fxkit.gate import fleet  # here: the fleet view reads these results' classes
+
+    settings = fleet.settings(gate.spec.vars, extra_vars or {})
     if gate.name != results.gate:
         raise FxkitError(
             f"the results are of gate {results.gate!r}, the gate file is {gate.name!r}",
@@ -396,10 +455,13 @@ def reevaluate(
         limit=results.limit,
         baseline=results.baseline if baseline is None else baseline_name(baseline),
         interrupted=results.interrupted,
+        stages=gate.expected_stages(),
+        stages_run=results.stages_run,
     )
+    checks = gate.checks_of(results.stages_run)
     for name, host in results.hosts.items():
         new = HostChecks(name, [], host.measurements, host.unreachable, host.vars, host.var_sources)
-        for check in gate.spec.checks:
+        for check in checks:
             old = host.check(check.id)
             where = gate.where(check.id)
             if old is None or (old.measurement is None and old.status is not CheckStatus.SKIP):
@@ -414,6 +476,8 @@ def reevaluate(
                     judge(check, render(host, check), measurement, old.measurement, base, where)
                 )
         out.hosts[name] = new
+    out.fleet_settings = settings
+    out.fleet = fleet.view(out, settings)
     return out
 
 
