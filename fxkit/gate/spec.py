@@ -22,6 +22,9 @@ then the inventory's values, as ``fxkit play`` sees them), variables of its own,
                                   # criterion and its threshold come from (document and section,
                                   # or repository path)
         stage: health             # optional: the stage the check belongs to (`--stage`)
+        requires: [g1_x]          # optional: variables only the site can set (a figure, a
+                                  # pinned list); one unset or null: the check is ERROR naming
+                                  # it, without measuring, never PASS
 
 Strings anywhere in ``measure``, ``rule`` and ``when`` are Jinja2 templates rendered with each
 host's variables. Every mistake names the file and line.
@@ -73,6 +76,9 @@ class CheckSpec(BaseModel):
     source: str | None = None
     #: The stage the check belongs to (a word, e.g. ``health``), for running one stage alone.
     stage: str | None = None
+    #: Variables only the site can set (its memory figure, its pinned firmware): while one is
+    #: unset or null on a host the check is ERROR there, naming it, and nothing is measured.
+    requires: list[str] = []
 
     @field_validator("id", "stage")
     @classmethod
