@@ -157,6 +157,11 @@ def test_lspci_link_and_acs_lines() -> None:
     first, second = read("lspci_acsctl_nccl_606.txt").splitlines()
     assert parse_lspci(header + first + "\n")["0000:05:00.0"]["acs_src_valid"] is True
     assert parse_lspci(header + second + "\n")["0000:05:00.0"]["acs_src_valid"] is False
+    # AMD's failing case, FatalErr+ (not NonFatalErr's bit, which comes first on the line).
+    fatal = "DevSta: CorrErr- NonFatalErr- FatalErr+ UnsupReq- AuxPwr- TransPend-\n"
+    assert parse_lspci(header + fatal)["0000:05:00.0"]["fatal_err"] == "FatalErr+"
+    nonfatal = "DevSta: CorrErr- NonFatalErr+ FatalErr- UnsupReq- AuxPwr- TransPend-\n"
+    assert parse_lspci(header + nonfatal)["0000:05:00.0"]["fatal_err"] == "FatalErr-"
     plain = "LnkSta:\tSpeed 32GT/s, Width x16\n"  # lspci before the (ok) notes
     assert parse_lspci(header + plain)["0000:05:00.0"]["link_status"] == "ok"
 

@@ -353,7 +353,7 @@ def parse_lspci(text: str) -> dict[str, dict[str, Any]]:
             states = {s for s in (link.group(2), link.group(4)) if s}
             current["link_status"] = "downgraded" if "downgraded" in states else "ok"
         elif "DevSta:" in line:
-            fatal = re.search(r"FatalErr[+-]", line)
+            fatal = re.search(r"\bFatalErr[+-]", line)  # not NonFatalErr
             current["fatal_err"] = fatal.group(0) if fatal else None
         elif "ACSCtl:" in line:
             current["acs_src_valid"] = "SrcValid+" in line
