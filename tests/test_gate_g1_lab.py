@@ -332,7 +332,8 @@ def test_the_variants_are_profiles() -> None:
 
 def test_g1_results_are_judged_again_without_the_hosts(mi308x_runs, tmp_path: Path) -> None:
     """The thresholds derived from the roles' variables re-render from the values kept in the
-    results: one GPU fewer expected fails gpu_count, and nothing else changes."""
+    results: one GPU fewer expected fails gpu_count and gpu_pci_count (the bus's count), and
+    nothing else changes."""
     run = mi308x_runs["mi308x"]
     done = subprocess.run(
         [FXKIT, "gate", "evaluate", str(run["out"] / "result.json"), "--out", str(tmp_path),
@@ -343,7 +344,7 @@ def test_g1_results_are_judged_again_without_the_hosts(mi308x_runs, tmp_path: Pa
     again = json.loads((tmp_path / "result.json").read_text())
     before, after = statuses(run["result"]), statuses(again)
     changed = {c for c in before if before[c] != after[c]}
-    assert changed == {"gpu_count", "storage_read_bandwidth"}
+    assert changed == {"gpu_count", "gpu_pci_count", "storage_read_bandwidth"}
     assert check(again, "gpu_count")["reason"] == "8 is not == 7"
 
 
