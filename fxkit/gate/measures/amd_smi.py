@@ -96,8 +96,7 @@ _CELL = re.compile(r"N/A|-?\d+(?:\.\d+)?(?:\s*(?:W|°C|C|%|MHz|GHz))?")
 
 @kind("gpu_monitor", NoParams)
 def gpu_monitor(node: MeasuredHost, p: NoParams) -> dict[str, Any]:
-    """Each GPU's power, temperatures, clocks and utilisation now (``amd-smi monitor -putm``,
-    AMD's idle check)."""
+    """Each GPU's power, temperatures, clocks and utilisation (``amd-smi monitor -putm``)."""
     node.require("amd-smi")
     simulated, out = run_marked(node, "amd-smi monitor -putm", "amd-smi monitor")
     return {"simulated": simulated, **parse_monitor(out)}
@@ -143,8 +142,10 @@ def _number(cell: str) -> float | int | None:
 
 @kind("xgmi_links", NoParams)
 def xgmi_links(node: MeasuredHost, p: NoParams) -> dict[str, Any]:
-    """Each GPU's links to the others (``amd-smi topology -a -t --json``): ``not_xgmi`` lists
-    the peers it does not reach over an enabled xGMI link."""
+    """The peers each GPU does not reach over an enabled xGMI link (``amd-smi topology``).
+
+    ``amd-smi topology -a -t --json``: each link's type and access; ``not_xgmi`` lists the
+    others."""
     node.require("amd-smi")
     simulated, out = run_marked(node, "amd-smi topology -a -t --json", "amd-smi topology")
     return {"simulated": simulated, **parse_topology(out)}

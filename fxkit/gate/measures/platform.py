@@ -84,8 +84,7 @@ class PackagesParams(Params):
 
 @kind("packages", PackagesParams)
 def packages(node: MeasuredHost, p: PackagesParams) -> dict[str, Any]:
-    """Whether each package is installed (dpkg-query): ``packages.NAME`` is its version or
-    ``missing``."""
+    """Each package's installed version, or ``missing`` (``dpkg-query -W``)."""
     node.require("dpkg-query")
     names = " ".join(shlex.quote(n) for n in p.names)
     fmt = shlex.quote(r"${Package}\t${db:Status-Abbrev}\t${Version}\n")
@@ -210,29 +209,24 @@ class Allowed(BaseModel):
 
 class KernelLogParams(Params):
     allow: tuple[Allowed, ...] = ()
-    #: What makes a line count: AMD's `grep -i 'error\|warn\|fail\|exception'`.
-    flag: str = r"error|warn|fail|exception"
-    #: Lines about the GPU driver that count as its errors (AMD's and CVS's amdgpu greps).
-    amdgpu: str = r"error|fail"
-
-    @field_validator("flag", "amdgpu")
-    @classmethod
-    def _regex(cls, value: str) -> str:
-        regex(value, "flag")
-        return value
+    #: Words that make a line count, any case: AMD's `grep -i 'error\|warn\|fail\|exception'`.
+    flag: tuple[str, ...] = ("error", "warn", "fail", "exception")
+    #: Words that make a line about amdgpu its error (AMD's and CVS's amdgpu greps).
+    amdgpu: tuple[str, ...] = ("error", "fail")
 
 
 @kind("kernel_log", KernelLogParams)
 def kernel_log(node: MeasuredHost, p: KernelLogParams) -> dict[str, Any]:
-    """The kernel log's error, warning, failure and exception lines (``dmesg``), less the
-    allowed ones (each kept with its reason), and amdgpu's errors among them."""
+    """The kernel log's error, warning and failure lines (``dmesg``) and amdgpu's among them.
+
+    Lines an ``allow`` entry matches are kept apart, each with its reason."""
     node.require("dmesg")
     simulated, out = run_marked(node, "dmesg", "dmesg", root=True)
     return {"simulated": simulated, **parse_kernel_log(out, p)}
 
 
 def parse_kernel_log(text: str, p: KernelLogParams) -> dict[str, Any]:
-    flag, amdgpu = re.compile(p.flag, re.I), re.compile(p.amdgpu, re.I)
+    flag, amdgpu = _words(p.flag), _words(p.amdgpu)
     allow = [(re.compile(a.match), a.reason) for a in p.allow]
     flagged: list[str] = []
     allowed: list[dict[str, str]] = []
@@ -256,6 +250,10 @@ def parse_kernel_log(text: str, p: KernelLogParams) -> dict[str, Any]:
     }
 
 
+def _words(words: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(w) for w in words), re.I)
+
+
 # -- PCIe: lspci ----------------------------------------------------------------------------------
 
 
@@ -275,9 +273,11 @@ _LNKSTA = re.compile(r"LnkSta:\s*Speed ([\d.]+)GT/s(?: \((\w+)\))?, Width x(\d+)
 
 @kind("pcie", PcieParams)
 def pcie(node: MeasuredHost, p: PcieParams) -> dict[str, Any]:
-    """The GPUs on the PCI bus (by vendor:device, whatever the driver sees) and the backend
-    NICs, each with its link (LnkSta), its DevSta fatal-error bit and the devices with ACS
-    source validation on along its path (lspci -D -PP -nn -vvv, as root)."""
+    """GPUs (by PCI id) and backend NICs: link, DevSta fatal bit, ACS on their path (lspci).
+
+    ``lspci -D -PP -nn -vvv`` as root: the GPUs whatever the driver sees, each with its link
+    (LnkSta), DevSta's fatal-error bit and the devices with ACS source validation on along its
+    path (every bridge above it and itself); the same for each backend NIC."""
     node.require("lspci")
     netdevs = p.netdevs or _rdma_netdevs(node)
     links = "; ".join(

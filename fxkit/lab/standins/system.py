@@ -18,13 +18,14 @@ def lsmem(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> int
     memory = p["memory"]
     online, block = int(memory["online_bytes"]), int(memory["block_bytes"])
     size = (lambda n: str(n)) if args else _human
+    width = 15 if args else 5  # lsmem's summary: a 23-wide label, sizes 5 wide, bytes 15
     blocks = f"0-{online // block - 1}"
-    print(f"{'RANGE':<37} {'SIZE':>5}  STATE REMOVABLE  BLOCK")
-    print(f"0x{0:016x}-0x{online - 1:016x} {size(online):>5} online       yes {blocks:>6}")
+    print(f"{'RANGE':<37} {'SIZE':>{width}}  STATE REMOVABLE  BLOCK")
+    print(f"0x{0:016x}-0x{online - 1:016x} {size(online):>{width}} online       yes {blocks:>6}")
     print()
-    print(f"{'Memory block size:':<23} {size(block):>5}")
-    print(f"{'Total online memory:':<23} {size(online):>5}")
-    print(f"{'Total offline memory:':<23} {size(0) if args else '0B':>5}")
+    print(f"{'Memory block size:':<23} {size(block):>{width}}")
+    print(f"{'Total online memory:':<23} {size(online):>{width}}")
+    print(f"{'Total offline memory:':<23} {size(0) if args else '0B':>{width}}")
     return 0
 
 
