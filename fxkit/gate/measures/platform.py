@@ -31,9 +31,14 @@ from fxkit.gate.measure import MeasuredHost, MeasureError, Params, kind, regex
 SHOWN_LINES = 20
 
 
-def run_marked(node: MeasuredHost, command: str, what: str, *, root: bool = False) -> Any:
-    """(simulated?, stdout) of ``command``; MeasureError with its stderr when it fails."""
-    result = node.run(marked(command), become=True if root else None)
+def run_marked(node: MeasuredHost, command: str, what: str, *, as_root: str = "") -> Any:
+    """(simulated?, stdout) of ``command``; MeasureError with its stderr when it fails.
+    ``as_root``: the tool the command runs as root, looked for on root's PATH (/usr/sbin)."""
+    if as_root:
+        found = node.run(f"command -v {shlex.quote(as_root)} >/dev/null 2>&1", become=True)
+        if not found.ok:
+            raise MeasureError(f"{as_root} not found on {node.host} (root's PATH): install it")
+    result = node.run(marked(command), become=True if as_root else None)
     try:
         lab, out = split_marked(result, what)
     except FactError as exc:  # no marker: the command never ran (a refused sudo...)
@@ -112,9 +117,8 @@ DMI_KEYS = ("system-manufacturer", "system-product-name", "bios-version", "bios-
 @kind("dmidecode", NoParams)
 def dmidecode(node: MeasuredHost, p: NoParams) -> dict[str, Any]:
     """The system's manufacturer and product and its BIOS version and date (``dmidecode -s``)."""
-    node.require("dmidecode")
     script = "; ".join(f"printf '%s\\t%s\\n' {k} \"$(dmidecode -s {k})\"" for k in DMI_KEYS)
-    simulated, out = run_marked(node, script, "dmidecode", root=True)
+    simulated, out = run_marked(node, script, "dmidecode", as_root="dmidecode")
     return {"simulated": simulated, **parse_dmidecode(out)}
 
 
@@ -220,8 +224,7 @@ def kernel_log(node: MeasuredHost, p: KernelLogParams) -> dict[str, Any]:
     """The kernel log's error, warning and failure lines (``dmesg``) and amdgpu's among them.
 
     Lines an ``allow`` entry matches are kept apart, each with its reason."""
-    node.require("dmesg")
-    simulated, out = run_marked(node, "dmesg", "dmesg", root=True)
+    simulated, out = run_marked(node, "dmesg", "dmesg", as_root="dmesg")
     return {"simulated": simulated, **parse_kernel_log(out, p)}
 
 
@@ -278,7 +281,6 @@ def pcie(node: MeasuredHost, p: PcieParams) -> dict[str, Any]:
     ``lspci -D -PP -nn -vvv`` as root: the GPUs whatever the driver sees, each with its link
     (LnkSta), DevSta's fatal-error bit and the devices with ACS source validation on along its
     path (every bridge above it and itself); the same for each backend NIC."""
-    node.require("lspci")
     netdevs = p.netdevs or _rdma_netdevs(node)
     links = "; ".join(
         f"printf 'netdev\\t%s\\t%s\\n' {shlex.quote(n)} \"$(basename \"$(readlink -f "
@@ -286,7 +288,7 @@ def pcie(node: MeasuredHost, p: PcieParams) -> dict[str, Any]:
         for n in netdevs
     )
     script = f"{links + '; ' if links else ''}echo '--- lspci'; lspci -D -PP -nn -vvv"
-    simulated, out = run_marked(node, script, "lspci", root=True)
+    simulated, out = run_marked(node, script, "lspci", as_root="lspci")
     head, _, listing = out.partition("--- lspci\n")
     devices = parse_lspci(listing)
     nics = {}
@@ -302,7 +304,10 @@ def pcie(node: MeasuredHost, p: PcieParams) -> dict[str, Any]:
 
 
 def _rdma_netdevs(node: MeasuredHost) -> tuple[str, ...]:
-    ports = node.fact(RdmaLink).ports
+    try:
+        ports = node.fact(RdmaLink).ports
+    except MeasureError:  # no RDMA to read: no NICs to check (the GPU checks go on)
+        return ()
     return tuple(sorted({pt.netdev for pt in ports if pt.netdev and "bond" not in pt.netdev}))
 
 

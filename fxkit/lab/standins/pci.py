@@ -25,7 +25,8 @@ DRIVER = {"root": "pcieport", "switch": "pcieport", "gpu": "amdgpu", "nic": "mlx
 
 def devices(p: Profile) -> dict[str, dict[str, Any]]:
     """Every device by domain:bus:dev.fn: its role, ids, the bridges above it and its link."""
-    pci, found = p["pci"], {}
+    pci = p["pci"]
+    found: dict[str, dict[str, Any]] = {}
     gpu_id = f"{p['gpus']['vendor_id'][2:]}:{p['gpus']['device_id'][2:]}"
     ends = [(bdf, "gpu", path, gpu_id) for bdf, path in pci["gpus"].items()]
     ends += [(nic["bdf"], "nic", nic["path"], pci["nic_id"]) for nic in pci["nics"].values()]
