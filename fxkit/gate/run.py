@@ -225,7 +225,7 @@ class GateRun:
             if not truthy(when):
                 skip = f"when: {_short(check.when)} is false on this host"
         name, raw = next(iter(check.measure.items()))
-        missing = tuple(n for n in check.requires if n not in v or v[n] in (None, ""))
+        missing = tuple(n for n in check.requires if n not in v or v[n] in (None, "", [], {}))
         if missing and skip is None:  # not measured: its templates may need what is unset
             return _Planned(check, skip, name, None, {}, missing)
         params = render(v, raw, f"{label}, measure")

@@ -23,8 +23,8 @@ then the inventory's values, as ``fxkit play`` sees them), variables of its own,
                                   # or repository path)
         stage: health             # optional: the stage the check belongs to (`--stage`)
         requires: [g1_x]          # optional: variables only the site can set (a figure, a
-                                  # pinned list); one unset or null: the check is ERROR naming
-                                  # it, without measuring, never PASS
+                                  # pinned list); one unset, null or empty: the check is ERROR
+                                  # naming it, without measuring, never PASS
 
 Strings anywhere in ``measure``, ``rule`` and ``when`` are Jinja2 templates rendered with each
 host's variables. Every mistake names the file and line.
@@ -77,7 +77,7 @@ class CheckSpec(BaseModel):
     #: The stage the check belongs to (a word, e.g. ``health``), for running one stage alone.
     stage: str | None = None
     #: Variables only the site can set (its memory figure, its pinned firmware): while one is
-    #: unset or null on a host the check is ERROR there, naming it, and nothing is measured.
+    #: unset, null or empty on a host the check is ERROR there, naming it, unmeasured.
     requires: list[str] = []
 
     @field_validator("id", "stage")
