@@ -6,8 +6,11 @@
 - the **mi308x** profile (stand-in amd-smi, rdma, ibv_devinfo, nvme; PCIe links in its sysfs),
   after the NVMe-oF namespace is connected (``nvme connect``, as roles/nvmeof_initiator runs it)
   and the RoCE netdevs have the MTU roles/roce_nic sets: every hardware check PASSes;
-- its variants (fxkit/lab/profiles/mi308x-gpu-missing, mi308x-rdma-down) fail exactly their
-  checks, and every other check's status is the same as on the mi308x host.
+- its variants (fxkit/lab/profiles/mi308x-gpu-missing, mi308x-rdma-down, and those of AMD's
+  checklist: a GPU link at x8, FatalErr+, an amdgpu error in dmesg, a firmware version off the
+  pinned matrix, ACS on) fail exactly their checks, and every other check's status is the same
+  as on the mi308x host. The checks of AMD's checklist get the site's figures (SITE); without
+  them, on the plain hosts, each check that ``requires`` one is ERROR naming it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from fxkit.gate.measures import facts
 from fxkit.gate.verdicts import SCHEMA, load_results
 from fxkit.lab import profile as profiles
 
+PROFILES = profiles.PROFILES_DIR
 pytestmark = pytest.mark.lab
 
 JUNIT_SCHEMA = Path(__file__).parent / "data" / "junit" / "junit-10.xsd"
@@ -59,6 +63,69 @@ HARDWARE = (
 )
 #: The RVS checks that every GPU is listed (rocm_host_gpu_count of them).
 RVS_GPUS = ("rvs_gpup_gpus", "rvs_gst_gpus", "rvs_iet_gpus", "rvs_pebb_gpus")
+#: The checks of AMD's MI300X checklist (docs/GATES.md): all PASS on the mi308x profile, given
+#: the site's figures; os_point_release reads this machine's /etc/os-release (not Ubuntu).
+CHECKLIST = (
+    "system_manufacturer",
+    "bios_version",
+    "required_packages",
+    "gpu_firmware",
+    "kernel_args_amd",
+    "amdgpu_dmesg_errors",
+    "memory_online",
+    "gpu_pci_count",
+    "gpu_link_speed",
+    "gpu_link_width",
+    "gpu_fatal_error",
+    "pcie_acs_gpu",
+    "pcie_acs_nic",
+    "nic_link_speed",
+    "nic_link_width",
+    "xgmi_links",
+    "gpu_idle_gfx_util",
+    "gpu_idle_mem_util",
+    "gpu_idle_temperature",
+    "gpu_idle_mem_temperature",
+    "gpu_idle_power",
+    "gpu_idle_gfx_clock",
+    "kernel_log_clean",
+)
+#: What only the site can say: its server and BIOS, its memory figure (AMD: 2.0 TB for MI308X,
+#: prerequisites.md), idle limits, the firmware it pins (here CVS's fw_dict, which the profile
+#: runs), and a package every lab host has (this machine's dpkg database).
+SITE = {
+    "g1_system_manufacturers": ["Supermicro"],
+    "g1_bios_versions": ["1.7"],
+    "g1_memory_online_min_gib": 2048,
+    "g1_idle_power_max_w": 300,
+    "g1_idle_gfx_clock_max_mhz": 200,
+    "g1_required_packages": ["dpkg"],
+    "g1_gpu_firmware": json.loads((PROFILES / "mi308x" / "profile.json").read_text())["gpus"][
+        "firmware"
+    ],
+}
+REQUIRES = {
+    "system_manufacturer": "g1_system_manufacturers",
+    "bios_version": "g1_bios_versions",
+    "gpu_firmware": "g1_gpu_firmware",
+    "memory_online": "g1_memory_online_min_gib",
+    "gpu_idle_power": "g1_idle_power_max_w",
+    "gpu_idle_gfx_clock": "g1_idle_gfx_clock_max_mhz",
+}
+#: Each variant and the checks it fails (FAIL; WARN where the check is a warning).
+VARIANTS = {
+    # RVS lists the GPUs it can use: the missing one is missing there too.
+    "mi308x-gpu-missing": {"gpu_count": "FAIL", **dict.fromkeys(RVS_GPUS, "FAIL")},
+    "mi308x-rdma-down": {"rdma_active_count": "FAIL", "rdma_state": "FAIL"},
+    # The sysfs link is x8 too: G1's older warning on it says so as well.
+    "mi308x-gpu-link-x8": {"gpu_link_width": "FAIL", "gpu_pcie_width": "WARN"},
+    "mi308x-gpu-fatal-err": {"gpu_fatal_error": "FAIL"},
+    # An amdgpu error is also an error line of the kernel log.
+    "mi308x-amdgpu-error": {"amdgpu_dmesg_errors": "FAIL", "kernel_log_clean": "FAIL"},
+    "mi308x-firmware-off": {"gpu_firmware": "FAIL"},
+    # The root port above GPU 0000:05:00.0 is also above NIC ens6np0.
+    "mi308x-acs-enabled": {"pcie_acs_gpu": "FAIL", "pcie_acs_nic": "FAIL"},
+}
 NQN = "nqn.2024-01.com.example:models"
 CONNECTION = {
     "nqn": NQN,
@@ -121,6 +188,13 @@ def test_g1_on_plain_lab_hosts(lab_fleet, tmp_path: Path) -> None:
             and "ROCm not found" in check(result, "rocm_version", host)["reason"]
         )
         assert "PASS" not in {got[i] for i in HARDWARE}
+        for check_id, variable in REQUIRES.items():  # the site's figures: none given here
+            assert got[check_id] == "ERROR", check(result, check_id, host)
+            assert check(result, check_id, host)["reason"].startswith(f"{variable} not set")
+        for check_id in ("gpu_pci_count", "gpu_link_width", "pcie_acs_nic"):
+            assert "lspci not found" in check(result, check_id, host)["reason"]
+        for check_id in ("xgmi_links", "gpu_idle_gfx_util"):
+            assert "amd-smi not found" in check(result, check_id, host)["reason"]
         # fio read a file on the host's disk for real, once for both storage checks, and the
         # file is gone again.
         index = check(result, "storage_read_bandwidth", host)["measurement"]
@@ -168,8 +242,11 @@ def prepare(fleet) -> dict:
         numa = conn.run("cat /proc/sys/kernel/numa_balancing").stdout.strip()
     return {
         **FIO,
+        **SITE,
         "nvmeof_initiator_connections": [CONNECTION],
         "rocm_host_kernel_args": cmdline[:2],
+        # The lab's kernel is this machine's: its own words stand for AMD's arguments.
+        "g1_kernel_args_required": [[word] for word in cmdline[:2]],
         "numa_balancing": numa,
     }
 
@@ -178,7 +255,7 @@ def prepare(fleet) -> dict:
 def mi308x_runs(lab_fleet, tmp_path_factory) -> dict[str, dict]:
     """g1 on one host of the mi308x profile and of each variant."""
     runs = {}
-    for name in ("mi308x", "mi308x-gpu-missing", "mi308x-rdma-down"):
+    for name in ("mi308x", *VARIANTS):
         fleet = lab_fleet(1, name=f"g1-{name}", profile=name)
         extra = prepare(fleet)
         numa = extra.pop("numa_balancing")
@@ -191,7 +268,7 @@ def mi308x_runs(lab_fleet, tmp_path_factory) -> dict[str, dict]:
 def test_g1_hardware_checks_pass_on_the_mi308x_profile(mi308x_runs) -> None:
     run = mi308x_runs["mi308x"]
     result, got = run["result"], statuses(run["result"])
-    for check_id in HARDWARE:
+    for check_id in (*HARDWARE, *CHECKLIST):
         assert got[check_id] == "PASS", check(result, check_id)
     assert check(result, "gpu_count")["value"] == 8
     assert set(check(result, "gpu_model")["value"].values()) == {"AMD Instinct MI308X"}
@@ -205,41 +282,64 @@ def test_g1_hardware_checks_pass_on_the_mi308x_profile(mi308x_runs) -> None:
     assert got["storage_read_bandwidth"] == "PASS"
     # This machine is not Ubuntu 22.04/24.04: the lab host (its /usr, /etc) says so honestly.
     assert got["os_release"] in ("PASS", "FAIL")
+    assert got["os_point_release"] in ("PASS", "FAIL")
+    # AMD's checklist, as the stand-ins answer: 8 GPUs on the bus at Gen5 x16, 2 TiB online,
+    # the allowed noise let through with its reason.
+    assert check(result, "gpu_pci_count")["value"] == 8
+    assert set(check(result, "gpu_link_width")["value"].values()) == {16}
+    assert check(result, "memory_online")["value"] == 2048.0
+    measured = result["hosts"]["lab01"]["measurements"][
+        check(result, "kernel_log_clean")["measurement"]
+    ]
+    assert [a["line"][:9] for a in measured["data"]["allowed"]] == ["ccp 0000:"]
+    assert set(check(result, "nic_link_speed")["value"]) == {
+        p["netdev"] for p in profiles.load("mi308x")["rdma"]["ports"]
+    }
 
 
-@pytest.mark.parametrize(
-    ("variant", "failing"),
-    [
-        # RVS lists the GPUs it can use: the missing one is missing there too.
-        ("mi308x-gpu-missing", {"gpu_count", *RVS_GPUS}),
-        ("mi308x-rdma-down", {"rdma_active_count", "rdma_state"}),
-    ],
-)
-def test_a_variant_fails_exactly_its_checks(mi308x_runs, variant: str, failing: set[str]) -> None:
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_variant_fails_exactly_its_checks(mi308x_runs, variant: str) -> None:
+    failing = VARIANTS[variant]
     base = statuses(mi308x_runs["mi308x"]["result"])
     got = statuses(mi308x_runs[variant]["result"])
     changed = {check_id for check_id in base if got[check_id] != base[check_id]}
-    assert changed == failing, {c: (base[c], got[c]) for c in changed | failing}
-    assert {got[c] for c in failing} == {"FAIL"}
+    assert changed == set(failing), {c: (base[c], got[c]) for c in changed | set(failing)}
+    assert {c: got[c] for c in failing} == failing
     assert mi308x_runs[variant]["done"].returncode == 1
     result = mi308x_runs[variant]["result"]
+    reasons = {c: check(result, c)["reason"] for c in failing}
     if variant == "mi308x-gpu-missing":
         assert check(result, "gpu_count")["value"] == 7
         assert "0000:65:00.0" not in json.dumps(check(result, "gpu_pcie_speed")["value"])
-    else:
+        assert check(result, "gpu_pci_count")["value"] == 8  # on the bus, whatever the driver
+    elif variant == "mi308x-rdma-down":
         assert check(result, "rdma_active_count")["value"] == 7
-        assert check(result, "rdma_state")["reason"].startswith("mlx5_3/1: DOWN")
+        assert reasons["rdma_state"].startswith("mlx5_3/1: DOWN")
+    elif variant == "mi308x-gpu-link-x8":
+        assert reasons["gpu_link_width"] == "0000:26:00.0: 8 is not >= 16"
+    elif variant == "mi308x-gpu-fatal-err":
+        assert reasons["gpu_fatal_error"] == "0000:a6:00.0: FatalErr+ is not == FatalErr-"
+    elif variant == "mi308x-amdgpu-error":
+        assert (
+            "amdgpu: probe of 0000:05:00.0 failed with error -22" in reasons["amdgpu_dmesg_errors"]
+        )
+    elif variant == "mi308x-firmware-off":
+        assert reasons["gpu_firmware"] == "3: lacks [PM=07.85.11.01]"
+    else:
+        assert reasons["pcie_acs_gpu"] == "0000:05:00.0: [0000:00:01.1] is not == []"
+        assert reasons["pcie_acs_nic"] == "ens6np0: [0000:00:01.1] is not == []"
 
 
 def test_the_variants_are_profiles() -> None:
-    assert {"mi308x", "mi308x-gpu-missing", "mi308x-rdma-down"} <= set(profiles.names())
+    assert {"mi308x", *VARIANTS} <= set(profiles.names())
     done = subprocess.run([FXKIT, "lab", "up", "--help"], capture_output=True, text=True)
-    assert "mi308x-gpu-missing" in done.stdout and "mi308x-rdma-down" in done.stdout
+    assert all(variant in done.stdout for variant in VARIANTS)
 
 
 def test_g1_results_are_judged_again_without_the_hosts(mi308x_runs, tmp_path: Path) -> None:
     """The thresholds derived from the roles' variables re-render from the values kept in the
-    results: one GPU fewer expected fails gpu_count, and nothing else changes."""
+    results: one GPU fewer expected fails gpu_count and gpu_pci_count (the bus's count), and
+    nothing else changes."""
     run = mi308x_runs["mi308x"]
     done = subprocess.run(
         [FXKIT, "gate", "evaluate", str(run["out"] / "result.json"), "--out", str(tmp_path),
@@ -250,7 +350,7 @@ def test_g1_results_are_judged_again_without_the_hosts(mi308x_runs, tmp_path: Pa
     again = json.loads((tmp_path / "result.json").read_text())
     before, after = statuses(run["result"]), statuses(again)
     changed = {c for c in before if before[c] != after[c]}
-    assert changed == {"gpu_count", *RVS_GPUS, "storage_read_bandwidth"}
+    assert changed == {"gpu_count", "gpu_pci_count", *RVS_GPUS, "storage_read_bandwidth"}
     assert check(again, "gpu_count")["reason"] == "8 is not == 7"
 
 

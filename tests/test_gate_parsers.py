@@ -250,6 +250,13 @@ def test_g1_has_the_checks_the_estimator_reads() -> None:
         "rdma_mtu", "nvmeof_namespaces", "nvmeof_namespace_size", "kernel_cmdline", "sysctl",
         "storage_read_bandwidth", "storage_read_latency", "rdma_write_bandwidth",
         "rccl_all_reduce_busbw",
+        # AMD's MI300X checklist: prerequisites, basic health, firmware and platform
+        "os_point_release", "system_manufacturer", "bios_version", "required_packages",
+        "gpu_firmware", "kernel_args_amd", "amdgpu_dmesg_errors", "memory_online",
+        "gpu_pci_count", "gpu_link_speed", "gpu_link_width", "gpu_fatal_error", "pcie_acs_gpu",
+        "pcie_acs_nic", "nic_link_speed", "nic_link_width", "xgmi_links", "gpu_idle_gfx_util",
+        "gpu_idle_mem_util", "gpu_idle_temperature", "gpu_idle_mem_temperature",
+        "gpu_idle_power", "gpu_idle_gfx_clock", "kernel_log_clean",
     ]  # fmt: skip
     assert [i for i in ids if i in read] == read
     assert all(c.why for c in gate.spec.checks)

@@ -90,7 +90,7 @@ def test_the_stand_ins_exist_only_on_profiled_hosts(node, lab_fleet) -> None:
     for tool in TOOLS:
         assert run(node, f"command -v {tool}").stdout.strip() == f"/usr/local/bin/{tool}"
     with lab_fleet(1).connect("lab01") as plain:
-        for tool in TOOLS:  # (rdma and dcb are iproute2's real ones, in /usr/bin, /usr/sbin)
+        for tool in TOOLS:  # (rdma, dcb, dmesg, lsmem: the real ones, in /usr/bin or /usr/sbin)
             assert run(plain, f"test -e /usr/local/bin/{tool}", ok=False).rc != 0, tool
             assert run(plain, f"command -v {tool}", ok=False).stdout.strip() in (
                 "",
@@ -238,6 +238,65 @@ def test_sysfs_grafts_and_the_configfs_stand_in(node) -> None:
     ]
     for path in (gid, "/sys/module/nvme_core/parameters/multipath", "/sys/kernel/mm/x"):
         assert run(node, f"echo x > {path}", ok=False).rc != 0, f"{path} is writable"
+
+
+def test_lspci_shows_amds_topology_format_and_each_nic_links_to_its_pci_device(node) -> None:
+    """`lspci -d 1002:74a2 -PP` as AMD's topology page shows MI300X's (root port, switch ports,
+    GPU; system-acceptance-docs docs/network/topology-mapping.md), the ConnectX-7 NICs under the
+    same root ports, and /sys/class/net/IF/device leading to the NIC's PCI device."""
+    gpus = run(node, "lspci -d 1002:74a2 -PP").stdout.splitlines()
+    assert len(gpus) == 8
+    assert gpus[0] == (
+        "00:01.1/01:00.0/02:00.0/03:00.0/04:00.0/05:00.0 Processing accelerators: "
+        "Advanced Micro Devices, Inc. [AMD/ATI] Device 74a2"
+    )
+    nics = run(node, "lspci -d 15b3:1021 -PP").stdout.splitlines()
+    assert nics[0] == (
+        "00:01.1/01:00.0/02:01.0/09:00.0 Ethernet controller: "
+        "Mellanox Technologies MT2910 Family [ConnectX-7]"
+    )
+    block = run(node, "lspci -vvv -s 05:00.0").stdout
+    assert "\t\tLnkSta:\tSpeed 32GT/s (ok), Width x16 (ok)\n" in block
+    assert "\t\tDevSta:\tCorrErr- NonFatalErr- FatalErr- UnsupReq- AuxPwr- TransPend-\n" in block
+    assert "ACSCtl:\tSrcValid- " in run(node, "lspci -vvv -s 00:01.1").stdout
+    device = run(node, "basename $(readlink -f /sys/class/net/ens6np0/device)").stdout.strip()
+    assert device == "0000:09:00.0"
+    link = f"/sys/bus/pci/devices/{device}/current_link"
+    assert run(node, f"cat {link}_speed {link}_width").stdout == "32.0 GT/s PCIe\n16\n"
+
+
+def test_lsmem_dmidecode_dmesg_answer_as_the_real_tools(node) -> None:
+    """util-linux lsmem's table and summary (2 TiB online, AMD's MI308X minimum), dmidecode's
+    one line per keyword and its refusal of an unknown one, the profile's kernel log."""
+    table = run(node, "lsmem").stdout
+    assert "Total online memory:       2T\n" in table and "Memory block size:         2G\n" in table
+    # util-linux's layout, as the real `lsmem -b` prints it: sizes right-aligned, 15 wide.
+    assert "Total online memory:      2199023255552\n" in run(node, "lsmem -b").stdout
+    assert run(node, "dmidecode -s bios-version").stdout == "1.7\n"
+    wrong = run(node, "dmidecode -s bios-colour", ok=False)
+    assert wrong.rc == 2 and "Invalid string keyword: bios-colour" in wrong.stderr
+    log = run(node, "dmesg").stdout
+    assert "[   37.766927] [drm] amdgpu kernel modesetting enabled.\n" in log
+    assert "error" not in log.replace("failed to INIT error", "")
+
+
+def test_amd_smi_firmware_monitor_topology(node) -> None:
+    """amd-smi firmware (CVS's pinned MI300X versions), monitor -putm (AMD's idle row, the
+    newer columns) and topology (all xGMI), in amdsmi_cli's shapes."""
+    firmware = json.loads(run(node, "amd-smi firmware --json").stdout)["gpu_data"]
+    assert len(firmware) == 8
+    assert firmware[0]["fw_list"][0] == {"fw_id": "CP_MEC1", "fw_version": "32945"}
+    text = run(node, "amd-smi firmware").stdout
+    assert text.startswith("GPU: 0\n    FW_LIST:\n        FW 0:\n            FW_ID: CP_MEC1\n")
+    monitor = run(node, "amd-smi monitor -putm").stdout.splitlines()
+    assert monitor[0].split() == [
+        "GPU", "POWER", "PWR_CAP", "GPU_T", "MEM_T", "GFX_CLK", "GFX%", "MEM%", "MEM_CLOCK"
+    ]  # fmt: skip
+    assert monitor[1].split() == ["0", "251", "W", "1000", "W", "55", "°C", "43", "°C", "144",
+                                  "MHz", "0", "%", "0", "%", "1900", "MHz"]  # fmt: skip
+    topology = json.loads(run(node, "amd-smi topology -a -t --json").stdout)
+    assert [link["link_type"] for link in topology[1]["links"]] == ["XGMI", "SELF", *["XGMI"] * 6]
+    assert {link["link_status"] for link in topology[1]["links"]} == {"ENABLED"}
 
 
 ECN_FILES = [  # what a fresh ConnectX port shows under /sys/class/net/IF/ecn (see the test)

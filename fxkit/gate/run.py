@@ -52,6 +52,7 @@ from fxkit.gate.verdicts import (
     baseline_value,
     judge,
     skipped,
+    unset,
 )
 from fxkit.inventory.model import Inventory, InventoryHost
 from fxkit.redaction import Masker
@@ -85,8 +86,11 @@ class _Planned(NamedTuple):
     #: Why it is skipped (its ``when:`` is false), else None.
     skip: str | None
     kind: str
-    params: Params
+    #: None when a variable the check ``requires`` is unset (it is not measured).
+    params: Params | None
     rule: dict[str, Any]
+    #: The variables it ``requires`` that this host does not set (the check is ERROR).
+    unset: tuple[str, ...] = ()
 
 
 @dataclass
@@ -226,6 +230,9 @@ class GateRun:
             if not truthy(when):
                 skip = f"when: {_short(check.when)} is false on this host"
         name, raw = next(iter(check.measure.items()))
+        missing = tuple(n for n in check.requires if n not in v or v[n] in (None, "", [], {}))
+        if missing and skip is None:  # not measured: its templates may need what is unset
+            return _Planned(check, skip, name, None, {}, missing)
         params = render(v, raw, f"{label}, measure")
         try:
             parsed = KINDS[name].parse(params)
@@ -281,10 +288,12 @@ class GateRun:
         )
         done: dict[str, int] = {}
         try:
-            for check, skip, name, params, rule in plan.checks:
+            for check, skip, name, params, rule, missing in plan.checks:
                 where = self.gate.where(check.id)
                 if skip is not None:
                     checked = skipped(check, skip, where)
+                elif missing or params is None:
+                    checked = unset(check, list(missing), where)
                 else:
                     key = json.dumps([name, params.model_dump(mode="json")], sort_keys=True)
                     if key not in done:

@@ -25,6 +25,9 @@ then the inventory's values, as ``fxkit play`` sees them), variables of its own,
                                   # or repository path)
         stage: health             # optional: the stage the check belongs to (`--stage`); one
                                   # of the gate's stages when it declares them
+        requires: [g1_x]          # optional: variables only the site can set (a figure, a
+                                  # pinned list); one unset, null or empty: the check is ERROR
+                                  # naming it, without measuring, never PASS
 
 Strings anywhere in ``measure``, ``rule`` and ``when`` are Jinja2 templates rendered with each
 host's variables. Every mistake names the file and line.
@@ -84,6 +87,9 @@ class CheckSpec(BaseModel):
     source: str | None = None
     #: The stage the check belongs to (a word, e.g. ``health``), for running one stage alone.
     stage: str | None = None
+    #: Variables only the site can set (its memory figure, its pinned firmware): while one is
+    #: unset, null or empty on a host the check is ERROR there, naming it, unmeasured.
+    requires: list[str] = []
 
     @field_validator("id", "stage")
     @classmethod

@@ -403,6 +403,17 @@ def skipped(check: CheckSpec, reason: str, where: str) -> CheckResult:
     )
 
 
+def unset(check: CheckSpec, names: list[str], where: str) -> CheckResult:
+    """ERROR, unmeasured: the site has not set ``names``, which the check ``requires``."""
+    result = skipped(check, "", where)
+    result.status = CheckStatus.ERROR
+    result.reason = (
+        f"{', '.join(names)} not set: a figure only the site can give (set it in the inventory "
+        "or with -e; the gate file's vars say what it is); nothing was measured"
+    )
+    return result
+
+
 def _describe(rule: dict[str, Any]) -> str:
     try:
         return rules.describe(rule)

@@ -10,9 +10,10 @@ picks the tool by the name it is called by (see docs/lab.md, "Simulated hardware
 :func:`build_layer` writes, once per fleet, what ``host-init.sh`` mounts into each host of the
 profile: ``usr/`` (a lower layer of the host's /usr overlay: the stand-ins in /usr/local/bin,
 their data in /usr/local/lib/fxkit-lab), ``sys/`` (read-only layers over the host's sysfs:
-``class/infiniband``, ``bus/pci/devices/BDF`` (the GPUs' PCIe links), ``module/nvme_core``,
-``module/NAME/version`` (the profile's ``modules``), ``kernel/config``,
-``kernel/debug/bnxt_re/DEV/info``, ``devices/virtual/net/IF/ecn``),
+``class/infiniband``, ``bus/pci/devices/BDF`` (the GPUs' and backend NICs' PCIe links),
+``module/nvme_core``, ``module/NAME/version`` (the profile's ``modules``), ``kernel/config``,
+``kernel/debug/bnxt_re/DEV/info``, ``devices/virtual/net/IF/ecn`` and ``IF/device`` (the link to
+the NIC's PCI device),
 ``config/`` (what the host's writable configfs stand-in starts with: rdma_cm, and bnxt_re's
 congestion control where the profile has ``rdma.bnxt_re``), ``ecn.fstab`` and ``ecn``
 (a small writable tmpfs on each RDMA netdev's ``ecn`` folder, and the attribute files, one
@@ -150,17 +151,14 @@ def build_layer(layer: Path, name: str) -> None:
         )
         if ecn_files:  # the mount point of the netdev's ECN stand-in (/sys/class/net/IF links here)
             (sys_dir / "devices" / "virtual" / "net" / port["netdev"] / "ecn").mkdir(parents=True)
-    pcie = data["gpus"]["pcie"]  # each GPU's PCIe link, as sysfs shows it
-    for bdf in data["gpus"]["bdfs"]:
-        _files(
-            sys_dir / "bus" / "pci" / "devices" / bdf,
-            {
-                "current_link_speed": pcie["speed"],
-                "current_link_width": str(pcie["width"]),
-                "max_link_speed": pcie["speed"],
-                "max_link_width": str(pcie["width"]),
-            },
-        )
+    pcie, links = data["gpus"]["pcie"], data["pci"]["links"]
+    for bdf in data["gpus"]["bdfs"]:  # each GPU's PCIe link, as sysfs shows it
+        _pci_link(sys_dir, bdf, pcie["speed"], pcie["width"], links.get(bdf, {}))
+    for netdev, nic in data["pci"]["nics"].items():  # each backend NIC's PCI device and link
+        _pci_link(sys_dir, nic["bdf"], pcie["speed"], pcie["width"], links.get(nic["bdf"], {}))
+        net = sys_dir / "devices" / "virtual" / "net" / netdev
+        net.mkdir(parents=True, exist_ok=True)
+        os.symlink(f"../../../../bus/pci/devices/{nic['bdf']}", net / "device")
     _files(sys_dir / "module" / "nvme_core" / "parameters", {"multipath": "Y"})
     # The loaded amdgpu: a DKMS build says its version (the kernel's own amdgpu has none).
     _files(sys_dir / "module" / "amdgpu", {"version": data["gpus"]["driver"]["version"]})
@@ -209,6 +207,21 @@ def _ecn_files(ecn: dict[str, Any]) -> list[str]:
             else:
                 lines.append(f"{protocol}/{attribute} {value}")
     return lines
+
+
+def _pci_link(sys_dir: Path, bdf: str, speed: str, width: int, now: dict[str, Any]) -> None:
+    """/sys/bus/pci/devices/BDF/{current,max}_link_{speed,width}: the kernel's text
+    (``32.0 GT/s PCIe``); ``now`` (the profile's ``pci.links``) is a link trained lower."""
+    current = f"{float(now['speed']):.1f} GT/s PCIe" if "speed" in now else speed
+    _files(
+        sys_dir / "bus" / "pci" / "devices" / bdf,
+        {
+            "current_link_speed": current,
+            "current_link_width": str(now.get("width", width)),
+            "max_link_speed": speed,
+            "max_link_width": str(width),
+        },
+    )
 
 
 def _lines(path: Path, lines: list[str]) -> None:

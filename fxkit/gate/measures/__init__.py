@@ -1,6 +1,26 @@
 """The kinds of measurement a check can name (``measure: {KIND: PARAMS}``); importing this
 package registers them all in :data:`fxkit.gate.measure.KINDS`."""
 
-from fxkit.gate.measures import bench, command, facts, perf, serving, soak, validation
+from fxkit.gate.measures import (
+    amd_smi,
+    bench,
+    command,
+    facts,
+    perf,
+    platform,
+    serving,
+    soak,
+    validation,
+)
 
-__all__ = ["bench", "command", "facts", "perf", "serving", "soak", "validation"]
+__all__ = [
+    "amd_smi",
+    "bench",
+    "command",
+    "facts",
+    "perf",
+    "platform",
+    "serving",
+    "soak",
+    "validation",
+]

@@ -28,10 +28,16 @@ def _gpus(p: Profile) -> list[dict[str, Any]]:
 
 
 def amd_smi(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> int:
-    if args[:1] == ["metric"]:
-        return _amd_metric(p, args[1:])
+    more = {
+        "metric": _amd_metric,
+        "firmware": _amd_firmware,
+        "monitor": _amd_monitor,
+        "topology": _amd_topology,
+    }
+    if args[:1] and args[0] in more:
+        return more[args[0]](p, args[1:])
     if not args or args[0] not in ("static", "list", "version"):
-        answers = "`static`, `list`, `metric`, `version`"
+        answers = "`static`, `list`, `version`, " + ", ".join(f"`{name}`" for name in more)
         fail("amd-smi", f"the lab's amd-smi answers {answers}, not {args[:1]}", 2)
     g, as_json = p["gpus"], "--json" in args
     if args[0] == "version":  # amd-smi's own keys (amdsmi_commands.py version), one entry
@@ -100,6 +106,68 @@ def _amd_metric(p: Profile, args: list[str]) -> int:
         ecc.update(faults.get(str(gpu["index"]), {}))
         data.append({"gpu": gpu["index"], "ecc": ecc})
     print(json.dumps({"gpu_data": data}, indent=4))
+    return 0
+
+
+def _amd_firmware(p: Profile, args: list[str]) -> int:
+    """``amd-smi firmware [--json]``: each GPU's ``fw_list`` of ``fw_id``/``fw_version``
+    (amdsmi_cli's firmware()), the profile's ``gpus.firmware`` with a variant's
+    ``gpus.firmware_changed`` (``{"3": {"PM": "..."}}``) over it."""
+    changed = p["gpus"].get("firmware_changed", {})
+    data = []
+    for gpu in _gpus(p):
+        versions = {**p["gpus"]["firmware"], **changed.get(str(gpu["index"]), {})}
+        fw_list = [{"fw_id": k, "fw_version": v} for k, v in versions.items()]
+        data.append({"gpu": gpu["index"], "fw_list": fw_list})
+    if "--json" in args:
+        print(json.dumps({"gpu_data": data}, indent=4))
+        return 0
+    for gpu in data:
+        print(f"GPU: {gpu['gpu']}\n    FW_LIST:")
+        for n, fw in enumerate(gpu["fw_list"]):
+            print(f"        FW {n}:\n            FW_ID: {fw['fw_id']}")
+            print(f"            FW_VERSION: {fw['fw_version']}")
+        print()
+    return 0
+
+
+def _amd_monitor(p: Profile, args: list[str]) -> int:
+    """``amd-smi monitor -putm``: the table AMD's acceptance page shows (its columns, one
+    row per GPU of the profile's ``gpus.idle`` values)."""
+    if not args or any(not a.startswith("-") or set(a[1:]) - set("putm") for a in args):
+        fail("amd-smi", "the lab's amd-smi monitor answers -p -u -t -m (e.g. -putm)", 2)
+    idle = p["gpus"]["idle"]
+    print("GPU  POWER  PWR_CAP  GPU_T  MEM_T  GFX_CLK  GFX%  MEM%  MEM_CLOCK")
+    for gpu in _gpus(p):
+        print(
+            f"{gpu['index']:>3}  {idle['power_w']} W  {idle['power_cap_w']} W  "
+            f"{idle['gpu_temp_c']} \N{DEGREE SIGN}C  {idle['mem_temp_c']} \N{DEGREE SIGN}C  "
+            f"{idle['gfx_clock_mhz']} MHz  {idle['gfx_util_pct']} %  {idle['mem_util_pct']} %  "
+            f"{idle['mem_clock_mhz']} MHz"
+        )
+    return 0
+
+
+def _amd_topology(p: Profile, args: list[str]) -> int:
+    """``amd-smi topology -a -t --json``: every GPU reaches every other over an enabled xGMI
+    link (amdsmi's CHANGELOG shows the format); a variant's ``gpus.xgmi_down`` (pairs of GPU
+    indices) are PCIE and DISABLED, both ways."""
+    if "--json" not in args:
+        fail("amd-smi", "the lab's amd-smi topology answers -a -t --json", 2)
+    down = {frozenset(pair) for pair in p["gpus"].get("xgmi_down", [])}
+    gpus = _gpus(p)
+    data = []
+    for gpu in gpus:
+        links = []
+        for peer in gpus:
+            pair = frozenset((gpu["index"], peer["index"]))
+            kind, status = ("XGMI", "ENABLED") if pair not in down else ("PCIE", "DISABLED")
+            if peer is gpu:
+                kind, status = "SELF", "ENABLED"
+            links.append({"gpu": peer["index"], "bdf": peer["bdf"], "link_status": status,
+                          "link_type": kind})  # fmt: skip
+        data.append({"gpu": gpu["index"], "bdf": gpu["bdf"], "links": links})
+    print(json.dumps(data, indent=4))
     return 0
 
 
