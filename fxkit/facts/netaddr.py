@@ -169,3 +169,17 @@ class Bond(Fact[BondInfo]):
             return BondInfo(name)
         fields = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
         return BondInfo(name, fields.get("bond") == "1", fields.get("master", ""))
+
+
+def front_end(device: str, bond: BondInfo | None) -> str:
+    """Why the RDMA port of ``device`` (its netdev's :class:`BondInfo`) is a front-end bond, ""
+    when it is not: mlx5 names the RDMA device of a LAG ``mlx5_bond_N``
+    (drivers/infiniband/hw/mlx5/main.c), a bond's netdev has a ``bonding`` folder and its ports
+    a ``master`` link (drivers/net/bonding)."""
+    if device.startswith("mlx5_bond_"):
+        return f"{device} is a LAG (bond) RDMA device"
+    if bond and bond.bond:
+        return f"{bond.name} is a bond"
+    if bond and bond.master:
+        return f"{bond.name} is a port of bond {bond.master}"
+    return ""

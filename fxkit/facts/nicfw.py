@@ -167,3 +167,15 @@ class NiccliOption(Fact[NvmOption]):
         if value is None:
             raise FactError(f"`{result.command}` printed no number: {out.strip()[:160]!r}")
         return NvmOption(interface, name, scope, value, simulated=simulated)
+
+
+class PciAddress(Fact[str]):
+    """The PCI address of an RDMA device (``/sys/class/infiniband/DEV/device``'s target, as
+    mlxconfig's ``-d`` takes it); "" where sysfs has no such link."""
+
+    def command(self, device: str) -> str:
+        link = quote(f"/sys/class/infiniband/{device}/device")
+        return f"d=$(readlink {link} 2>/dev/null); echo ${{d##*/}}"
+
+    def parse(self, result: RunResult, device: str) -> str:
+        return result.stdout.strip()

@@ -26,7 +26,16 @@ from fxkit.engine.variables import environment
 from fxkit.errors import VarError
 from fxkit.facts.gids import Gid, GidTable
 from fxkit.facts.kernel import SysctlState
-from fxkit.facts.netaddr import Bond, IpAddr, IpRoutes, IpRules, Route, Rule, rule_source
+from fxkit.facts.netaddr import (
+    Bond,
+    IpAddr,
+    IpRoutes,
+    IpRules,
+    Route,
+    Rule,
+    front_end,
+    rule_source,
+)
 from fxkit.facts.rdma import RdmaLink, RdmaLinks, RdmaPort
 from fxkit.ops.base import OpContext, Result, failed, ok, skipped
 from fxkit.ops.systemd import device_unit
@@ -350,19 +359,9 @@ def converge(ctx: OpContext, setting: Setting) -> Result:
 # -- ports ----------------------------------------------------------------------------------------
 
 
-def front_end(host: Host, port: RdmaPort) -> str:
-    """Why ``port`` is a front-end bond ("" when it is not): mlx5 names the RDMA device of a
-    LAG ``mlx5_bond_N`` (drivers/infiniband/hw/mlx5/main.c), and a bond's netdev has a
-    ``bonding`` folder, its ports a ``master`` link."""
-    if port.device.startswith("mlx5_bond_"):
-        return f"{port.device} is a LAG (bond) RDMA device"
-    if port.netdev:
-        bond = host.fact(Bond, port.netdev)
-        if bond.bond:
-            return f"{port.netdev} is a bond"
-        if bond.master:
-            return f"{port.netdev} is a port of bond {bond.master}"
-    return ""
+def front_end_of(host: Host, port: RdmaPort) -> str:
+    """Why ``port`` is a front-end bond ("" when it is not)."""
+    return front_end(port.device, host.fact(Bond, port.netdev) if port.netdev else None)
 
 
 @dataclass(frozen=True)
@@ -378,7 +377,7 @@ class Ports:
 def sort_ports(host: Host, links: RdmaLinks, names: list[str], keep: list[str]) -> Ports:
     """The host's RDMA ports sorted: back-end, unused, front-end; a back-end interface that
     is a front-end bond fails the host before anything changed."""
-    front = tuple((port, why) for port in links.ports if (why := front_end(host, port)))
+    front = tuple((port, why) for port in links.ports if (why := front_end_of(host, port)))
     fronts = {port.netdev: why for port, why in front}
     for name in names:
         if name in fronts:
