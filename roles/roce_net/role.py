@@ -499,78 +499,72 @@ def render(host: Host, template: str, **context: Any) -> str:
     return environment(str(host.role.templates)).get_template(template).render(**context)
 
 
+def backend_devices(host: Host, ports: Ports | None, live: list[Addressing]) -> dict[str, str]:
+    """Back-end interface -> its RDMA device, for those `rdma link` shows one; the others are
+    skipped (lab host) or fail the host, with the reason."""
+    devices = {}
+    for entry in live:
+        port = ports.backend.get(entry.name) if ports else None
+        reason = f"rdma link shows no RDMA device on {entry.name}"
+        if ports and host.needs(port is not None, f"verify the GID of {entry.name}", reason):
+            devices[entry.name] = port.device if port else ""
+    return devices
+
+
 def apply(host: Host, v: Vars) -> None:
     entries = addressing(v)
-    names = [e.name for e in entries]
-    links = host.fact(RdmaLink)
-    # What this host lacks, before anything changes: a host that is not a lab host stops here.
-    ports = sort_ports(host, links, names, v.roce_net_keep) if not links.missing else None
-    live = []
-    for entry in entries:
-        iface = host.fact(IpAddr, entry.name)
-        if host.needs(not iface.missing, f"addressing of {entry.name}", iface.missing):
-            live.append(entry)
-    settings = [s for e in live for s in plan(e)]
-    unused = list(ports.unused) if ports else []
-    if v.roce_net_unused_ports == "down":
-        settings += [down(p.netdev or "") for p in unused]
-
     wanted = {
         "arp_ignore": v.roce_net_arp_ignore,
         "arp_announce": v.roce_net_arp_announce,
         "rp_filter": v.roce_net_rp_filter,
     }
-    for key, value in wanted.items():
-        host.sysctl(f"net.ipv4.conf.all.{key}", value, file=v.roce_net_sysctl_file)
-
-    script = v.roce_net_script
-    host.directory(posixpath.dirname(script), mode="0755")
-    host.task(f"template {script}").file(
-        script,
-        render(
-            host,
-            "fxkit-roce-net.sh.j2",
-            entries=entries,
-            plans={e.name: plan(e) for e in entries},
-            down=[down(p.netdev or "") for p in unused]
-            if v.roce_net_unused_ports == "down"
-            else [],
-            q=quote,
-        ),
-        mode="0755",
-    )
-    units = [device_unit(e.name) for e in entries]
-    host.unit(
-        v.roce_net_unit, render(host, "fxkit-roce-net.service.j2", script=script, devices=units)
-    )
-    host.service(v.roce_net_unit, enabled=True)
-
-    for setting in settings:
-        host.task(setting.what).call(converge, setting)
-    if ports is None:
-        host.needs(False, "RDMA ports", links.missing)
-        return
-    if v.roce_net_unused_ports == "report" or not unused:
-        host.task("unused RDMA ports").call(report_unused, ports)
-    devices = {}
-    for entry in live:
-        port = ports.backend.get(entry.name)
-        reason = f"rdma link shows no RDMA device on {entry.name}"
-        if host.needs(port is not None, f"GID of {entry.name}", reason):
-            devices[entry.name] = port.device if port else ""
-    checked = [e for e in live if e.name in devices]
-    if checked:
-        tool = host.fact(GidTable, devices[checked[0].name], 1).missing
-        if host.needs("ibv_devinfo not found" not in tool, "verify RoCE v2 GIDs", tool):
-            index = v.roce_net_gid_index
-            host.task("verify RoCE v2 GIDs").call(verify_gids, checked, devices, index)
-    if not live:
-        return
+    # What this host lacks, before anything changes: a host that is not a lab host stops here.
+    links = host.fact(RdmaLink)
+    ports = None
+    if host.needs(not links.missing, "RDMA ports", links.missing):
+        ports = sort_ports(host, links, [e.name for e in entries], v.roce_net_keep)
+    live = [
+        entry
+        for entry in entries
+        if host.needs(
+            not (iface := host.fact(IpAddr, entry.name)).missing,
+            f"addressing of {entry.name}",
+            iface.missing,
+        )
+    ]
+    devices = backend_devices(host, ports, live)
+    tool = host.fact(GidTable, next(iter(devices.values())), 1).missing if devices else ""
+    gids = host.needs("ibv_devinfo not found" not in tool, "verify RoCE v2 GIDs", tool)
     why = [
         info.reason
         for key in wanted
         if (info := host.fact(SysctlState, f"net.ipv4.conf.all.{key}")).reason
     ]
-    if host.needs(not why, "verify ARP and rp_filter in force", why[0] if why else ""):
+    sysctls = host.needs(not why, "verify ARP and rp_filter in force", why[0] if why else "")
+    unused = list(ports.unused) if ports else []
+    downs = [down(p.netdev or "") for p in unused] if v.roce_net_unused_ports == "down" else []
+
+    for key, value in wanted.items():
+        host.sysctl(f"net.ipv4.conf.all.{key}", value, file=v.roce_net_sysctl_file)
+    # Persistence: the same commands in a boot script, run by a oneshot unit.
+    script = v.roce_net_script
+    plans = {e.name: plan(e) for e in entries}
+    text = render(host, "fxkit-roce-net.sh.j2", entries=entries, plans=plans, down=downs, q=quote)
+    host.directory(posixpath.dirname(script), mode="0755")
+    host.task(f"template {script}").file(script, text, mode="0755")
+    units = [device_unit(e.name) for e in entries]
+    unit = render(host, "fxkit-roce-net.service.j2", script=script, devices=units)
+    host.unit(v.roce_net_unit, unit)
+    host.service(v.roce_net_unit, enabled=True)
+
+    for setting in [s for e in live for s in plans[e.name]] + downs:
+        host.task(setting.what).call(converge, setting)
+    if ports and not downs:
+        host.task("unused RDMA ports").call(report_unused, ports)
+    checked = [e for e in live if e.name in devices]
+    if checked and gids:
+        index = v.roce_net_gid_index
+        host.task("verify RoCE v2 GIDs").call(verify_gids, checked, devices, index)
+    if live and sysctls:
         names = [e.name for e in live]
         host.task("verify ARP and rp_filter in force").call(verify_sysctls, names, wanted)
