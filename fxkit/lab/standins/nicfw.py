@@ -19,10 +19,6 @@ def _devices(p: Profile, prefix: str) -> list[str]:
     return [port["dev"] for port in p["rdma"]["ports"] if port["dev"].startswith(prefix)]
 
 
-def _state(p: Profile) -> dict[str, Any]:
-    return load_state(STATE, {})
-
-
 # -- mlxconfig ------------------------------------------------------------------------------------
 
 #: mstflint mlxconfig/mlxcfg_ui.cpp: CONFIG_TABLE_NAME_WIDTH 56, the value column width and the
@@ -54,7 +50,7 @@ def mlxconfig(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) ->
     spec = p["nicfw"]["mlxconfig"]
     if device not in _devices(p, "mlx5_"):
         fail("", f"-E- Failed to open device: {device}", 1)
-    state = _state(p)
+    state: dict[str, Any] = load_state(STATE, {})
     nvm = state.setdefault("mlxconfig", {}).setdefault(device, {})
     params = spec["params"]
     wanted: dict[str, int] = {}
@@ -126,7 +122,7 @@ def niccli(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> in
     spec = p["nicfw"]["niccli"]
     if verb not in ("getoption", "setoption") or name not in spec:
         fail("", f"Error: unsupported command or option: {' '.join(args)}", 1)
-    state = _state(p)
+    state: dict[str, Any] = load_state(STATE, {})
     nvm = state.setdefault("niccli", {}).setdefault(interface, {})
     key = f"{name}:{scope}"
     default = int(spec[name])
