@@ -265,3 +265,18 @@ def test_a_wrong_variable_touches_no_host(lab_fleet, tmp_path: Path) -> None:
     events = (tmp_path / "log.jsonl").read_text().splitlines()
     assert not [e for e in map(json.loads, events) if e["event"] == "task"]
     assert snapshot(fleet) == before
+
+
+@pytest.mark.lab
+def test_without_rdma_a_lab_host_skips_and_another_host_fails_untouched(
+    lab_fleet, tmp_path: Path
+) -> None:
+    fleet = lab_fleet(1, name="nicfw-plain")  # no profile: no RDMA in its kernel namespace
+    before = snapshot(fleet)
+    code, skipped = play(tmp_path, fleet, "nic_firmware", {})
+    assert code == 0 and [t["status"] for t in skipped] == ["skipped"]
+    assert skipped[0]["msg"].startswith("NIC firmware: ")
+    code, failed = play(tmp_path, fleet, "nic_firmware", {"fxkit_lab": False})
+    assert code != 0 and [t["status"] for t in failed] == ["failed"]
+    assert "not marked as a lab host" in failed[0]["msg"]
+    assert snapshot(fleet) == before

@@ -376,3 +376,18 @@ def test_a_wrong_variable_touches_no_host(lab_fleet, tmp_path: Path) -> None:
     events = (tmp_path / "log.jsonl").read_text().splitlines()
     assert not [e for e in map(json.loads, events) if e["event"] == "task"]
     assert snapshot(fleet) == before
+
+
+@pytest.mark.lab
+def test_a_plain_lab_host_skips_and_another_host_fails_untouched(lab_fleet, tmp_path: Path) -> None:
+    fleet = lab_fleet(1, name="roce-net-plain")  # no profile: no RDMA, no ens6np0
+    code, skipped = play(tmp_path, fleet, "roce_net", VARS)
+    assert code == 0 and not [t for t in skipped if t["status"] == "failed"]
+    reasons = {t["operation"]: t["msg"] for t in skipped if t["status"] == "skipped"}
+    assert "no network interface ens6np0" in reasons["addressing of ens6np0"]
+    assert "RDMA ports" in reasons
+    before = snapshot(fleet)  # the files of the lab run are there: the next run adds nothing
+    code, failed = play(tmp_path, fleet, "roce_net", {**VARS, "fxkit_lab": False})
+    assert code != 0 and [t["status"] for t in failed] == ["failed"] and snapshot(fleet) == before
+    assert failed[0]["msg"].startswith("RDMA ports: ")
+    assert "not marked as a lab host" in failed[0]["msg"]

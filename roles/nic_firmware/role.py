@@ -302,12 +302,14 @@ def apply(host: Host, v: Vars) -> None:
     for nic in found:
         if not host.needs(not nic.missing, f"firmware of {nic.device}", nic.missing):
             continue
-        tool = "mlxconfig" if nic.family == "connectx" else "niccli"
-        probe = (
-            host.fact(MlxconfigQuery, nic.target).missing
-            if nic.family == "connectx"
-            else host.fact(NiccliOption, nic.netdev, "support_rdma", 0).missing
-        )
+        if nic.family == "connectx":
+            tool, probe = "mlxconfig", host.fact(MlxconfigQuery, nic.target).missing
+        elif v.nic_firmware_niccli:
+            first = v.nic_firmware_niccli[0]
+            tool = "niccli"
+            probe = host.fact(NiccliOption, nic.netdev, first.name, first.scope).missing
+        else:
+            continue  # no niccli option wanted
         if host.needs(f"{tool} not found" not in probe, f"firmware of {nic.device}", probe):
             checked.append(nic)
     # Every device is read and reported, then the host fails once if any differed.
