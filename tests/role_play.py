@@ -15,7 +15,9 @@ from fxkit.lab import Fleet
 
 #: Where roles write (files) on a host; with the network state, what a snapshot compares.
 TREES = "/etc /usr/local /var/lib"
-NETWORK = "ip -j addr; ip -j rule; ip -j route show table all"
+#: IPv4 only: a fresh interface's IPv6 link-local address is "tentative" for a while (duplicate
+#: address detection), which would change a snapshot that the roles did not.
+NETWORK = "ip -br link; ip -4 -j addr; ip -j rule; ip -4 -j route show table all"
 
 
 def snapshot(fleet: Fleet, host: str = "lab01") -> str:
