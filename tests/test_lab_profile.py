@@ -190,10 +190,22 @@ def test_ibv_devinfo_has_the_references_fields(node) -> None:
     one = run(node, "ibv_devinfo -d mlx5_2").stdout
     assert one.startswith("hca_id:\tmlx5_2\n") and "link_layer:\t\tEthernet" in one
     assert "state:\t\t\tPORT_ACTIVE (4)" in one
-    gids = re.findall(
-        r"GID\[\s*(\d+)\]:\s+(\S+), (.+)", run(node, "ibv_devinfo -d mlx5_2 -v").stdout
-    )
-    assert (gids[3][0], gids[3][2]) == ("3", "RoCE v2")
+
+    # The GID table follows the netdev's addresses, as the kernel's (roce_gid_mgmt.c): the
+    # default GIDs only, then with an IPv4 address its RoCE v1 and v2 GIDs (rdma-core's format).
+    def gids() -> list[tuple[str, str, str]]:
+        shown = run(node, "ibv_devinfo -d mlx5_2 -v").stdout
+        return re.findall(r"GID\[\s*(\d+)\]:\s+(\S+), (.+)", shown)
+
+    assert [(i, kind) for i, _, kind in gids()] == [("0", "RoCE v1"), ("1", "RoCE v2")]
+    run(node, "ip addr add 192.168.1.205/31 dev ens8np0")
+    try:
+        assert gids()[2:] == [
+            ("2", "0000:0000:0000:0000:0000:ffff:c0a8:01cd", "RoCE v1"),
+            ("3", "::ffff:192.168.1.205", "RoCE v2"),
+        ]
+    finally:
+        run(node, "ip addr del 192.168.1.205/31 dev ens8np0")
     missing = run(node, "ibv_devinfo -d mlx5_42", ok=False)
     assert missing.rc != 0 and "wasn't found" in missing.stderr
 

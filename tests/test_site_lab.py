@@ -43,7 +43,10 @@ NOT_HARDWARE = (
     "systemd is not running on this host",
     "rocm_host_reboot is false",
     "a reboot is pending",  # /proc/cmdline is this machine's: GRUB's new arguments never boot
+    "/proc/sys is read-only",  # the lab keeps the kernel's settings read-only (docs/lab.md)
 )
+#: What both groups set for roles/nic_firmware: the stand-ins' NVM starts with other values.
+NIC_FIRMWARE = {"nic_firmware_write": True, "nic_firmware_on_difference": "report"}
 #: Steps that change the NICs: on plain hosts they must not even be tried.
 NIC_STEPS = ("MTU of ", "trust and PFC of ", "rdma_cm defaults of ", "ECN of ")
 
@@ -73,6 +76,7 @@ def inventory(fleet: Fleet, mirror_url: str, key_sha256: str, arch: str) -> dict
         storage_targets={
             "hosts": {"lab01": hosts["lab01"]},
             "vars": {
+                **NIC_FIRMWARE,
                 "roce_nic_interfaces": ["ens6np0"],
                 "nvmeof_target_ports": [
                     {"id": 1, "transport": "rdma", "address": STORAGE, "service_id": 4420}
@@ -94,7 +98,12 @@ def inventory(fleet: Fleet, mirror_url: str, key_sha256: str, arch: str) -> dict
                 "rocm_host_key_sha256": key_sha256,
                 "rocm_host_apt_arch": arch,
                 "rocm_host_users": ["ops"],
+                **NIC_FIRMWARE,
                 "roce_nic_interfaces": ["ens6np0", "ens5np0"],
+                "roce_net_interfaces": [
+                    {"name": "ens6np0", "address": "10.100.0.1/31"},
+                    {"name": "ens5np0", "address": "10.100.1.1/31"},
+                ],
                 "nvmeof_initiator_hostnqn": HOSTNQN,
                 "nvmeof_initiator_discovery": [
                     {"transport": "rdma", "address": STORAGE, "service_id": 4420}

@@ -62,6 +62,15 @@ def unit_instance(template: str, instance: str) -> str:
     return check_unit_name(f"{match.group(1)}@{escaped}.{match.group(3)}").string
 
 
+def device_unit(interface: str) -> str:
+    """systemd's device unit of a network interface, escaped as ``systemd-escape`` does::
+
+    device_unit("ens6np0") == "sys-subsystem-net-devices-ens6np0.device"
+    """
+    escaped = "".join(_escape(c, first=i == 0) for i, c in enumerate(interface))
+    return f"sys-subsystem-net-devices-{escaped}.device"
+
+
 def _escape(char: str, first: bool) -> str:
     """One character as systemd-escape writes it: ``/`` becomes ``-``, anything but letters,
     digits, ``:``, ``_`` and a ``.`` that does not start the name becomes ``\\xHH`` per byte."""

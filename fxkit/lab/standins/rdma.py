@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import subprocess
 from typing import Any
 
 from .common import Profile, Tool, fail, load_state, netdev_attr, new_parser, save_state
@@ -157,13 +159,39 @@ def ibv_devinfo(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) 
             "\t\t\tlink_layer:\t\tEthernet",
         ]
         if opts.verbose:
-            guid = port["node_guid"]  # the link-local GID's interface id: the EUI-64, bit 1 flipped
-            eui = f"{int(guid[:2], 16) ^ 2:02x}{guid[2:]}"
-            for index, kind in enumerate(r["gid_types"]):
-                lines.append(f"\t\t\tGID[{index:3}]:\t\tfe80:0000:0000:0000:{eui}, {kind}")
+            lines += _gid_lines(port)
         blocks.append("\n".join(lines) + "\n")
     print("\n".join(blocks))
     return 0
+
+
+def _gid_lines(port: dict[str, Any]) -> list[str]:
+    """The port's GID table as the kernel fills it from the netdev now (roce_gid_mgmt.c): the
+    default GID (fe80::/64 and the EUI-64 of the port), then one GID per IP address of the
+    interface, each as RoCE v1 and RoCE v2; printed as rdma-core's devinfo.c does (v1 in hex
+    groups, v2 through inet_ntop)."""
+    guid = port["node_guid"]  # the link-local GID's interface id: the EUI-64, bit 1 flipped
+    eui = f"{int(guid[:2], 16) ^ 2:02x}{guid[2:]}"
+    gids = [ipaddress.IPv6Address(f"fe80::{eui}")]
+    shown = subprocess.run(
+        ["ip", "-j", "addr", "show", "dev", port["netdev"]],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    links = json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
+    for info in (a for link in links for a in link.get("addr_info", [])):
+        if info.get("family") == "inet":
+            gids.append(ipaddress.IPv6Address(f"::ffff:{info['local']}"))
+        elif info.get("family") == "inet6" and info.get("scope") == "global":
+            gids.append(ipaddress.IPv6Address(info["local"]))
+    lines = []
+    for number, gid in enumerate(gids):
+        lines.append(f"\t\t\tGID[{2 * number:3}]:\t\t{gid.exploded}, RoCE v1")
+        # inet_ntop writes an IPv4-mapped address in dotted form (::ffff:192.168.1.201)
+        v2 = f"::ffff:{gid.ipv4_mapped}" if gid.ipv4_mapped else gid.compressed
+        lines.append(f"\t\t\tGID[{2 * number + 1:3}]:\t\t{v2}, RoCE v2")
+    return lines
 
 
 # -- mlnx_qos -----------------------------------------------------------------------------------
