@@ -152,4 +152,3 @@ def test_the_report_names_the_pairs(fabric_run, tmp_path: Path) -> None:
     port = result["hosts"]["lab03"]["measurements"][at]["data"]["ports"]["mlx5_9/1"]
     assert port["peer"] == "lab01" and port["peer_port"] == "mlx5_9/1" and port["round"] == 2
     assert port["connected"] is True and port["role"] == "server"
-
