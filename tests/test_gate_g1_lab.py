@@ -148,11 +148,11 @@ def test_g1_on_plain_lab_hosts(lab_fleet, tmp_path: Path) -> None:
                 got[fabric] == "ERROR"
                 and "no RDMA devices" in check(result, fabric, host)["reason"]
             )
-        for tool, ids in (
+        for tool, fabric_ids in (
             ("ib_write_bw", ("fabric_gpu_nic_bandwidth", "fabric_nic_nic_bandwidth")),
             ("ibv_rc_pingpong", ("fabric_rc_pingpong",)),
         ):
-            for fabric in ids:
+            for fabric in fabric_ids:
                 reason = check(result, fabric, host)["reason"]
                 assert got[fabric] == "ERROR" and f"{tool} not found on {host}" in reason
         # Both hosts read alone (one target port: one node at a time), then together.
