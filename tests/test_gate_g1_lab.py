@@ -244,7 +244,8 @@ def test_g1_hardware_checks_pass_on_the_mi308x_profile(mi308x_runs) -> None:
 @pytest.mark.parametrize(
     ("variant", "failing"),
     [
-        ("mi308x-gpu-missing", {"gpu_count"}),
+        # Seven GPUs: the eighth NIC's GPU (--use_rocm=7) is not there, so its path fails too.
+        ("mi308x-gpu-missing", {"gpu_count", "fabric_gpu_nic_bandwidth"}),
         # The NIC without a link fails its GPU to NIC test too (ib_write_bw cannot connect).
         ("mi308x-rdma-down", {"rdma_active_count", "rdma_state", "fabric_gpu_nic_bandwidth"}),
         # A backend port at 200G: its speed fails; its bandwidth is judged against its own
@@ -263,6 +264,8 @@ def test_a_variant_fails_exactly_its_checks(mi308x_runs, variant: str, failing: 
     if variant == "mi308x-gpu-missing":
         assert check(result, "gpu_count")["value"] == 7
         assert "0000:65:00.0" not in json.dumps(check(result, "gpu_pcie_speed")["value"])
+        gpu_nic = check(result, "fabric_gpu_nic_bandwidth")
+        assert gpu_nic["reason"].startswith("mlx5_9/1: 0") and gpu_nic["value"]["mlx5_6/1"] > 97.5
     elif variant == "mi308x-nic-half":
         speed = check(result, "fabric_link_speed")
         assert (

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import Profile, Tool, fail, netdev_attr, new_parser
+from .common import STATE, Profile, Tool, fail, netdev_attr, new_parser
 
 #: The recorded run's link speed (Mb/s): a 400G NIC pair (SOURCES.md).
 RECORDED_MBPS = 400000
@@ -24,8 +24,31 @@ RECORDED_MBPS = 400000
 LOOPBACK = 390 / 770
 LOCAL = ("127.0.0.1", "localhost", "::1")
 #: How long a side of a test "runs" (seconds): a server waits for its client (which starts a
-#: second after it, later on a loaded machine), as a real one blocks until its client connects.
+#: second after it, later on a loaded machine), as a real one blocks until its client connects;
+#: a client on its own host (a loopback) tells it when it is done.
 SERVER_S, CLIENT_S = 5.0, 0.6
+
+
+def _run(tool: str, port: int, client: bool) -> None:
+    """Take as long as a side of a test: a client CLIENT_S, then it marks its TCP port done; a
+    server until a client on this host marked its port after the server started, at most
+    SERVER_S."""
+    done = STATE / f"{tool}-{port}.done"
+    if client:
+        time.sleep(CLIENT_S)
+        STATE.mkdir(parents=True, exist_ok=True)
+        done.write_text(str(time.time()))
+        return
+    started = time.time()
+    while time.time() - started < SERVER_S:
+        try:
+            if float(done.read_text()) > started:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+
+
 _ROW = re.compile(r"^ (\d+)(\s+)(\d+)(\s+)([\d.]+)(\s+)([\d.]+)(\s+)([\d.]+)$", re.M)
 
 
@@ -87,7 +110,7 @@ def ib_write_bw(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) 
         fail("", "the stand-in answers in Gb/sec only (--report_gbits)", 1)
     if opts.use_rocm is not None:
         text = _rocm(p, folder, opts.use_rocm, text)
-    time.sleep(CLIENT_S if client else SERVER_S)
+    _run("ib_write_bw", opts.port, client)
     print(text, end="")
     entry["device"], entry["ended"] = port["dev"], time.time()
     return 0
@@ -133,7 +156,7 @@ def ibv_rc_pingpong(p: Profile, args: list[str], stdin: str, entry: dict[str, An
     except OSError:
         fail("", f"can't read sgid of index {opts.gid_idx}", 1)
     ip6 = str(ipaddress.IPv6Address(gid))  # inet_ntop's form, as rc_pingpong prints it
-    time.sleep(CLIENT_S if opts.server else SERVER_S)
+    _run("ibv_rc_pingpong", opts.port, opts.server is not None)
     seconds = opts.size * opts.iters * 2 * 8 / (_speed(port) * 1e6) * 4  # a quarter line rate
     print(f"  local address:  LID 0x0000, QPN 0x{0x18B:06x}, PSN 0x92d03e, GID {ip6}")
     print(f"  remote address: LID 0x0000, QPN 0x{0x89:06x}, PSN 0x76ea22, GID {ip6}")
