@@ -271,6 +271,11 @@ def _pairs(
         return out
     results: dict[str, dict[str, list[dict[str, Any]]]] = {h: {} for h in sides}
     for round_number, pairs in enumerate(rounds, 1):
+        if any(side.node.stop.is_set() for side in sides.values()):  # Ctrl-C: no more rounds
+            return {
+                **out,
+                **{h: MeasureError("interrupted (Ctrl-C) between rounds") for h in sides},
+            }
         with ThreadPoolExecutor(max_workers=2 * len(pairs)) as pool:
             runs = [
                 (

@@ -53,6 +53,8 @@ def fio_paced(nodes: dict[str, MeasuredHost], params: dict[str, PacedParams]) ->
     out: dict[str, Any] = {}
     for wave, start in enumerate(range(0, len(hosts), at_once), 1):
         group = hosts[start : start + at_once]
+        if any(node.stop.is_set() for node in nodes.values()):  # Ctrl-C: no more waves
+            return {**out, **{h: MeasureError("interrupted (Ctrl-C)") for h in hosts[start:]}}
         read = _read({h: nodes[h] for h in group}, params)
         for host, data in read.items():
             out[host] = (
