@@ -155,7 +155,9 @@ def ibv_rc_pingpong(p: Profile, args: list[str], stdin: str, entry: dict[str, An
         gid = (gids / str(opts.gid_idx)).read_text().strip()
     except OSError:
         fail("", f"can't read sgid of index {opts.gid_idx}", 1)
-    ip6 = str(ipaddress.IPv6Address(gid))  # inet_ntop's form, as rc_pingpong prints it
+    address = ipaddress.IPv6Address(gid)  # in inet_ntop's form, as rc_pingpong prints it
+    mapped = address.ipv4_mapped
+    ip6 = f"::ffff:{mapped}" if mapped else str(address)
     _run("ibv_rc_pingpong", opts.port, opts.server is not None)
     seconds = opts.size * opts.iters * 2 * 8 / (_speed(port) * 1e6) * 4  # a quarter line rate
     print(f"  local address:  LID 0x0000, QPN 0x{0x18B:06x}, PSN 0x92d03e, GID {ip6}")
