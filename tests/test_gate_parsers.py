@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,6 +29,7 @@ from fxkit.engine.variables import HostVars
 from fxkit.facts.base import FactCache
 from fxkit.gate import spec
 from fxkit.gate.measure import KINDS, MeasuredHost, MeasureError
+from fxkit.gate.measures import fabric
 from fxkit.gate.measures.bench import parse_all_reduce, parse_fio, parse_ib_write_bw
 from fxkit.gate.measures.fabric import plan_pairs
 from fxkit.gate.measures.facts import parse_pcie_links
@@ -147,6 +149,32 @@ def test_a_bidirectional_run_between_two_400g_nodes(side: str) -> None:
     assert got["qps"] == 4 and got["link_type"] == "Ethernet" and len(got["rows"]) == 23
     assert max(r["bw_average"] for r in got["rows"]) == 779.21
     assert got["rows"][-1]["bytes"] == 8388608
+
+
+def test_a_pair_is_judged_on_its_lower_side_against_its_slower_port() -> None:
+    """Both sides' reports of one NIC pair (the recorded 400G run): the pair's figure is the
+    lower one, in percent of both directions of the slower port's link speed; a side that
+    failed fails the pair's test with its reason."""
+    server = (PERFTEST / "ib_write_bw_b_server.txt").read_text()
+    client = (PERFTEST / "ib_write_bw_b_client.txt").read_text()
+    # as a port at 200G would report: every figure of 100 Gb/s and more halved
+    half = re.sub(r"\b(\d{3}\.\d\d)\b", lambda m: f"{float(m[1]) / 2:.2f}", client)
+
+    def side(host: str, speed: int) -> fabric._Side:
+        port = fabric.Backend("mlx5_0/1", "mlx5_0", "ens6np0", "ACTIVE")
+        params = fabric.PairParams(address=host)
+        return fabric._Side(host, local_probe(), params, [port], {"mlx5_0/1": speed})
+
+    fast, slow = side("a", 400000), side("b", 200000)
+    got = fabric._bw_judge((0, server), (0, half), fast, slow, 0)
+    assert got["bw_gbps"] == 389.61 and got["speed_mbps"] == 200000  # 779.21 / 2
+    assert got["line_rate_pct"] == 97.4  # of 2 x 200G
+    assert (
+        fabric._bw_judge((0, server), (0, client), fast, side("c", 400000), 0)["line_rate_pct"]
+        == 97.4
+    )  # 779.21 of 2 x 400G
+    failed = fabric._bw_judge((0, server), (1, "Couldn't connect"), fast, slow, 0)
+    assert failed["bw_gbps"] == 0.0 and "client exited 1" in failed["error"]
 
 
 @pytest.mark.parametrize("count", range(1, 8))
