@@ -27,6 +27,7 @@ DISABLED``). A declared port that ``rdma link`` does not show is ``MISSING``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from shlex import quote
 from typing import Any, NamedTuple
@@ -151,7 +152,7 @@ def _best(text: str) -> float:
 class GpuNicParams(BackendParams):
     #: The GPU adjacent to each backend NIC (device or netdev -> GPU index); default: the i-th
     #: backend port's GPU is GPU i (one NIC per GPU, in the order they are declared).
-    gpus: dict[str, int] = Field(default_factory=dict)
+    gpus: dict[str, int] = Field(default={})
     qps: int = Field(default=1, gt=0)
     port: int = Field(default=18515, gt=0, lt=65536)
     #: Seconds each side may run (``timeout``); -a runs every message size from 2 B to 8 MiB.
@@ -209,10 +210,13 @@ def plan_pairs(hosts: list[str]) -> list[list[tuple[str, str]]]:
 class PairParams(BackendParams):
     #: How the other node of a pair reaches this one when it is the server (its address).
     address: str
-    qps: int = Field(default=1, gt=0)
     #: The first TCP port; the i-th NIC pair uses port + i.
     port: int = Field(default=18515, gt=0, lt=65536)
     limit: int = Field(default=300, gt=0)
+
+
+class BwPairParams(PairParams):
+    qps: int = Field(default=1, gt=0)
 
 
 _MARK = re.compile(r"^@@fxkit (\d+) (\d+)$", re.M)
@@ -247,7 +251,7 @@ class _Side(NamedTuple):
 
 def _pairs(
     nodes: dict[str, MeasuredHost],
-    params: dict[str, PairParams],
+    params: Mapping[str, PairParams],
     tool: str,
     command: Any,
     judge: Any,
@@ -326,7 +330,8 @@ def _worst(tests: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _bw_command(side: _Side, port: Backend, i: int, to: str) -> str:
     p = side.params
-    return _command(port.device, p.gid_index, p.port + i, rocm=None, qps=p.qps, to=to)
+    qps = p.qps if isinstance(p, BwPairParams) else 1
+    return _command(port.device, p.gid_index, p.port + i, rocm=None, qps=qps, to=to)
 
 
 def _bw_judge(
@@ -348,8 +353,8 @@ def _bw_judge(
     return test
 
 
-@fleet_kind("ib_write_bw_pairs", PairParams)
-def ib_write_bw_pairs(nodes: dict[str, MeasuredHost], params: dict[str, PairParams]) -> Any:
+@fleet_kind("ib_write_bw_pairs", BwPairParams)
+def ib_write_bw_pairs(nodes: dict[str, MeasuredHost], params: dict[str, BwPairParams]) -> Any:
     """AMD's NIC to NIC ib_write_bw -b across node pairs: per port, the lower side's Gb/s."""
     return _pairs(nodes, params, "ib_write_bw", _bw_command, _bw_judge)
 
