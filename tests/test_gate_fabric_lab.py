@@ -6,6 +6,8 @@
   it started and ended, fxkit/lab/standins/perftest.py): on every host, the calls on one NIC
   that overlap in time are one test (one server and one client on the same TCP port).
 - The two sides of a pair's test ran at the same time, on the same NIC of both nodes.
+- One NIC at half speed (two mi308x-nic-half hosts) fails exactly ``fabric_link_speed``: its
+  pair's bandwidth is judged against its own 200G.
 
 The stand-ins answer from recorded real perftest output (fxkit/lab/profiles/mi308x/SOURCES.md);
 the hosts do not reach each other, so the figures are the recording's, not a measured fabric.
@@ -152,3 +154,27 @@ def test_the_report_names_the_pairs(fabric_run, tmp_path: Path) -> None:
     port = result["hosts"]["lab03"]["measurements"][at]["data"]["ports"]["mlx5_9/1"]
     assert port["peer"] == "lab01" and port["peer_port"] == "mlx5_9/1" and port["round"] == 2
     assert port["connected"] is True and port["role"] == "server"
+
+
+def test_a_nic_at_half_speed_fails_exactly_its_link_speed_across_pairs(
+    lab_fleet, fabric_run, tmp_path: Path
+) -> None:
+    """Two mi308x-nic-half hosts (mlx5_3 at 200G on both): the pair's tests on mlx5_3 are
+    judged against its 200G, so only fabric_link_speed fails, on each node; every other
+    check's status is the three healthy hosts' one."""
+    fleet = lab_fleet(2, name="g1-nic-half", profile="mi308x-nic-half")
+    for host in ("lab01", "lab02"):
+        extra = prepare(fleet, host)
+    extra.pop("numa_balancing")
+    _, result = run_g1(fleet, tmp_path / "half", extra)
+    healthy = statuses(fabric_run["result"], "lab01")
+    for host in ("lab01", "lab02"):
+        got = statuses(result, host)
+        changed = {c for c in got if got[c] != healthy[c]}
+        assert changed == {"fabric_link_speed"}, {c: (healthy[c], got[c]) for c in changed}
+        assert got["fabric_link_speed"] == "FAIL"
+        pair = check(result, "fabric_nic_nic_bandwidth", host)["value"]
+        assert pair["mlx5_3/1"] == pair["mlx5_0/1"] == 97.4
+        at = check(result, "fabric_nic_nic_bandwidth", host)["measurement"]
+        port = result["hosts"][host]["measurements"][at]["data"]["ports"]["mlx5_3/1"]
+        assert port["speed_mbps"] == 200000 and port["bw_gbps"] == 389.61
