@@ -21,6 +21,7 @@ import random
 import shlex
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from fxkit.engine.runner import load_inventory
@@ -55,7 +56,8 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="keep the reports here")
     args = parser.parse_args()
     width, height = (int(n) for n in args.size.split("x"))
-    gate = spec.load(args.gate)
+    gate = spec.load(args.gate)  # on the lab hosts (G1's own are an inventory's gpu_nodes)
+    gate = replace(gate, spec=gate.spec.model_copy(update={"hosts": "lab"}))
     with tempfile.TemporaryDirectory(prefix="fxkit-gate-example-") as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)

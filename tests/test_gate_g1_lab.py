@@ -60,6 +60,9 @@ HARDWARE = (
     "rdma_mtu",
     "nvmeof_namespaces",
     "nvmeof_namespace_size",
+    "fabric_link_speed",
+    "fabric_gid_index",
+    "fabric_gpu_nic_bandwidth",
 )
 #: The RVS checks that every GPU is listed (rocm_host_gpu_count of them).
 RVS_GPUS = ("rvs_gpup_gpus", "rvs_gst_gpus", "rvs_iet_gpus", "rvs_pebb_gpus")
@@ -115,8 +118,21 @@ REQUIRES = {
 #: Each variant and the checks it fails (FAIL; WARN where the check is a warning).
 VARIANTS = {
     # RVS lists the GPUs it can use: the missing one is missing there too.
-    "mi308x-gpu-missing": {"gpu_count": "FAIL", **dict.fromkeys(RVS_GPUS, "FAIL")},
-    "mi308x-rdma-down": {"rdma_active_count": "FAIL", "rdma_state": "FAIL"},
+    # Seven GPUs: the eighth NIC's GPU (--use_rocm=7) is not there, so its path fails too.
+    "mi308x-gpu-missing": {
+        "gpu_count": "FAIL",
+        **dict.fromkeys(RVS_GPUS, "FAIL"),
+        "fabric_gpu_nic_bandwidth": "FAIL",
+    },
+    # The NIC without a link fails its GPU to NIC test too (ib_write_bw cannot connect).
+    "mi308x-rdma-down": {
+        "rdma_active_count": "FAIL",
+        "rdma_state": "FAIL",
+        "fabric_gpu_nic_bandwidth": "FAIL",
+    },
+    # A backend port at 200G: its speed fails; its bandwidth is judged against its own link
+    # speed (97.5 % of 200G), which it carries.
+    "mi308x-nic-half": {"fabric_link_speed": "FAIL"},
     # The sysfs link is x8 too: G1's older warning on it says so as well.
     "mi308x-gpu-link-x8": {"gpu_link_width": "FAIL", "gpu_pcie_width": "WARN"},
     "mi308x-gpu-fatal-err": {"gpu_fatal_error": "FAIL"},
@@ -126,6 +142,8 @@ VARIANTS = {
     # The root port above GPU 0000:05:00.0 is also above NIC ens6np0.
     "mi308x-acs-enabled": {"pcie_acs_gpu": "FAIL", "pcie_acs_nic": "FAIL"},
 }
+#: A variant that changes no check: a front-end bond beside the backend ports.
+BOND = "mi308x-frontend-bond"
 NQN = "nqn.2024-01.com.example:models"
 CONNECTION = {
     "nqn": NQN,
@@ -137,6 +155,16 @@ CONNECTION = {
 }
 
 
+def gpu_nodes(fleet, out: Path) -> list[str]:
+    """``-i`` options: the fleet's inventory and a file making its hosts (group ``lab``) G1's
+    ``gpu_nodes``."""
+    groups = out.with_suffix(".gpu_nodes.yml")
+    groups.write_text(
+        yaml.safe_dump({"all": {"children": {"gpu_nodes": {"children": {"lab": {}}}}}})
+    )
+    return ["-i", str(fleet.inventory), "-i", str(groups)]
+
+
 def run_g1(fleet, out: Path, extra: dict) -> tuple[subprocess.CompletedProcess[str], dict]:
     extra_file = out.with_suffix(".vars.yml")
     extra_file.write_text(yaml.safe_dump(extra))
@@ -145,8 +173,7 @@ def run_g1(fleet, out: Path, extra: dict) -> tuple[subprocess.CompletedProcess[s
             FXKIT,
             "gate",
             "g1",
-            "-i",
-            str(fleet.inventory),
+            *gpu_nodes(fleet, out),
             "--out",
             str(out),
             "-e",
@@ -205,10 +232,27 @@ def test_g1_on_plain_lab_hosts(lab_fleet, tmp_path: Path) -> None:
         assert fio["data"]["io_bytes"] >= 32 << 20 and fio["data"]["read_gbps"] > 0
         assert got["storage_read_bandwidth"] == "PASS"
         assert got["storage_read_latency"] == "PASS"
-        assert got["rdma_write_bandwidth"] == "SKIP"
         # AMD's checklist runs RCCL on every node: without the tool it is ERROR, never PASS.
         assert got["rccl_all_reduce_busbw"] == "ERROR"
         assert "all_reduce_perf not found" in check(result, "rccl_all_reduce_busbw", host)["reason"]
+        for fabric in ("fabric_link_speed", "fabric_gid_index"):
+            assert (
+                got[fabric] == "ERROR"
+                and "no RDMA devices" in check(result, fabric, host)["reason"]
+            )
+        for tool, fabric_ids in (
+            ("ib_write_bw", ("fabric_gpu_nic_bandwidth", "fabric_nic_nic_bandwidth")),
+            ("ibv_rc_pingpong", ("fabric_rc_pingpong",)),
+        ):
+            for fabric in fabric_ids:
+                reason = check(result, fabric, host)["reason"]
+                assert got[fabric] == "ERROR" and f"{tool} not found on {host}" in reason
+        # Both hosts read alone (one target port: one node at a time), then together.
+        assert fio["data"]["at_once"] == 1 and fio["data"]["read_with"] == [host]
+        fleet_read = result["hosts"][host]["measurements"][
+            check(result, "storage_fleet_read_bandwidth", host)["measurement"]
+        ]
+        assert fleet_read["data"]["nodes"] == 2 and got["storage_fleet_read_bandwidth"] == "PASS"
         with fleet.connect(host) as conn:
             assert not conn.run("test -e /var/tmp/fxkit-g1.fio").ok
     reports_are_valid(tmp_path / "plain", result)
@@ -230,19 +274,27 @@ def reports_are_valid(out: Path, result: dict) -> None:
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def prepare(fleet) -> dict:
-    """Connect the NVMe-oF namespace and set the RoCE MTU, as the roles do; the host's
-    variables for the gate (its own kernel command line words as the expected ones)."""
-    with fleet.connect("lab01") as conn:
+def backend(profile: str) -> list[dict[str, str]]:
+    """roce_nic_interfaces of a profile's node: its ConnectX ports, not the front-end bond."""
+    ports = profiles.load(profile)["rdma"]["ports"]
+    return [{"name": p["netdev"], "device": p["dev"]} for p in ports if "bond" not in p["dev"]]
+
+
+def prepare(fleet, host: str = "lab01") -> dict:
+    """Connect the NVMe-oF namespace and set the RoCE MTU on the backend ports, as the roles
+    do; the host's variables for the gate (its own kernel command line words as the expected
+    ones, the backend ports as roce_nic_interfaces)."""
+    with fleet.connect(host) as conn:
         args = " ".join(["-t", "rdma", "-a", "192.168.100.10", "-s", "4420", "-n", NQN])
         assert conn.run(f"nvme list-subsys -o json | grep -q {NQN} || nvme connect {args}").ok
-        for port in profiles.load(fleet.profile)["rdma"]["ports"]:
-            assert conn.run(f"ip link set dev {port['netdev']} mtu 9000").ok
+        for port in backend(fleet.profile):
+            assert conn.run(f"ip link set dev {port['name']} mtu 9000").ok
         cmdline = conn.run("cat /proc/cmdline").stdout.split()
         numa = conn.run("cat /proc/sys/kernel/numa_balancing").stdout.strip()
     return {
         **FIO,
         **SITE,
+        "roce_nic_interfaces": backend(fleet.profile),
         "nvmeof_initiator_connections": [CONNECTION],
         "rocm_host_kernel_args": cmdline[:2],
         # The lab's kernel is this machine's: its own words stand for AMD's arguments.
@@ -255,7 +307,7 @@ def prepare(fleet) -> dict:
 def mi308x_runs(lab_fleet, tmp_path_factory) -> dict[str, dict]:
     """g1 on one host of the mi308x profile and of each variant."""
     runs = {}
-    for name in ("mi308x", *VARIANTS):
+    for name in ("mi308x", *VARIANTS, BOND):
         fleet = lab_fleet(1, name=f"g1-{name}", profile=name)
         extra = prepare(fleet)
         numa = extra.pop("numa_balancing")
@@ -312,6 +364,16 @@ def test_a_variant_fails_exactly_its_checks(mi308x_runs, variant: str) -> None:
         assert check(result, "gpu_count")["value"] == 7
         assert "0000:65:00.0" not in json.dumps(check(result, "gpu_pcie_speed")["value"])
         assert check(result, "gpu_pci_count")["value"] == 8  # on the bus, whatever the driver
+        gpu_nic = check(result, "fabric_gpu_nic_bandwidth")
+        assert gpu_nic["reason"].startswith("mlx5_9/1: 0") and gpu_nic["value"]["mlx5_6/1"] > 97.5
+    elif variant == "mi308x-nic-half":
+        speed = check(result, "fabric_link_speed")
+        assert (
+            speed["reason"].startswith("mlx5_3/1: 200000") and speed["value"]["mlx5_0/1"] == 400000
+        )
+        bw = check(result, "fabric_gpu_nic_bandwidth")["value"]
+        base = check(mi308x_runs["mi308x"]["result"], "fabric_gpu_nic_bandwidth")["value"]
+        assert bw == base  # the same share of its (halved) line rate
     elif variant == "mi308x-rdma-down":
         assert check(result, "rdma_active_count")["value"] == 7
         assert reasons["rdma_state"].startswith("mlx5_3/1: DOWN")
@@ -330,8 +392,18 @@ def test_a_variant_fails_exactly_its_checks(mi308x_runs, variant: str) -> None:
         assert reasons["pcie_acs_nic"] == "ens6np0: [0000:00:01.1] is not == []"
 
 
+def test_a_front_end_bond_is_not_a_backend_port(mi308x_runs) -> None:
+    """mlx5_bond_0 (ACTIVE, MTU 1500) beside the 8 backend ports changes no check: it is not
+    declared in roce_nic_interfaces, so neither counted nor judged, and listed as such."""
+    base = statuses(mi308x_runs["mi308x"]["result"])
+    result = mi308x_runs[BOND]["result"]
+    assert statuses(result) == base
+    ports = result["hosts"]["lab01"]["measurements"][check(result, "rdma_mtu")["measurement"]]
+    assert ports["data"]["not_counted"] == ["mlx5_bond_0/1"] and ports["data"]["count"] == 8
+
+
 def test_the_variants_are_profiles() -> None:
-    assert {"mi308x", *VARIANTS} <= set(profiles.names())
+    assert {"mi308x", *VARIANTS, BOND} <= set(profiles.names())
     done = subprocess.run([FXKIT, "lab", "up", "--help"], capture_output=True, text=True)
     assert all(variant in done.stdout for variant in VARIANTS)
 
@@ -350,7 +422,13 @@ def test_g1_results_are_judged_again_without_the_hosts(mi308x_runs, tmp_path: Pa
     again = json.loads((tmp_path / "result.json").read_text())
     before, after = statuses(run["result"]), statuses(again)
     changed = {c for c in before if before[c] != after[c]}
-    assert changed == {"gpu_count", "gpu_pci_count", *RVS_GPUS, "storage_read_bandwidth"}
+    assert changed == {
+        "gpu_count",
+        "gpu_pci_count",
+        *RVS_GPUS,
+        "storage_read_bandwidth",
+        "storage_fleet_read_bandwidth",
+    }
     assert check(again, "gpu_count")["reason"] == "8 is not == 7"
 
 

@@ -7,15 +7,17 @@
 - rccl-tests: real ``all_reduce_perf`` output of two 8 x MI308X nodes
   (/work/shared/reference/rccl_tests_all_reduce_mi308x_2node_rocm720.txt).
 
-The ``ib_write_bw`` and ``rccl`` kinds' commands are checked with test doubles of the tools
-(shell scripts first on PATH that log their arguments and print the real outputs above): this
-machine has no RDMA device or GPU, so their numbers are the recorded ones, not measured here.
+The ``rccl`` kind's command is checked with a test double of the tool (a shell script first on
+PATH that logs its arguments and prints the real output above): this machine has no GPU, so its
+numbers are the recorded ones, not measured here. The perftest kinds need RDMA devices: their
+commands run against the lab's stand-ins (tests/test_gate_g1_lab.py, test_gate_fabric_lab.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,10 +29,13 @@ from fxkit.engine.variables import HostVars
 from fxkit.facts.base import FactCache
 from fxkit.gate import spec
 from fxkit.gate.measure import KINDS, MeasuredHost, MeasureError
+from fxkit.gate.measures import fabric
 from fxkit.gate.measures.bench import parse_all_reduce, parse_fio, parse_ib_write_bw
+from fxkit.gate.measures.fabric import plan_pairs
 from fxkit.gate.measures.facts import parse_pcie_links
 
 DATA = Path(__file__).parent / "data" / "gate"
+PERFTEST = Path(__file__).parents[1] / "fxkit" / "lab" / "profiles" / "mi308x" / "perftest"
 REFERENCE = Path("/work/shared/reference")
 RCCL = REFERENCE / "rccl_tests_all_reduce_mi308x_2node_rocm720.txt"
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
@@ -135,25 +140,57 @@ def stand_in(folder: Path, name: str, script: str, monkeypatch: pytest.MonkeyPat
     return folder / "calls"
 
 
-def test_the_ib_write_bw_kind_runs_a_server_and_a_client(tmp_path, monkeypatch) -> None:
-    """The kind's commands, with a test double of ib_write_bw (no RDMA here) that replays the
-    real client output above: the server on one device in the background, the client on the
-    other against 127.0.0.1, and the row of the message size is the result."""
-    real = DATA / "ib_write_bw_roce_report_gbits.txt"
-    calls = stand_in(
-        tmp_path, "ib_write_bw", f'case "$*" in *127.0.0.1) cat {real};; *) sleep 1;; esac',
-        monkeypatch,
-    )  # fmt: skip
-    params = {"device": "mlx5_0", "server_device": "mlx5_1", "size": 65536, "duration": 1}
-    got = measure("ib_write_bw", params)
-    assert isinstance(got, dict) and got["bw_average_gbps"] == 92.57
-    flags = "-i 1 -x 3 -F --report_gbits -q 8 -s 65536 -D 1 -p 18515"
-    assert sorted(calls.read_text().splitlines()) == [
-        f"-d mlx5_0 {flags} 127.0.0.1",
-        f"-d mlx5_1 {flags}",
-    ]
-    with pytest.raises(MeasureError, match="no row for 8388608 bytes"):
-        measure("ib_write_bw", {**params, "size": 8388608})
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_a_bidirectional_run_between_two_400g_nodes(side: str) -> None:
+    """The recorded real ``ib_write_bw -b -q 4 -F -a --report_gbits`` pair the lab's stand-in
+    answers from (fxkit/lab/profiles/mi308x/SOURCES.md): both sides print the same table."""
+    text = (PERFTEST / f"ib_write_bw_b_{side}.txt").read_text()
+    got = parse_ib_write_bw(text)
+    assert got["qps"] == 4 and got["link_type"] == "Ethernet" and len(got["rows"]) == 23
+    assert max(r["bw_average"] for r in got["rows"]) == 779.21
+    assert got["rows"][-1]["bytes"] == 8388608
+
+
+def test_a_pair_is_judged_on_its_lower_side_against_its_slower_port() -> None:
+    """Both sides' reports of one NIC pair (the recorded 400G run): the pair's figure is the
+    lower one, in percent of both directions of the slower port's link speed; a side that
+    failed fails the pair's test with its reason."""
+    server = (PERFTEST / "ib_write_bw_b_server.txt").read_text()
+    client = (PERFTEST / "ib_write_bw_b_client.txt").read_text()
+    # as a port at 200G would report: every figure of 100 Gb/s and more halved
+    half = re.sub(r"\b(\d{3}\.\d\d)\b", lambda m: f"{float(m[1]) / 2:.2f}", client)
+
+    def side(host: str, speed: int) -> fabric._Side:
+        port = fabric.Backend("mlx5_0/1", "mlx5_0", "ens6np0", "ACTIVE")
+        params = fabric.PairParams(address=host)
+        return fabric._Side(host, local_probe(), params, [port], {"mlx5_0/1": speed})
+
+    fast, slow = side("a", 400000), side("b", 200000)
+    got = fabric._bw_judge((0, server), (0, half), fast, slow, 0)
+    assert got["bw_gbps"] == 389.61 and got["speed_mbps"] == 200000  # 779.21 / 2
+    assert got["line_rate_pct"] == 97.4  # of 2 x 200G
+    assert (
+        fabric._bw_judge((0, server), (0, client), fast, side("c", 400000), 0)["line_rate_pct"]
+        == 97.4
+    )  # 779.21 of 2 x 400G
+    failed = fabric._bw_judge((0, server), (1, "Couldn't connect"), fast, slow, 0)
+    assert failed["bw_gbps"] == 0.0 and "client exited 1" in failed["error"]
+
+
+@pytest.mark.parametrize("count", range(1, 8))
+def test_g1_pairs_every_node_once_no_node_twice_in_a_round(count: int) -> None:
+    hosts = [f"n{i}" for i in range(count)]
+    rounds = plan_pairs(hosts)
+    pairs = [frozenset(pair) for pairs in rounds for pair in pairs]
+    if count == 1:
+        assert rounds == []
+        return
+    assert len(pairs) == len(set(pairs))  # each pair once
+    assert {h for pair in pairs for h in pair} == set(hosts)  # every node measured
+    for pairs_of_round in rounds:  # a node, so each of its NICs, in one test at a time
+        nodes = [h for pair in pairs_of_round for h in pair]
+        assert len(nodes) == len(set(nodes))
+    assert len(rounds) == (1 if count % 2 == 0 else 2)
 
 
 def test_the_rccl_kind_reads_the_bus_bandwidth_of_its_size(tmp_path, monkeypatch) -> None:
@@ -166,10 +203,7 @@ def test_the_rccl_kind_reads_the_bus_bandwidth_of_its_size(tmp_path, monkeypatch
         measure("rccl", {})
 
 
-def test_ib_write_bw_and_rccl_need_their_tools() -> None:
-    if shutil.which("ib_write_bw") is None:
-        with pytest.raises(MeasureError, match="ib_write_bw not found on localhost"):
-            measure("ib_write_bw", {"device": "mlx5_0", "server_device": "mlx5_1"})
+def test_rccl_needs_its_tool() -> None:
     with pytest.raises(MeasureError, match="fxkit-no-such-rccl not found on localhost"):
         measure("rccl", {"binary": "fxkit-no-such-rccl"})
 
@@ -248,8 +282,9 @@ def test_g1_has_the_checks_the_estimator_reads() -> None:
         "os_release", "kernel_release", "rocm_version", "gpu_count", "gpu_model", "gpu_vram",
         "gpu_pcie_speed", "gpu_pcie_width", "rdma_active_count", "rdma_state", "rdma_link_layer",
         "rdma_mtu", "nvmeof_namespaces", "nvmeof_namespace_size", "kernel_cmdline", "sysctl",
-        "storage_read_bandwidth", "storage_read_latency", "rdma_write_bandwidth",
-        "rccl_all_reduce_busbw",
+        "storage_read_bandwidth", "storage_read_latency", "storage_fleet_read_bandwidth",
+        "fabric_link_speed", "fabric_gid_index", "fabric_gpu_nic_bandwidth", "fabric_rc_pingpong",
+        "fabric_nic_nic_bandwidth", "rccl_all_reduce_busbw",
         # AMD's MI300X checklist: prerequisites, basic health, firmware and platform
         "os_point_release", "system_manufacturer", "bios_version", "required_packages",
         "gpu_firmware", "kernel_args_amd", "amdgpu_dmesg_errors", "memory_online",
@@ -259,7 +294,8 @@ def test_g1_has_the_checks_the_estimator_reads() -> None:
         "gpu_idle_power", "gpu_idle_gfx_clock", "kernel_log_clean",
     ]  # fmt: skip
     assert [i for i in ids if i in read] == read
+    assert len(ids) == len(set(ids))
     assert all(c.why for c in gate.spec.checks)
     units = {c.id: c.unit for c in gate.spec.checks}
     assert units["storage_read_bandwidth"] == "GB/s" and units["storage_read_latency"] == "ms"
-    assert units["rdma_write_bandwidth"] == "Gb/s" and units["rccl_all_reduce_busbw"] == "GB/s"
+    assert units["rccl_all_reduce_busbw"] == "GB/s"

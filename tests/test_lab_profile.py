@@ -25,6 +25,7 @@ import yaml
 from click.testing import CliRunner
 
 from fxkit.cli.lab import lab
+from fxkit.gate.measures.bench import parse_ib_write_bw
 from fxkit.lab import CALL_LOG, FABRIC, Fleet, LabError, calls
 from fxkit.lab.profile import LAUNCHER, TOOLS
 
@@ -473,6 +474,25 @@ def test_nvmetcli_restore_writes_the_configfs_tree_and_logs_its_input(node) -> N
     assert run(node, f"find {nvmet} -mindepth 2").stdout == ""
     missing = run(node, "nvmetcli restore /etc/nvmet/none.json")
     assert missing.stdout.strip() == "No saved config file"
+
+
+def test_perftest_stand_ins_answer_per_port_from_the_recorded_run(node) -> None:
+    """ib_write_bw: the recorded 400G pair (779.21 Gb/s) on a 400G port, AMD's 390/770 of it on
+    a loopback, the profile's GPU named with --use_rocm; ibv_rc_pingpong: rc_pingpong.c's
+    lines with the port's RoCE v2 GID; each call logs its device, start and end."""
+    assert run(node, "cat /sys/class/net/ens6np0/speed").stdout.strip() == "400000"
+    flags = "-d mlx5_0 -x 3 -a -b -F --report_gbits"
+    pair = parse_ib_write_bw(run(node, f"ib_write_bw {flags} 10.0.0.2").stdout)
+    assert max(r["bw_average"] for r in pair["rows"]) == 779.21 and pair["device"] == "mlx5_0"
+    loop = run(node, f"ib_write_bw {flags} --use_rocm=2 127.0.0.1").stdout
+    assert max(r["bw_average"] for r in parse_ib_write_bw(loop)["rows"]) == 394.66
+    assert "Using ROCm Device with ID: 2, Name: AMD Instinct MI308X, PCI Bus ID: 0x46" in loop
+    ping = run(node, "ibv_rc_pingpong -d mlx5_1 -g 3 -p 18600 10.0.0.2").stdout
+    assert "GID ::ffff:192.168.100.2" in ping and "8192000 bytes in" in ping
+    logged = [c for c in calls(node) if c["argv"][0] in ("ib_write_bw", "ibv_rc_pingpong")]
+    assert [c["device"] for c in logged[-3:]] == ["mlx5_0", "mlx5_0", "mlx5_1"]
+    assert all(c["started"] < c["ended"] for c in logged)
+    assert run(node, "ib_write_bw -d mlx5_7 -a -b --report_gbits", ok=False).rc == 1
 
 
 def test_calls_parses_the_log_text() -> None:

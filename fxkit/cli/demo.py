@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -192,6 +193,7 @@ def gate_demo(fleet: Fleet, limit: str) -> None:
     report files. Lab hosts have no GPU or RDMA: G1 cannot pass there, and says why."""
     from fxkit.gate.report import write_reports
     from fxkit.gate.run import GateOptions, GateRun
+    from fxkit.gate.spec import load as load_gate
     from fxkit.gate.verdicts import CheckStatus
 
     options = GateOptions(
@@ -199,7 +201,10 @@ def gate_demo(fleet: Fleet, limit: str) -> None:
         connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
         extra_vars=GATE_VARS,
     )
-    runner = GateRun.load("g1", fleet.inventory, options)
+    g1 = load_gate("g1")  # on the lab hosts: G1's own hosts are an inventory's gpu_nodes
+    runner = GateRun.load(
+        replace(g1, spec=g1.spec.model_copy(update={"hosts": "lab"})), fleet.inventory, options
+    )
     result = runner.run()
     for name, host in result.hosts.items():
         counts = ", ".join(f"{n} {s}" for s, n in result.summary_of(name).items() if n)

@@ -3,7 +3,7 @@
 In order: the verdict and counts; the failures and errors, each check that did not pass with
 its hosts grouped by reason, its rule and its source (then the warnings); the host x check
 matrix (a row per host, those that failed first; a column per check, grouped by stage; a cell
-per status, outliers marked); the fleet view's outliers (:mod:`fxkit.gate.fleet`); each stage's
+per status, outliers marked); the fleet view's outliers (:mod:`fxkit.gate.outliers`); each stage's
 expected and actual duration; the run's facts; then every check folded (``<details>``): why,
 source, rule, the fleet's median and a strip of every host's value (a dot per host, or per GPU
 or port, on one axis: the band that passes shaded, the threshold and the median drawn), and a

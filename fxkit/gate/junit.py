@@ -4,7 +4,7 @@ One ``<testsuite>`` per host, one ``<testcase>`` per check: a FAIL is a ``<failu
 an ``<error>`` ("could not run: why"), a SKIP ``<skipped>``; a WARN passes, with the warning in
 its ``<system-out>``. The message is the check's reason; the text (of the failure or error, else
 the ``<system-out>``) gives the value, the rule, why the check exists, its source and stage. A
-check that passes but is a fleet outlier (:mod:`fxkit.gate.fleet`) passes, its
+check that passes but is a fleet outlier (:mod:`fxkit.gate.outliers`) passes, its
 ``<system-out>`` starting ``OUTLIER``, and the host's suite lists its outliers in the property
 ``outliers``. A check's time is its measurement's (a measurement that several checks share
 counts once, at the first). The file is valid against the JUnit schema of Jenkins' xUnit

@@ -95,15 +95,21 @@ class MeasuredHost:
 
 
 Measure = Callable[[MeasuredHost, Any], Any]
+#: A fleet measurement: every host's node and parameters -> each host's data, or the
+#: :class:`MeasureError` that host's checks are ERROR with.
+FleetMeasure = Callable[[dict[str, MeasuredHost], dict[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class Kind:
     name: str
     params: type[Params]
-    measure: Measure
+    measure: Callable[..., Any]
     #: One line for the reference (the function's docstring's first line).
     about: str = field(default="")
+    #: Measured across hosts at once (``measure`` is a :data:`FleetMeasure`), after every
+    #: host's own measurements: node pairs, storage reads paced across the fleet.
+    fleet: bool = False
 
     def parse(self, value: Any) -> Params:
         """The parameters from a check's ``measure: {NAME: value}``: a mapping, or a plain
@@ -126,6 +132,21 @@ def kind(
     def register(func: Callable[[MeasuredHost, P], Any]) -> Callable[[MeasuredHost, P], Any]:
         about = (func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else ""
         KINDS[name] = Kind(name, params, func, about)
+        return func
+
+    return register
+
+
+def fleet_kind(
+    name: str, params: type[P]
+) -> Callable[[Callable[[dict[str, MeasuredHost], dict[str, P]], dict[str, Any]]], Any]:
+    """Register a kind measured across the fleet: ``@fleet_kind("ib_write_bw_pairs", ...)``
+    over ``def pairs(nodes, params)`` (both by host name) returning each host's data or
+    :class:`MeasureError`."""
+
+    def register(func: Callable[[dict[str, MeasuredHost], dict[str, P]], dict[str, Any]]) -> Any:
+        about = (func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else ""
+        KINDS[name] = Kind(name, params, func, about, fleet=True)
         return func
 
     return register

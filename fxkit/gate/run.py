@@ -38,7 +38,8 @@ from fxkit.engine.runner import ctrl_c, load_inventory
 from fxkit.engine.variables import HostVars, Layer, environment, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, masked_errors
 from fxkit.facts.base import FactCache
-from fxkit.gate import fleet, platforms
+from fxkit.gate import outliers, platforms
+from fxkit.gate.fleet import HostFleetCheck, is_fleet, measure_fleet
 from fxkit.gate.measure import KINDS, MeasuredHost, MeasureError, Params
 from fxkit.gate.report import masked, write_reports
 from fxkit.gate.spec import CheckSpec, Gate, GateError, params_problem, strings
@@ -128,6 +129,8 @@ class GateRun:
             self.masker.add([options.connect.become_password])
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
+        #: The hosts kept connected for the fleet phase (fxkit.gate.fleet), by name.
+        self._nodes: dict[str, MeasuredHost] = {}
         #: The variables the rules name: their values are kept in the results.
         self._referenced = sorted(referenced(gate))
 
@@ -184,7 +187,7 @@ class GateRun:
         """Every host's checks, and the variables its connection reads (``ansible_*``),
         rendered; all mistakes at once, before any host is touched."""
         self.gate.checks_of(self.options.stages)  # an unknown stage, before anything
-        fleet.settings(self.gate.spec.vars, self.options.extra_vars)
+        outliers.settings(self.gate.spec.vars, self.options.extra_vars)
         with masked_errors(self.masker.text):
             return self._plan()
 
@@ -261,11 +264,60 @@ class GateRun:
                 pass  # short waits: the main thread takes Ctrl-C between them
         for plan, future in zip(plans, futures, strict=True):
             result.hosts[plan.inv.name] = future.result()
+        try:
+            self._fleet(plans, result)
+        finally:
+            for node in self._nodes.values():
+                with contextlib.suppress(Exception):
+                    node.conn.close()
         result.finished_at = _now()
         result.interrupted = self.stop.is_set()
-        result.fleet_settings = fleet.settings(self.gate.spec.vars, self.options.extra_vars)
-        result.fleet = fleet.view(result, result.fleet_settings)
+        result.fleet_settings = outliers.settings(self.gate.spec.vars, self.options.extra_vars)
+        result.fleet = outliers.view(result, result.fleet_settings)
         return masked(result, self.masker.masks)
+
+    def _fleet(self, plans: list[_Plan], result: GateResult) -> None:
+        """The checks measured across hosts (node pairs, paced storage reads), after every
+        host's own; in a thread, so that the main thread takes Ctrl-C."""
+
+        def where(planned: _Planned) -> str:
+            return self.gate.where(planned.check.id)
+
+        checks = [
+            HostFleetCheck(
+                plan.inv.name,
+                p.check,
+                p.skip,
+                p.kind,
+                p.params,
+                p.rule,
+                self.gate.where(p.check.id),
+            )
+            for plan in plans
+            for p in plan.checks
+            if is_fleet(p.kind) and p.params is not None
+        ]
+        if not checks:
+            return
+
+        def report(host: str, checked: CheckResult) -> None:
+            if self.progress:
+                self.progress(host, CheckResult.from_json(self.masker.data(asdict(checked))))
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(
+                measure_fleet,
+                checks,
+                result.hosts,
+                self._nodes,
+                order=[c.id for c in self.gate.spec.checks],
+                stop=self.stop,
+                baseline=self.options.baseline,
+                report=report,
+            )
+            while wait([future], timeout=0.2).not_done:
+                pass
+            future.result()
 
     def _host(self, plan: _Plan) -> HostChecks:
         values, sources = snapshot(plan.vars, self._referenced)
@@ -287,9 +339,13 @@ class GateRun:
             stop=self.stop,
         )
         done: dict[str, int] = {}
+        keep = False  # connected still for the fleet phase
         try:
             for check, skip, name, params, rule, missing in plan.checks:
                 where = self.gate.where(check.id)
+                if is_fleet(name) and params is not None:  # measured in the fleet phase
+                    keep = keep or skip is None
+                    continue
                 if skip is not None:
                     checked = skipped(check, skip, where)
                 elif missing or params is None:
@@ -308,8 +364,12 @@ class GateRun:
                     shown = CheckResult.from_json(self.masker.data(asdict(checked)))
                     self.progress(plan.inv.name, shown)
         finally:
-            with contextlib.suppress(Exception):
-                conn.close()
+            if keep and host.unreachable is None and not self.cut.is_set():
+                with self._lock:
+                    self._nodes[plan.inv.name] = node
+            else:
+                with contextlib.suppress(Exception):
+                    conn.close()
         self.masker.add(plan.vars.secret_values())
         return host
 

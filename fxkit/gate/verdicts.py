@@ -190,7 +190,7 @@ class GateResult:
     #: declares none for it), and the stages this run was limited to (``--stage``; [] = all).
     stages: dict[str, float | None] = field(default_factory=dict)
     stages_run: list[str] = field(default_factory=list)
-    #: The fleet view: per numeric check, its median and outliers (:mod:`fxkit.gate.fleet`),
+    #: The fleet view: per numeric check, its median and outliers (:mod:`fxkit.gate.outliers`),
     #: and the settings they were found with.
     fleet: dict[str, FleetCheck] = field(default_factory=dict)
     fleet_settings: dict[str, float] = field(default_factory=dict)
@@ -447,9 +447,9 @@ def reevaluate(
     skipped stays SKIP; a run of some stages (``--stage``) is judged on those stages' checks.
     The fleet view is found again, with the gate's settings and ``extra_vars`` (``-e``).
     """
-    from fxkit.gate import fleet  # here: the fleet view reads these results' classes
+    from fxkit.gate import outliers  # here: the fleet view reads these results' classes
 
-    settings = fleet.settings(gate.spec.vars, extra_vars or {})
+    settings = outliers.settings(gate.spec.vars, extra_vars or {})
     if gate.name != results.gate:
         raise FxkitError(
             f"the results are of gate {results.gate!r}, the gate file is {gate.name!r}",
@@ -488,7 +488,7 @@ def reevaluate(
                 )
         out.hosts[name] = new
     out.fleet_settings = settings
-    out.fleet = fleet.view(out, settings)
+    out.fleet = outliers.view(out, settings)
     return out
 
 

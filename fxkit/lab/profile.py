@@ -141,6 +141,7 @@ def build_layer(layer: Path, name: str) -> None:
         for index, kind in enumerate(data["rdma"]["gid_types"]):
             _files(port_dir / "gid_attrs" / "types", {str(index): kind})
             _files(port_dir / "gid_attrs" / "ndevs", {str(index): port["netdev"]})
+            _files(port_dir / "gids", {str(index): _gid(port, index, ports.index(port))})
         _files(
             sys_dir / "class" / "infiniband" / port["dev"],
             {
@@ -149,8 +150,12 @@ def build_layer(layer: Path, name: str) -> None:
                 "node_guid": port["node_guid"],
             },
         )
-        if ecn_files:  # the mount point of the netdev's ECN stand-in (/sys/class/net/IF links here)
-            (sys_dir / "devices" / "virtual" / "net" / port["netdev"] / "ecn").mkdir(parents=True)
+        # The mount point of the netdev's ECN stand-in (/sys/class/net/IF links here), and the
+        # link speed in Mb/s as the kernel shows it (a veth's own says 10000).
+        netdev_dir = sys_dir / "devices" / "virtual" / "net" / port["netdev"]
+        if ecn_files:
+            (netdev_dir / "ecn").mkdir(parents=True)
+        _files(netdev_dir, {"speed": str(port_speed(data, port["dev"]))})
     pcie, links = data["gpus"]["pcie"], data["pci"]["links"]
     for bdf in data["gpus"]["bdfs"]:  # each GPU's PCIe link, as sysfs shows it
         _pci_link(sys_dir, bdf, pcie["speed"], pcie["width"], links.get(bdf, {}))
@@ -222,6 +227,24 @@ def _pci_link(sys_dir: Path, bdf: str, speed: str, width: int, now: dict[str, An
             "max_link_width": str(width),
         },
     )
+
+
+def port_speed(data: dict[str, Any], device: str) -> int:
+    """A port's link speed in Mb/s: the profile's ``rdma.speed_mbps``, half of it for the
+    devices ``rdma.half_speed`` names (a variant's port that trained at half speed)."""
+    speed = int(data["rdma"].get("speed_mbps", 400000))
+    return speed // 2 if device in data["rdma"].get("half_speed", []) else speed
+
+
+def _gid(port: dict[str, Any], index: int, number: int) -> str:
+    """The GID sysfs shows at ``index``: 0 and 1 the link-local address (the node GUID as
+    EUI-64, bit 1 flipped), 2 and 3 the IPv4-mapped address of the netdev (made up:
+    192.168.100.N, N the port's number), as ConnectX lists them for RoCE v1 and v2."""
+    if index < 2:
+        guid = port["node_guid"].replace(":", "")
+        eui = f"{int(guid[:2], 16) ^ 2:02x}{guid[2:]}"
+        return "fe80:0000:0000:0000:" + ":".join(eui[i : i + 4] for i in range(0, 16, 4))
+    return f"0000:0000:0000:0000:0000:ffff:c0a8:64{number + 1:02x}"
 
 
 def _lines(path: Path, lines: list[str]) -> None:

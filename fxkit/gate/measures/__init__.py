@@ -5,11 +5,13 @@ from fxkit.gate.measures import (
     amd_smi,
     bench,
     command,
+    fabric,
     facts,
     perf,
     platform,
     serving,
     soak,
+    storage,
     validation,
 )
 
@@ -17,10 +19,12 @@ __all__ = [
     "amd_smi",
     "bench",
     "command",
+    "fabric",
     "facts",
     "perf",
     "platform",
     "serving",
     "soak",
+    "storage",
     "validation",
 ]

@@ -1,7 +1,6 @@
 """Benchmarks a check can run on a host, each with a parser of the tool's real output:
 
     measure: {fio: {target: /mnt/models/.fxkit-g1.fio, size: 4G, runtime: 30}}
-    measure: {ib_write_bw: {device: mlx5_0, server_device: mlx5_1}}
     measure: {rccl: {gpus: 8, max_bytes: 16G}}
 
 - ``fio``: sequential read, 1 MiB blocks, queue depth 32, O_DIRECT, libaio (the G1 storage
@@ -9,11 +8,8 @@
   by fio (``size``) and removed afterwards; an existing file or device is only read, never grown
   or removed. Gives
   ``read_gbps`` (GB/s, decimal), ``iops``, ``clat_mean_ms``, ``clat_p99_ms``.
-- ``ib_write_bw`` (perftest): a loopback between two RDMA devices of the same node: the server
-  on ``server_device`` in the background, the client on ``device`` against 127.0.0.1 (perftest
-  exchanges the QP numbers over TCP; the data goes NIC to NIC over RoCE GID ``gid_index``).
-  A test across two nodes needs a server started on the other node, which one host's
-  measurement cannot do. Gives ``bw_average_gbps`` (Gb/s) at the message ``size``.
+- perftest's ``ib_write_bw`` report is read here (:func:`parse_ib_write_bw`); the kinds that
+  run it are in :mod:`fxkit.gate.measures.fabric`.
 - ``rccl``: rccl-tests' ``all_reduce_perf`` on one node's GPUs; gives ``avg_busbw_gbps`` (its
   "Avg bus bandwidth", GB/s), ``busbw_gbps`` and ``in_place_busbw_gbps`` at message ``size``
   (null: the largest size printed) and every size's row.
@@ -116,53 +112,7 @@ def parse_fio(text: str) -> dict[str, Any]:
         ) from None
 
 
-# -- ib_write_bw ----------------------------------------------------------------------------------
-
-
-class IbWriteBwParams(Params):
-    #: The RDMA device of the client (``mlx5_0``).
-    device: str
-    #: The RDMA device of the server, on the same node (``mlx5_1``).
-    server_device: str
-    #: Message size in bytes (CVS's expectations are at 8 MiB).
-    size: int = Field(default=8388608, gt=0)
-    qps: int = Field(default=8, gt=0)
-    gid_index: int = 3
-    duration: int = Field(default=10, gt=0)
-    port: int = Field(default=18515, gt=0, lt=65536)
-    ib_port: int = 1
-
-
-@kind("ib_write_bw", IbWriteBwParams)
-def ib_write_bw(node: MeasuredHost, p: IbWriteBwParams) -> dict[str, Any]:
-    """perftest's ib_write_bw between two RDMA devices of the node: average Gb/s."""
-    node.require("ib_write_bw")
-
-    def command(device: str) -> str:
-        return " ".join(
-            quote(str(a))
-            for a in (
-                "ib_write_bw", "-d", device, "-i", p.ib_port, "-x", p.gid_index, "-F",
-                "--report_gbits", "-q", p.qps, "-s", p.size, "-D", p.duration, "-p", p.port,
-            )
-        )  # fmt: skip
-
-    limit = p.duration + 30
-    script = (
-        f"timeout {limit} {command(p.server_device)} >/dev/null 2>&1 & server=$!; sleep 1; "
-        f"timeout {limit} {command(p.device)} 127.0.0.1; rc=$?; wait $server; exit $rc"
-    )
-    result = node.run(script, timeout=limit + 30)
-    if not result.ok:
-        tail = (result.stderr or result.stdout).strip()[-400:]
-        raise MeasureError(
-            f"ib_write_bw {p.device} -> {p.server_device} exited {result.rc}: {tail}"
-        )
-    data = parse_ib_write_bw(result.stdout)
-    row = next((r for r in data["rows"] if r["bytes"] == p.size), None)
-    if row is None:
-        raise MeasureError(f"ib_write_bw printed no row for {p.size} bytes")
-    return {**data, "bw_average_gbps": row["bw_average"], "bw_peak_gbps": row["bw_peak"]}
+# -- perftest (the kinds that run it: fxkit.gate.measures.fabric) --------------------------------
 
 
 #: ``Mtu             : 4096[B]``, two to a line (``Dual-port : OFF    Device : mlx5_0``).
