@@ -212,7 +212,8 @@ def _finish(result: GateResult, out: Path | None, masker: Masker) -> None:
     """The table, the reports and the verdict, every secret of ``masker`` masked."""
     result = masked(result, masker.masks)
     console.print(table(result))
-    console.print(_stage_grid(result))
+    if result.stages:  # a gate that declares stages: their expected and actual durations
+        console.print(_stage_grid(result))
     folder = out or Path("gate-results") / f"{result.gate}-{_stamp()}"
     written = write_reports(result, folder, masker.values)
     summary = ", ".join(f"{n} {s}" for s, n in result.summary.items() if n)

@@ -132,7 +132,8 @@ def _details(check: CheckResult) -> str:
     if check.change is not None:
         lines.append(f"change: {check.change:+.1%}")
     lines += [f"reason: {check.reason}", f"why: {check.why}", f"check: {check.where}"]
-    lines += [f"source: {check.source or '-'}", f"stage: {check.stage or '-'}"]
+    shown = {"source": check.source, "stage": check.stage}
+    lines += [f"{name}: {value}" for name, value in shown.items() if value]
     return "\n".join(lines)
 
 

@@ -10,8 +10,8 @@ is an outlier when it is worse than the median by more than ``fleet_outlier_frac
 median, or when its robust z-score ``(value - median) / (1.4826 * MAD)`` is beyond
 ``fleet_outlier_mad_k`` on the worse side (not used when the MAD is 0: identical values).
 Both are gate variables (the gate's ``vars:``, then ``-e``); the defaults and where they come
-from are in docs/gates/reports.md. A check with fewer than :data:`MIN_VALUES` values has a
-median and no outliers. Outliers never change a status or the verdict.
+from are in docs/gates/reports.md. A fleet of fewer than :data:`MIN_HOSTS` hosts has
+medians and no outliers. Outliers never change a status or the verdict.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from fxkit.gate.verdicts import CheckResult, CheckStatus, FleetCheck, GateResult
 #: Statistical Methods, 1.3.5.17 "Detection of Outliers").
 FRACTION, MAD_K = "fleet_outlier_fraction", "fleet_outlier_mad_k"
 DEFAULTS = {FRACTION: 0.05, MAD_K: 3.5}
-#: Fewer values than this give a median, and no outliers.
-MIN_VALUES = 3
+#: A fleet of fewer hosts than this has medians and no outliers: a node is compared with
+#: other nodes, never only with its own GPUs or ports.
+MIN_HOSTS = 3
 #: MAD * 1.4826 estimates the standard deviation of normally distributed values.
 MAD_SCALE = 1.4826
 JUDGED = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WARN)
@@ -115,7 +116,7 @@ def _check(
     median = statistics.median(numbers)
     mad = statistics.median(abs(n - median) for n in numbers)
     fleet = FleetCheck(median=median, mad=mad, count=len(numbers), worse=worse)
-    if len(numbers) < MIN_VALUES:
+    if len({v[0] for v in values}) < MIN_HOSTS:
         return fleet
     sign = -1.0 if worse == "below" else 1.0
     for host, item, number, passed in values:
