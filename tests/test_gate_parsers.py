@@ -299,3 +299,11 @@ def test_g1_has_the_checks_the_estimator_reads() -> None:
     units = {c.id: c.unit for c in gate.spec.checks}
     assert units["storage_read_bandwidth"] == "GB/s" and units["storage_read_latency"] == "ms"
     assert units["rccl_all_reduce_busbw"] == "GB/s"
+
+
+def test_every_g1_check_names_its_source_and_a_declared_stage() -> None:
+    gate = spec.load("g1")
+    declared = set(gate.spec.stages)
+    for check in gate.spec.checks:
+        assert check.source and check.source.strip(), f"{check.id} has no source"
+        assert check.stage in declared, f"{check.id}: stage {check.stage!r} not declared"
