@@ -38,6 +38,7 @@ from fxkit.facts.netaddr import (
 )
 from fxkit.facts.rdma import RdmaLink, RdmaLinks, RdmaPort
 from fxkit.ops.base import OpContext, Result, failed, ok, skipped
+from fxkit.ops.readback import set_and_read_back
 from fxkit.ops.systemd import device_unit
 
 #: Routing tables the kernel keeps for itself (include/uapi/linux/rtnetlink.h: RT_TABLE_*).
@@ -337,23 +338,7 @@ def converge(ctx: OpContext, setting: Setting) -> Result:
 
         host.task("address of ens6np0").call(converge, setting)
     """
-    before = setting.read(ctx)
-    if before == setting.want:
-        return ok(f"{setting.what} is {setting.want}")
-    result = ctx.change(
-        setting.command,
-        would=f"set {setting.what} to {setting.want}",
-        done=f"set {setting.what} to {setting.want}",
-        diff=f"{setting.what}: {before} -> {setting.want}\n",
-    )
-    if not result.changed or ctx.check:
-        return result
-    after = setting.read(ctx)
-    if after != setting.want:
-        return failed(
-            f"{setting.what}: wanted {setting.want}, found {after} after `{setting.command}`"
-        )
-    return result
+    return set_and_read_back(ctx, setting.what, setting.want, setting.command, setting.read)
 
 
 # -- ports ----------------------------------------------------------------------------------------

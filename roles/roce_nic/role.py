@@ -38,6 +38,7 @@ from fxkit.facts.rdma import (
 )
 from fxkit.facts.sysfs import Attribute
 from fxkit.ops.base import OpContext, Result, failed, ok, skipped
+from fxkit.ops.readback import set_and_read_back
 
 #: RoCEv2 headers the kernel takes off the interface MTU to get the RDMA MTU (include/rdma/
 #: ib_addr.h iboe_get_mtu: GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4).
@@ -483,21 +484,9 @@ def converge(ctx: OpContext, step: Step) -> Result:
 
         host.task("MTU of ens6np0").call(converge, step)
     """
-    before = read_state(ctx, step)
-    if before == step.want:
-        return ok(f"{step.what} is {step.want}")
-    result = ctx.change(
-        step.command,
-        would=f"set {step.what} to {step.want}",
-        done=f"set {step.what} to {step.want}",
-        diff=f"{step.what}: {before} -> {step.want}\n",
+    return set_and_read_back(
+        ctx, step.what, step.want, step.command, lambda ctx: read_state(ctx, step)
     )
-    if not result.changed or ctx.check:
-        return result
-    after = read_state(ctx, step)
-    if after != step.want:
-        return failed(f"{step.what}: wanted {step.want}, found {after} after `{step.command}`")
-    return result
 
 
 #: The fact that reads each kind of step: its ``missing`` says why the step cannot run.
