@@ -21,7 +21,8 @@ import yaml
 from test_gate_g1_lab import FIO, check, run_g1, statuses
 from test_play_lab import FXKIT
 
-from fxkit.gate import spec
+from fxkit.gate import outliers, spec
+from fxkit.gate.verdicts import GateResult
 from fxkit.lab import profile as profiles
 
 pytestmark = pytest.mark.lab
@@ -171,6 +172,18 @@ def test_the_slow_node_passes_thirty_percent_below(runs) -> None:
     # RVS judges itself: a slow node is still within its targets.
     base = check(runs["healthy"], "rvs_gst")["value"]
     assert check(runs["mi308x-slow"], "rvs_gst")["value"] == base
+
+
+def test_the_slow_node_is_the_fleets_outlier(runs) -> None:
+    """The slow node's results beside the healthy fleet's two (one results file, as from a rack):
+    it passes, and the fleet view flags it, and only it, on the benchmarks."""
+    data = json.loads(json.dumps(runs["healthy"]))
+    data["hosts"]["lab03"] = runs["mi308x-slow"]["hosts"]["lab01"]
+    result = GateResult.from_json(data, "three hosts")
+    view = outliers.view(result, outliers.settings(spec.load("g1").spec.vars))
+    flagged = {check_id: {o.host for o in view[check_id].outliers} for check_id in BENCHMARKS}
+    assert flagged == {check_id: {"lab03"} for check_id in BENCHMARKS}
+    assert {c.status.value for c in result.hosts["lab03"].checks if c.id in BENCHMARKS} == {"PASS"}
 
 
 def test_the_variants_are_profiles() -> None:
