@@ -7,7 +7,7 @@ tool's real output (docs/GATES.md, "G1 coverage of AMD's MI300X checklist"):
     measure: {kernel_args: {require: [[pci=realloc=off], [amd_iommu=on, intel_iommu=on]]}}
     measure: {lsmem: {}}                                 # value: online_gib
     measure: {kernel_log: {allow: [{match: "ccp .*SEV: failed to INIT", reason: "..."}]}}
-    measure: {pcie: {gpu_device: "1002:74a2", netdevs: [ens6np0]}}
+    measure: {pcie: {gpu_device: "1002:74a2", backend: [ens6np0]}}
 
 ``dmidecode``, ``dmesg`` and ``lspci -vvv`` read what only root may: they run as root (sudo when
 the connection's user is not root; a refused sudo is an ERROR saying so). Every value of a
@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fxkit.facts.base import FactError
 from fxkit.facts.lab import marked, split_marked
-from fxkit.facts.rdma import RdmaLink
 from fxkit.gate.measure import MeasuredHost, MeasureError, Params, kind, regex
+from fxkit.gate.measures.fabric import backend_ports
 
 #: How many flagged kernel-log lines a value lists (the measurement keeps the count).
 SHOWN_LINES = 20
@@ -263,8 +263,9 @@ def _words(words: tuple[str, ...]) -> re.Pattern[str]:
 class PcieParams(Params):
     #: The GPUs' PCI vendor:device (AMD's table: MI300X 1002:74a1, MI308X 1002:74a2).
     gpu_device: str = Field(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
-    #: The backend NICs' netdevs (none: every RDMA netdev `rdma link` shows, bonds left out).
-    netdevs: tuple[str, ...] = ()
+    #: The declared backend ports, as the fabric checks take them (roce_nic_interfaces: netdev
+    #: names or {name, device}); none: every RDMA port but bonds and disabled ones.
+    backend: tuple[str | dict[str, Any], ...] = ()
 
 
 _HEADER = re.compile(
@@ -281,7 +282,7 @@ def pcie(node: MeasuredHost, p: PcieParams) -> dict[str, Any]:
     ``lspci -D -PP -nn -vvv`` as root: the GPUs whatever the driver sees, each with its link
     (LnkSta), DevSta's fatal-error bit and the devices with ACS source validation on along its
     path (every bridge above it and itself); the same for each backend NIC."""
-    netdevs = p.netdevs or _rdma_netdevs(node)
+    netdevs = _netdevs(node, p.backend)
     links = "; ".join(
         f"printf 'netdev\\t%s\\t%s\\n' {shlex.quote(n)} \"$(basename \"$(readlink -f "
         f'/sys/class/net/{shlex.quote(n)}/device 2>/dev/null)")"'
@@ -303,12 +304,14 @@ def pcie(node: MeasuredHost, p: PcieParams) -> dict[str, Any]:
     return {"simulated": simulated, "count": len(gpus), "gpus": gpus, "nics": nics}
 
 
-def _rdma_netdevs(node: MeasuredHost) -> tuple[str, ...]:
+def _netdevs(node: MeasuredHost, declared: tuple[str | dict[str, Any], ...]) -> list[str]:
+    """The backend ports' netdevs (:func:`fxkit.gate.measures.fabric.backend_ports`); none
+    where the node has no RDMA to read (the GPU checks go on)."""
     try:
-        ports = node.fact(RdmaLink).ports
-    except MeasureError:  # no RDMA to read: no NICs to check (the GPU checks go on)
-        return ()
-    return tuple(sorted({pt.netdev for pt in ports if pt.netdev and "bond" not in pt.netdev}))
+        ports = backend_ports(node, declared)
+    except MeasureError:
+        return []
+    return sorted({port.netdev for port in ports if port.netdev})
 
 
 def _endpoint(devices: dict[str, dict[str, Any]], bdf: str | None) -> dict[str, Any]:
