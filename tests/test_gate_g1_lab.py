@@ -196,7 +196,7 @@ def check(result: dict, check_id: str, host: str = "lab01") -> dict:
 
 
 def test_g1_on_plain_lab_hosts(lab_fleet, tmp_path: Path) -> None:
-    fleet = lab_fleet(2)
+    fleet = lab_fleet(2, name="g1-plain")  # exactly two hosts: G1 runs on all of them
     done, result = run_g1(fleet, tmp_path / "plain", FIO)
     assert done.returncode == 1, done.stdout + done.stderr
     assert result["schema"] == SCHEMA and result["gate"] == "g1"

@@ -464,7 +464,7 @@ def test_two_lab_hosts_on_one_read_write_namespace_are_refused_untouched(
     """The old example layout on real hosts: two hosts mounting one namespace read-write is
     refused by ``fxkit play`` before either host is touched (tests/test_nvme_fabric.py has
     every case)."""
-    fleet = lab_fleet(2)
+    fleet = lab_fleet(2, name="nvme-shared-rw")  # exactly two hosts: the play sees them all
     before = {h: snapshot(fleet, h) for h in ("lab01", "lab02")}
     run = play_role(fleet, tmp_path, "nvmeof_initiator", "lab01:lab02", SHARED_RW, executable=True)
     assert run.code != 0 and run.events == []
