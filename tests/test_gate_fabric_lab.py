@@ -6,6 +6,9 @@
   it started and ended, fxkit/lab/standins/perftest.py): on every host, the calls on one NIC
   that overlap in time are one test (one server and one client on the same TCP port).
 - The two sides of a pair's test ran at the same time, on the same NIC of both nodes.
+- GPU to GPU through the switch runs the pairs' tests with each side's buffers in the GPU
+  adjacent to its NIC (``--use_rocm``); RCCL across two nodes runs under mpirun, one rank per
+  GPU of a pair, launched from the pair's first node, each pair once.
 - One NIC at half speed (two mi308x-nic-half hosts) fails exactly ``fabric_link_speed``: its
   pair's bandwidth is judged against its own 200G.
 
@@ -19,7 +22,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from test_gate_g1_lab import check, prepare, run_g1, statuses
+from test_gate_g1_lab import backend, check, prepare, run_g1, statuses
 
 from fxkit.lab import profile as profiles
 
@@ -28,6 +31,9 @@ pytestmark = pytest.mark.lab
 HOSTS = ("lab01", "lab02", "lab03")
 TRAFFIC = {"ib_write_bw", "ibv_rc_pingpong"}
 #: The options of both tools that take a value.
+#: The site's figure for RCCL across two nodes: the mi308x platform has none (the recorded
+#: two-node MI308X run reaches 313.87 GB/s in place at 2 GiB, its largest size).
+SITE = {"g1_rccl_multinode_busbw_min_gbps": 300}
 VALUED = {"-d", "-x", "-p", "-q", "-g", "-i", "-s", "-n", "-D"}
 
 
@@ -65,12 +71,15 @@ def fabric_run(lab_fleet, tmp_path_factory) -> dict:
         with fleet.connect(host) as conn:
             assert conn.run("rm -f /var/log/fxkit-lab/calls.jsonl").ok
     extra.pop("numa_balancing")
+    extra |= SITE
     done, result = run_g1(fleet, tmp_path_factory.mktemp("g1-fabric") / "run", extra)
-    calls = {}
+    calls, mpirun = {}, {}
     for host in HOSTS:
         with fleet.connect(host) as conn:
-            calls[host] = _tests(profiles.calls(conn))
-    return {"done": done, "result": result, "calls": calls, "fleet": fleet}
+            logged = profiles.calls(conn)
+        calls[host] = _tests(logged)
+        mpirun[host] = [c for c in logged if c["argv"][0] == "mpirun"]
+    return {"done": done, "result": result, "calls": calls, "mpirun": mpirun, "fleet": fleet}
 
 
 def test_the_fabric_checks_pass_on_every_node(fabric_run) -> None:
@@ -83,6 +92,7 @@ def test_the_fabric_checks_pass_on_every_node(fabric_run) -> None:
         # 779.21 Gb/s of the recorded 400G pair: 97.4 % of 800.
         assert set(check(result, "fabric_nic_nic_bandwidth", host)["value"].values()) == {97.4}
         assert len(check(result, "fabric_rc_pingpong", host)["value"]) == 8
+        assert check(result, "rccl_multinode_busbw", host)["status"] == "PASS"
 
 
 def test_every_node_is_paired_and_each_pair_once(fabric_run) -> None:
@@ -119,10 +129,10 @@ def test_no_nic_is_in_two_tests_at_once(fabric_run) -> None:
                 assert len({(c["tool"], c["port"]) for c in cluster}) == 1, (host, device, cluster)
                 sides = [c["side"] for c in cluster]
                 assert sorted(sides) in (["server"], ["client"], ["client", "server"]), cluster
-            # The GPU to NIC loopback, the pingpong and bandwidth tests between nodes, one
-            # after the other: lab01 is in both rounds.
+            # The GPU to NIC loopback, then the pingpong, NIC to NIC and GPU to GPU tests
+            # between nodes, one after the other: lab01 is in both rounds.
             rounds = 2 if host == "lab01" else 1
-            assert len(clusters) == 1 + 2 * rounds, (host, device, clusters)
+            assert len(clusters) == 1 + 3 * rounds, (host, device, clusters)
             assert all(a[-1]["ended"] <= b[0]["started"] for a, b in pairwise(clusters))
 
 
@@ -132,7 +142,7 @@ def test_both_sides_of_a_pair_ran_together(fabric_run) -> None:
     calls = fabric_run["calls"]
     clients = [(h, c) for h in HOSTS for c in calls[h] if c["to"] not in ("127.0.0.1",)]
     clients = [(h, c) for h, c in clients if c["side"] == "client"]
-    assert len(clients) == 2 * 8 * 2  # two pairs, 8 NICs, pingpong and bandwidth
+    assert len(clients) == 2 * 8 * 3  # two pairs, 8 NICs, pingpong and two bandwidth tests
     for host, client in clients:
         servers = [
             (h, s)
@@ -156,6 +166,45 @@ def test_the_report_names_the_pairs(fabric_run, tmp_path: Path) -> None:
     assert port["connected"] is True and port["role"] == "server"
 
 
+def test_gpu_to_gpu_uses_the_gpu_adjacent_to_each_nic_on_both_sides(fabric_run) -> None:
+    """AMD's "GPU to GPU through the Switch": both sides of every pair's test on NIC i pass
+    --use_rocm=i (the default adjacency: the i-th backend NIC's GPU is GPU i)."""
+    result = fabric_run["result"]
+    devices = [port["device"] for port in backend(fabric_run["fleet"].profile)]
+    for host in HOSTS:
+        assert check(result, "fabric_gpu_gpu_bandwidth", host)["status"] == "PASS"
+        with fabric_run["fleet"].connect(host) as conn:
+            logged = [c["argv"] for c in profiles.calls(conn) if c["argv"][0] == "ib_write_bw"]
+        between = [a for a in logged if "127.0.0.1" not in a and "--use_rocm" in " ".join(a)]
+        rounds = 2 if host == "lab01" else 1
+        assert len(between) == 8 * rounds, host  # its side of each pair's test, per NIC
+        for argv in between:
+            gpu = next(a for a in argv if a.startswith("--use_rocm=")).split("=")[1]
+            assert devices.index(_option(argv, "-d")) == int(gpu), argv
+
+
+def test_rccl_runs_once_per_pair_under_mpirun_and_both_nodes_get_the_pair(fabric_run) -> None:
+    """validation.md, "RCCL Multi-Node Test" (a two node cluster): one mpirun per pair, from its
+    first node, 16 ranks, 8 on each node's address, -g 1 per rank; both nodes are judged on the
+    pair's in-place bus bandwidth, a node in two pairs (lab01) on the lower."""
+    result, fleet = fabric_run["result"], fabric_run["fleet"]
+    launched = {host: fabric_run["mpirun"][host] for host in HOSTS}
+    assert [len(launched[h]) for h in HOSTS] == [1, 0, 1]  # (lab01, lab02), then (lab03, lab01)
+    address = {h: fleet.address(h) for h in HOSTS}
+    for launcher, peer in (("lab01", "lab02"), ("lab03", "lab01")):
+        argv = launched[launcher][0]["argv"]
+        assert _option(argv, "-np") == "16"
+        assert _option(argv, "-H") == f"{address[launcher]}:8,{address[peer]}:8"
+        program = argv[argv.index("all_reduce_perf") :]
+        assert _option(program, "-g") == "1" and _option(program, "-e") == "8G"
+    values = {h: check(result, "rccl_multinode_busbw", h)["value"] for h in HOSTS}
+    at = check(result, "rccl_multinode_busbw", "lab02")["measurement"]
+    data = result["hosts"]["lab02"]["measurements"][at]["data"]
+    assert (data["peer"], data["launcher"], data["round"]) == ("lab01", "lab01", 1)
+    assert values["lab02"] == data["in_place_busbw_gbps"] > 300
+    assert values["lab01"] == min(values.values())
+
+
 def test_a_nic_at_half_speed_fails_exactly_its_link_speed_across_pairs(
     lab_fleet, fabric_run, tmp_path: Path
 ) -> None:
@@ -166,7 +215,7 @@ def test_a_nic_at_half_speed_fails_exactly_its_link_speed_across_pairs(
     for host in ("lab01", "lab02"):
         extra = prepare(fleet, host)
     extra.pop("numa_balancing")
-    _, result = run_g1(fleet, tmp_path / "half", extra)
+    _, result = run_g1(fleet, tmp_path / "half", extra | SITE)
     healthy = statuses(fabric_run["result"], "lab01")
     for host in ("lab01", "lab02"):
         got = statuses(result, host)

@@ -14,6 +14,7 @@ output (tests/data/gate/, SOURCES.md names each file's origin), the platform pro
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ from fxkit.gate.measures.perf import (
 from fxkit.gate.measures.validation import parse_rvs
 
 DATA = Path(__file__).parent / "data" / "gate"
-MI300X_PAGE = Path("/work/refs/system-acceptance-docs/docs/gpus/mi300x.md")
+ACCEPTANCE_DOCS = Path("/work/refs/system-acceptance-docs")
+MI300X_PAGE = ACCEPTANCE_DOCS / "docs/gpus/mi300x.md"
 
 
 def text(name: str) -> str:
@@ -202,17 +204,19 @@ def test_mi300x_thresholds_are_amds_figures_on_the_lines_they_cite() -> None:
     """Each figure of the mi300x profile stands on the line of docs/gpus/mi300x.md it cites."""
     if not MI300X_PAGE.is_file():
         pytest.skip(f"{MI300X_PAGE} (ROCm/system-acceptance-docs) is not unpacked here")
-    page = MI300X_PAGE.read_text().splitlines()
     platform, _ = platforms.load("mi300x")
     cited = 0
     for name, threshold in platform.thresholds.items():
         if name.endswith("_conf") or name == "g1_rvs_mem_bandwidth_min_gbps":
             continue
-        line = int(threshold.source.split("mi300x.md:")[1].split()[0].split("-")[0])
+        found = re.match(r"(docs/\S+\.md):(\d+)", threshold.source)
+        assert found, (name, threshold.source)
+        page = ACCEPTANCE_DOCS.joinpath(found[1]).read_text().splitlines()
+        line = page[int(found[2]) - 1]
         figure = f"{threshold.value:,}".replace(",", "")
-        assert figure in page[line - 1].replace(",", ""), (name, page[line - 1])
+        assert figure in line.replace(",", ""), (name, line)
         cited += 1
-    assert cited == 18
+    assert cited == 19
     values = platforms.variables(platform)
     assert values["g1_rccl_busbw_min_gbps"] == 304
     assert values["g1_transferbench_a2a_min_gbps"] == 32.9

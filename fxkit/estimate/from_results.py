@@ -3,8 +3,9 @@
 A benchmark's ``summaries`` give the NFS baseline's and fxkit's median GB/s (decimal) as
 ``load.nfs_bandwidth`` and ``load.store_bandwidth``. A gate result (schema
 ``fxkit-gate-result/1``) gives the checks in :data:`GATE_CHECKS`, the median across hosts of
-those with a number and a status other than ERROR or SKIP. Each file says which figures it gave
-and which checks it skipped, and why.
+those with a number and a status other than ERROR or SKIP (for the checks in
+:data:`GATE_MEASURED`, a figure of their measurement). Each file says which figures it gave and
+which checks it skipped, and why.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ from fxkit.yamlfile import read_json, short
 GATE_CHECKS = {
     "storage_read_bandwidth": "store.read_bandwidth",  # g1: fio seq 1 MiB QD32 O_DIRECT read
     "storage_read_latency": "store.latency",  # g1: mean completion latency
-    "rdma_write_bandwidth": "load.store_shared_bandwidth",  # g1: the network path, Gb/s
+    "storage_fleet_read_bandwidth": "load.store_shared_bandwidth",  # g1: all nodes at once
     "load_time_nfs": "measured.load_time_nfs",  # g2
     "load_time_fxkit": "measured.load_time_fxkit",
     "ttft_median": "measured.ttft",
     "output_throughput": "measured.output_throughput",
 }
+
+#: Gate check id -> (the figure of its measurement's data, its unit), where the check's value is
+#: not the figure the input takes (g1's fleet read is judged in percent of the line rate).
+GATE_MEASURED = {"storage_fleet_read_bandwidth": ("aggregate_gbps", "GB/s")}
 
 #: Benchmark method -> the input its median bandwidth sets.
 BENCH_METHODS = {"baseline": "load.nfs_bandwidth", "fxkit": "load.store_bandwidth"}
@@ -88,12 +93,15 @@ def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
                 continue
             key = GATE_CHECKS[check_id]
             value, status = check.get("value"), check.get("status")
+            unit = str(check.get("unit") or "")
+            if check_id in GATE_MEASURED and status not in (CheckStatus.ERROR, CheckStatus.SKIP):
+                figure, unit = GATE_MEASURED[check_id]
+                value = _measured(body, check).get(figure)
             if status in (CheckStatus.ERROR, CheckStatus.SKIP) or value is None:
                 used.skipped.append(
                     f"{host} {check_id}: status {short(status)}, value {short(value)}"
                 )
                 continue
-            unit = str(check.get("unit") or "")
             try:
                 base = _base(key, value, unit)
             except UnitError as exc:
@@ -109,6 +117,15 @@ def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
         text = f"{shown:g} {units_.pop()}".strip() if shown is not None else "median"
         used.figures.append((key, text, f"{check_id}, {len(values)} hosts"))
     return used
+
+
+def _measured(host: dict[str, Any], check: dict[str, Any]) -> dict[str, Any]:
+    """The data of ``check``'s measurement on ``host`` (empty where the file has none)."""
+    at, measurements = check.get("measurement"), host.get("measurements")
+    if not isinstance(at, int) or not isinstance(measurements, list) or at >= len(measurements):
+        return {}
+    data = measurements[at].get("data") if isinstance(measurements[at], dict) else None
+    return data if isinstance(data, dict) else {}
 
 
 def _base(key: str, value: Any, unit: str) -> float:

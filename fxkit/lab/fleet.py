@@ -167,6 +167,8 @@ class Fleet:
         self.limits = limits or self.limits
         if profile and not self.profile_layer.exists():
             profiles.build_layer(self.profile_layer, profile)
+        if profile:
+            (self.base_dir / "shared").mkdir(mode=0o755, exist_ok=True)
         try:
             for name in to_start:
                 self._spawn(name, self._prepare(name))

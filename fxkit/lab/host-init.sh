@@ -65,6 +65,12 @@ if [ "$step" = outer ]; then
     mount -t tmpfs -o "mode=0755,size=$size,nosuid,nodev" fxkit-lab root/run
     mkdir -m 1777 root/run/lock
     mkdir -m 0755 root/run/sshd
+    # A profile's hosts share one folder of the fleet (BASE_DIR/shared): the lab's wire, where
+    # the stand-ins of two hosts meet (a perftest server sees its client on another host).
+    if [ -n "$layer" ]; then
+        mkdir -p root/run/fxkit-lab/shared
+        mount --bind -o nosuid,nodev,noexec "$base/shared" root/run/fxkit-lab/shared
+    fi
 
     # /dev: the harmless character devices, a private devpts and shm; no disks, kmsg, mem...
     mount -t tmpfs -o "mode=0755,size=$size,nosuid,noexec" fxkit-lab root/dev

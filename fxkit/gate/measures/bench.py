@@ -185,16 +185,17 @@ class RcclParams(Params):
     size: int | None = Field(default=8589934592, gt=0)
 
 
-@kind("rccl", RcclParams)
-def rccl(node: MeasuredHost, p: RcclParams) -> dict[str, Any]:
-    """rccl-tests all_reduce_perf on the node's GPUs: average and per-size bus bandwidth."""
-    node.require(p.binary)
-    argv = [
-        p.binary, "-b", p.min_bytes, "-e", p.max_bytes, "-f", p.step_factor, "-g", p.gpus,
+def all_reduce_argv(p: RcclParams, gpus: int) -> list[Any]:
+    """all_reduce_perf's arguments, ``gpus`` per process (-g: all on one node, 1 under mpirun)."""
+    return [
+        p.binary, "-b", p.min_bytes, "-e", p.max_bytes, "-f", p.step_factor, "-g", gpus,
         "-n", p.iterations, "-w", p.warmup,
     ]  # fmt: skip
-    out = node.output(" ".join(quote(str(a)) for a in argv))
-    data = parse_all_reduce(out)
+
+
+def all_reduce_result(text: str, p: RcclParams) -> dict[str, Any]:
+    """all_reduce_perf's output read, with the bus bandwidths at ``p.size``."""
+    data = parse_all_reduce(text)
     size = p.size if p.size is not None else max(int(s) for s in data["sizes"])
     row = data["sizes"].get(str(size))
     if row is None:
@@ -205,6 +206,14 @@ def rccl(node: MeasuredHost, p: RcclParams) -> dict[str, Any]:
         "in_place_busbw_gbps": row["in_place_busbw"],
         "size": size,
     }
+
+
+@kind("rccl", RcclParams)
+def rccl(node: MeasuredHost, p: RcclParams) -> dict[str, Any]:
+    """rccl-tests all_reduce_perf on the node's GPUs: average and per-size bus bandwidth."""
+    node.require(p.binary)
+    out = node.output(" ".join(quote(str(a)) for a in all_reduce_argv(p, p.gpus)))
+    return all_reduce_result(out, p)
 
 
 _ROW = re.compile(

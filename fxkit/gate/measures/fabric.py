@@ -3,7 +3,9 @@
     measure: {rdma_ports: {backend: "{{ roce_nic_interfaces }}", gid_index: 3}}
     measure: {ib_write_bw: {backend: [...], gpus: {mlx5_0: 0}}}        # GPU to NIC, per NIC
     measure: {ib_write_bw_pairs: {backend: [...], address: 10.0.0.1}}  # NIC to NIC, node pairs
+    measure: {ib_write_bw_pairs: {..., use_rocm: true}}                # GPU to GPU, node pairs
     measure: {rc_pingpong_pairs: {backend: [...], address: 10.0.0.1}}  # ibv_rc_pingpong, pairs
+    measure: {rccl_pairs: {address: 10.0.0.1, gpus: 8}}                # RCCL across two nodes
 
 **Backend ports** are the declared ones (roce_nic's ``roce_nic_interfaces``: netdev names, or
 ``{name, device}``); a front-end or bonded port (``mlx5_bond_0``) is then not counted. With no
@@ -21,7 +23,11 @@ DISABLED``). A declared port that ``rdma link`` does not show is ``MISSING``.
   i-th backend NIC of one node tests against the i-th of the other, all NICs of the pair at once
   (as AMD's CVS runs them, cvs/lib/ibperf_lib.py), so no NIC is ever in two tests at once.
   Bidirectional bandwidth is the lower of both sides' reports, against twice the slower port's
-  line rate.
+  line rate. With ``use_rocm``, each side's buffers are in the GPU adjacent to its NIC (AMD's
+  "GPU to GPU through the Switch").
+- ``rccl_pairs``: rccl-tests' all_reduce_perf over the same node pairs, launched by mpirun from
+  the pair's first node with one GPU per rank (docs/network/validation.md, "RCCL Multi-Node
+  Test": AMD's figure is for a two node cluster); both nodes get the pair's result.
 """
 
 from __future__ import annotations
@@ -36,7 +42,12 @@ from pydantic import Field
 
 from fxkit.facts.rdma import RdmaLink
 from fxkit.gate.measure import MeasuredHost, MeasureError, Params, fleet_kind, kind
-from fxkit.gate.measures.bench import parse_ib_write_bw
+from fxkit.gate.measures.bench import (
+    RcclParams,
+    all_reduce_argv,
+    all_reduce_result,
+    parse_ib_write_bw,
+)
 from fxkit.gate.measures.facts import rdma
 
 #: Where a client reaches a server on its own node.
@@ -149,10 +160,17 @@ def _best(text: str) -> float:
 # -- GPU to NIC (one node) ----------------------------------------------------------------------
 
 
-class GpuNicParams(BackendParams):
+class AdjacentGpus(Params):
     #: The GPU adjacent to each backend NIC (device or netdev -> GPU index); default: the i-th
     #: backend port's GPU is GPU i (one NIC per GPU, in the order they are declared).
     gpus: dict[str, int] = Field(default={})
+
+    def adjacent(self, port: Backend, index: int) -> int:
+        """The GPU adjacent to ``port``, the ``index``-th backend port."""
+        return self.gpus.get(port.device, self.gpus.get(port.netdev or "", index))
+
+
+class GpuNicParams(BackendParams, AdjacentGpus):
     qps: int = Field(default=1, gt=0)
     port: int = Field(default=18515, gt=0, lt=65536)
     #: Seconds each side may run (``timeout``); -a runs every message size from 2 B to 8 MiB.
@@ -167,7 +185,7 @@ def gpu_nic(node: MeasuredHost, p: GpuNicParams) -> dict[str, Any]:
     speeds = _speed(node, ports)
     data: dict[str, Any] = {}
     for index, port in enumerate(ports):
-        gpu = p.gpus.get(port.device, p.gpus.get(port.netdev or "", index))
+        gpu = p.adjacent(port, index)
         server = _command(port.device, p.gid_index, p.port, rocm=None, qps=p.qps, to="")
         client = _command(port.device, p.gid_index, p.port, rocm=gpu, qps=p.qps, to=LOOPBACK)
         script = (
@@ -215,8 +233,10 @@ class PairParams(BackendParams):
     limit: int = Field(default=300, gt=0)
 
 
-class BwPairParams(PairParams):
+class BwPairParams(PairParams, AdjacentGpus):
     qps: int = Field(default=1, gt=0)
+    #: GPU to GPU: each side's buffers in the GPU adjacent to its NIC (``--use_rocm``).
+    use_rocm: bool = False
 
 
 _MARK = re.compile(r"^@@fxkit (\d+) (\d+)$", re.M)
@@ -330,8 +350,9 @@ def _worst(tests: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _bw_command(side: _Side, port: Backend, i: int, to: str) -> str:
     p = side.params
-    qps = p.qps if isinstance(p, BwPairParams) else 1
-    return _command(port.device, p.gid_index, p.port + i, rocm=None, qps=qps, to=to)
+    assert isinstance(p, BwPairParams)
+    rocm = p.adjacent(port, i) if p.use_rocm else None
+    return _command(port.device, p.gid_index, p.port + i, rocm=rocm, qps=p.qps, to=to)
 
 
 def _bw_judge(
@@ -391,3 +412,77 @@ def _pp_judge(
 def rc_pingpong_pairs(nodes: dict[str, MeasuredHost], params: dict[str, PairParams]) -> Any:
     """ibv_rc_pingpong between node pairs on every backend NIC: connected or not."""
     return _pairs(nodes, params, "ibv_rc_pingpong", _pp_command, _pp_judge)
+
+
+# -- RCCL across two nodes ----------------------------------------------------------------------
+
+
+class RcclPairParams(RcclParams):
+    #: How the other node of a pair reaches this one (mpirun's -H).
+    address: str
+    #: Open MPI's launcher (a ROCm-aware build: rccl-benchmarking.md), and its options before the
+    #: program (``[-x, NCCL_IB_HCA=mlx5_0, --mca, pml, ucx]``).
+    mpirun: str = "mpirun"
+    mpi_args: tuple[str, ...] = ()
+    limit: int = Field(default=1800, gt=0)
+
+
+class _RcclSide(NamedTuple):
+    host: str
+    node: MeasuredHost
+    params: RcclPairParams
+
+
+def _rccl_pair(a: _RcclSide, b: _RcclSide) -> dict[str, Any]:
+    """all_reduce_perf on the nodes of a pair, one rank per GPU, launched from ``a``."""
+    p = a.params
+    argv = [p.mpirun, "-np", p.gpus + b.params.gpus]
+    argv += ["-H", f"{p.address}:{p.gpus},{b.params.address}:{b.params.gpus}", *p.mpi_args]
+    command = " ".join(quote(str(x)) for x in [*argv, *all_reduce_argv(p, 1)])
+    result = a.node.run(f"timeout {p.limit} {command}", timeout=p.limit + 30)
+    if not result.ok:
+        tail = (result.stderr or result.stdout).strip()[-300:]
+        raise MeasureError(f"mpirun on {a.host} with {b.host} exited {result.rc}: {tail}")
+    return all_reduce_result(result.stdout, p)
+
+
+@fleet_kind("rccl_pairs", RcclPairParams)
+def rccl_pairs(nodes: dict[str, MeasuredHost], params: dict[str, RcclPairParams]) -> Any:
+    """rccl-tests all_reduce_perf across node pairs under mpirun: each pair's bus bandwidth."""
+    out: dict[str, Any] = {}
+    sides: dict[str, _RcclSide] = {}
+    for host, node in nodes.items():
+        try:
+            node.require(params[host].mpirun)
+            node.require(params[host].binary)
+            sides[host] = _RcclSide(host, node, params[host])
+        except MeasureError as exc:
+            out[host] = exc
+    rounds = plan_pairs(list(sides))
+    if not rounds:
+        return {**out, **{h: MeasureError("RCCL between nodes needs a second node") for h in sides}}
+    tests: dict[str, list[dict[str, Any] | MeasureError]] = {h: [] for h in sides}
+    for number, pairs in enumerate(rounds, 1):
+        if any(side.node.stop.is_set() for side in sides.values()):
+            return {
+                **out,
+                **{h: MeasureError("interrupted (Ctrl-C) between rounds") for h in sides},
+            }
+        with ThreadPoolExecutor(max_workers=len(pairs)) as pool:
+            runs = [(s, c, pool.submit(_rccl_pair, sides[s], sides[c])) for s, c in pairs]
+            for s, c, run in runs:
+                try:
+                    result: dict[str, Any] | MeasureError = run.result()
+                except MeasureError as exc:
+                    result = exc
+                for host, peer in ((s, c), (c, s)):
+                    tests[host].append(
+                        result
+                        if isinstance(result, MeasureError)
+                        else {**result, "peer": peer, "launcher": s, "round": number}
+                    )
+    for host, done in tests.items():  # a node in two pairs (an odd count): its worse one
+        errors = [t for t in done if isinstance(t, MeasureError)]
+        results = [t for t in done if not isinstance(t, MeasureError)]
+        out[host] = errors[0] if errors else min(results, key=lambda t: t["in_place_busbw_gbps"])
+    return out

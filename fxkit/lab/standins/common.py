@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import select
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,8 @@ MARKER = Path("/etc/fxkit-lab/host.json")
 CALL_LOG = Path("/var/log/fxkit-lab/calls.jsonl")
 STATE = Path("/var/lib/fxkit-lab")
 FABRIC = Path("/etc/fxkit-lab/fabric.json")
+#: The folder every host of the fleet sees (host-init.sh): where two hosts' stand-ins meet.
+SHARED = Path("/run/fxkit-lab/shared")
 CONFIGFS = Path("/sys/kernel/config")
 NVMET = CONFIGFS / "nvmet"
 SYS_NET = Path("/sys/class/net")
@@ -76,6 +79,16 @@ def save_state(name: str, value: Any) -> None:
 def fail(tool: str, message: str, rc: int = 1) -> NoReturn:
     print(f"{tool}: {message}" if tool else message, file=sys.stderr)
     raise SystemExit(rc)
+
+
+def own_address() -> str:
+    """The host's address on the lab's network (its line of /etc/hosts)."""
+    name = socket.gethostname()
+    for line in Path("/etc/hosts").read_text().splitlines():
+        words = line.split()
+        if name in words[1:]:
+            return words[0]
+    return "127.0.0.1"
 
 
 def netdev_attr(name: str, attribute: str, default: str = "") -> str:

@@ -1,21 +1,26 @@
 """RDMA traffic between nodes: perftest's ib_write_bw and rdma-core's ibv_rc_pingpong.
 
-Lab hosts do not reach each other, so a server and its client never meet: each side answers on
-its own, from recorded real output (the profile's ``perftest/``, SOURCES.md), at its own port's
-link speed (``/sys/class/net/IF/speed``). A test of two nodes is judged by the gate on both
-sides' reports (the lower one), as a real pair reports the same figure on both. Each call logs
-when it started and ended, so that a test can prove which tests ran at the same time.
+Lab hosts do not reach each other over RDMA, so a server and its client exchange no data: each
+side answers on its own, from recorded real output (the profile's ``perftest/``, SOURCES.md), at
+its own port's link speed (``/sys/class/net/IF/speed``). A test of two nodes is judged by the
+gate on both sides' reports (the lower one), as a real pair reports the same figure on both. A
+server waits for its client as a real one blocks until its client connects: the client marks the
+server's address and TCP port done in the fleet's shared folder. Each call logs when it started
+and ended, so that a test can prove which tests ran at the same time.
 """
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import re
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .common import STATE, Profile, Tool, fail, netdev_attr, new_parser
+from .common import SHARED, Profile, Tool, fail, netdev_attr, new_parser, own_address
 
 #: The recorded run's link speed (Mb/s): a 400G NIC pair (SOURCES.md).
 RECORDED_MBPS = 400000
@@ -23,30 +28,62 @@ RECORDED_MBPS = 400000
 #: NIC on one node against 770 Gb/s NIC to NIC (system-acceptance-docs, rdma-benchmarking.md).
 LOOPBACK = 390 / 770
 LOCAL = ("127.0.0.1", "localhost", "::1")
-#: How long a side of a test "runs" (seconds): a server waits for its client (which starts a
-#: second after it, later on a loaded machine), as a real one blocks until its client connects;
-#: a client on its own host (a loopback) tells it when it is done.
-SERVER_S, CLIENT_S = 5.0, 0.6
+#: How long a side of a test "runs" (seconds): a client CLIENT_S; a server until its client is
+#: done, at most SERVER_S (a real one blocks until a client connects; the gate's timeout ends it).
+SERVER_S, CLIENT_S = 60.0, 0.6
 
 
-def _run(tool: str, port: int, client: bool) -> None:
-    """Take as long as a side of a test: a client CLIENT_S, then it marks its TCP port done; a
-    server until a client on this host marked its port after the server started, at most
-    SERVER_S."""
-    done = STATE / f"{tool}-{port}.done"
-    if client:
+def _marks(tool: str, server: str | None, port: int) -> tuple[Path, Path]:
+    """The marks of the test of ``tool`` at ``server`` (None: this host) and ``port`` in the
+    fleet's shared folder: the server listens, the client is done."""
+    address = own_address() if server is None or server in LOCAL else server
+    stem = f"{tool}-{address}-{port}"
+    return SHARED / f"{stem}.listen", SHARED / f"{stem}.done"
+
+
+@contextmanager
+def _side(tool: str, port: int, server: str | None) -> Iterator[None]:
+    """A side of a test (a client: ``server`` is its server's address). A server's listen mark
+    lasts as long as it runs; a client marks its server's port done when it ends, however."""
+    listen, done = _marks(tool, server, port)
+    try:
+        if server is None:
+            listen.write_text(str(time.time()))
+        yield
+    finally:
+        (
+            done.write_text(str(time.time()))
+            if server is not None
+            else listen.unlink(missing_ok=True)
+        )
+
+
+def _take(tool: str, port: int, server: str | None, entry: dict[str, Any]) -> None:
+    """How long a side runs. A client waits for its server to listen (as perftest's client needs
+    it), logs that as its start, and runs CLIENT_S; a server waits until its client marked its
+    port done after the server started, at most SERVER_S."""
+    listen, done = _marks(tool, server, port)
+    if server is not None:
+        if not _wait(listen.exists):
+            fail("", f"Couldn't connect to {server}:{port}", 1)
+        entry["started"] = time.time()
         time.sleep(CLIENT_S)
-        STATE.mkdir(parents=True, exist_ok=True)
-        done.write_text(str(time.time()))
         return
-    started = time.time()
-    while time.time() - started < SERVER_S:
+    started = float(listen.read_text())
+    _wait(lambda: float(done.read_text()) > started)
+
+
+def _wait(ready: Callable[[], bool]) -> bool:
+    """Whether ``ready()`` came true within SERVER_S (polled; a missing mark is not ready)."""
+    begun = time.time()
+    while time.time() - begun < SERVER_S:
         try:
-            if float(done.read_text()) > started:
-                return
+            if ready():
+                return True
         except (OSError, ValueError):
             pass
         time.sleep(0.1)
+    return False
 
 
 _ROW = re.compile(r"^ (\d+)(\s+)(\d+)(\s+)([\d.]+)(\s+)([\d.]+)(\s+)([\d.]+)$", re.M)
@@ -94,6 +131,11 @@ def ib_write_bw(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) 
         parser.add_argument(flag, action="store_true")
     parser.add_argument("server", nargs="?")
     opts = parser.parse_args(args)
+    with _side("ib_write_bw", opts.port, opts.server):
+        return _write_bw(p, opts, entry)
+
+
+def _write_bw(p: Profile, opts: argparse.Namespace, entry: dict[str, Any]) -> int:
     port = _port(p, opts.ib_dev, "ib_write_bw")
     client = opts.server is not None
     folder = Path(p["dir"]) / "perftest"
@@ -110,7 +152,7 @@ def ib_write_bw(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) 
         fail("", "the stand-in answers in Gb/sec only (--report_gbits)", 1)
     if opts.use_rocm is not None:
         text = _rocm(p, folder, opts.use_rocm, text)
-    _run("ib_write_bw", opts.port, client)
+    _take("ib_write_bw", opts.port, opts.server, entry)
     print(text, end="")
     entry["device"], entry["ended"] = port["dev"], time.time()
     return 0
@@ -147,6 +189,11 @@ def ibv_rc_pingpong(p: Profile, args: list[str], stdin: str, entry: dict[str, An
     parser.add_argument("-n", "--iters", type=int, default=1000)
     parser.add_argument("server", nargs="?")
     opts = parser.parse_args(args)
+    with _side("ibv_rc_pingpong", opts.port, opts.server):
+        return _pingpong(p, opts, entry)
+
+
+def _pingpong(p: Profile, opts: argparse.Namespace, entry: dict[str, Any]) -> int:
     port = _port(p, opts.ib_dev, "ibv_rc_pingpong")
     if opts.gid_idx is None:
         fail("", "Couldn't get local LID", 1)  # RoCE needs a GID; without -g it has none
@@ -158,7 +205,7 @@ def ibv_rc_pingpong(p: Profile, args: list[str], stdin: str, entry: dict[str, An
     address = ipaddress.IPv6Address(gid)  # in inet_ntop's form, as rc_pingpong prints it
     mapped = address.ipv4_mapped
     ip6 = f"::ffff:{mapped}" if mapped else str(address)
-    _run("ibv_rc_pingpong", opts.port, opts.server is not None)
+    _take("ibv_rc_pingpong", opts.port, opts.server, entry)
     seconds = opts.size * opts.iters * 2 * 8 / (_speed(port) * 1e6) * 4  # a quarter line rate
     print(f"  local address:  LID 0x0000, QPN 0x{0x18B:06x}, PSN 0x92d03e, GID {ip6}")
     print(f"  remote address: LID 0x0000, QPN 0x{0x89:06x}, PSN 0x76ea22, GID {ip6}")
