@@ -60,6 +60,7 @@ import hashlib
 import json
 import mmap
 import os
+import queue
 import shlex
 import stat
 import threading
@@ -1053,10 +1054,12 @@ class Stager:
 
     def _fill(self, src: SourceFile, fd: int) -> tuple[str, int]:
         """Write the source's bytes into the partial ``fd``, going on after the part of it that
-        matches the source: its digest, and 1 if some of a partial was kept."""
+        matches the source: its digest, and 1 if some of a partial was kept. The source is read
+        ahead on a thread of its own (:class:`_ReadAhead`) while the last chunk is hashed and
+        written (:class:`_Writer`: O_DIRECT where the store takes it)."""
         have = os.fstat(fd).st_size
         where = f"{self.source.where}/{src.path}"
-        with self.source.open(src.path) as reader:
+        with self.source.open(src.path) as reader, _Writer(fd) as writer:
             hasher, offset, pending = self.new_hash(), 0, b""
             # Whole chunks of it are compared (the rest is rewritten), so reads stay on the grid.
             have = have if have == src.size else min(have, src.size) // self.chunk * self.chunk
@@ -1069,18 +1072,18 @@ class Stager:
                 _pwrite_all(fd, memoryview(pending), offset)
                 offset += len(pending)
                 self.progress(len(pending))
-            buffer = _buffer(self.chunk)
-            while True:
-                if self.stop.is_set():
-                    raise _Stopped
-                # Whole chunks (O_DIRECT's grid); the last read comes back short, at the end.
-                n = _read_full(reader, buffer, where)
-                if not n or offset + n > src.size:
-                    break
-                hasher.update(buffer[:n])
-                _pwrite_all(fd, buffer[:n], offset)
-                offset += n
-                self.progress(n)
+            n = 0
+            with _ReadAhead(reader, self.chunk, where) as chunks:
+                for data in chunks:
+                    n = len(data)
+                    if self.stop.is_set():
+                        raise _Stopped
+                    if offset + n > src.size:
+                        break
+                    hasher.update(data)
+                    self._write(writer, data, offset)
+                    offset += n
+                    self.progress(n)
         if offset != src.size or n or self.source.stat(src.path) != src:
             raise StageError(
                 f"{src.path} changed while it was copied; the partial was removed",
@@ -1088,6 +1091,98 @@ class Stager:
                 hint="stage a model that is no longer being written, then run again",
             )
         return hasher.hexdigest(), int(kept > 0)
+
+    def _write(self, writer: _Writer, data: memoryview, offset: int) -> None:
+        """``data`` written at ``offset``: the whole 4 KiB blocks of it with O_DIRECT (where the
+        store takes it), the rest (the file's last bytes) through the page cache."""
+        direct = writer.direct
+        whole = len(data) // _ALIGN * _ALIGN if direct is not None else 0
+        if direct is not None and whole and not offset % _ALIGN:
+            try:
+                _pwrite_all(direct, data[:whole], offset)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                writer.no_direct()  # the store will not do it: buffered from here on
+                whole = 0
+            data, offset = data[whole:], offset + whole
+        if data:
+            _pwrite_all(writer.fd, data, offset)
+
+
+class _Writer:
+    """The partial ``fd`` and, where the store takes it, a second descriptor of the same file
+    with O_DIRECT (reopened through ``/proc/self/fd``: the file already opened): whole blocks go
+    from the copy's buffer to the store without a copy into the page cache and without dirty
+    pages whose writeback stalls the next write (and with it the reads)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.direct: int | None = None
+        with suppress(OSError):
+            self.direct = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC | os.O_DIRECT)
+
+    def no_direct(self) -> None:
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.no_direct()
+
+
+#: Buffers per file: one being hashed and written while the next ones are read.
+READ_AHEAD = 2
+
+
+class _ReadAhead:
+    """Double buffering: ``reader`` read in chunks of ``chunk`` bytes into a ring of
+    :data:`READ_AHEAD` page-aligned buffers by a thread of its own, while the copy hashes and
+    writes the chunk before. Iterating yields each chunk read (a short one, then an empty one, at
+    the end); a chunk's buffer is read into again only once the next one is asked for. A read's
+    error is raised where its chunk would have come. Leaving the block stops the thread and
+    waits for it (a read under way ends first), so the reader may be closed after."""
+
+    def __init__(self, reader: Reader, chunk: int, where: str, depth: int = READ_AHEAD):
+        self.reader, self.where = reader, where
+        self.free: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self.full: queue.SimpleQueue[tuple[memoryview, int] | BaseException] = queue.SimpleQueue()
+        for _ in range(depth):
+            self.free.put(_buffer(chunk))
+        self.thread = threading.Thread(target=self._read, name="fxkit-stage-read", daemon=True)
+
+    def _read(self) -> None:
+        while (buffer := self.free.get()) is not None:
+            try:
+                n = _read_full(self.reader, buffer, self.where)
+            except BaseException as exc:  # handed to the copy, raised there
+                self.full.put(exc)
+                return
+            self.full.put((buffer, n))
+            if not n:
+                return
+
+    def __enter__(self) -> Iterator[memoryview]:
+        self.thread.start()
+        return self._chunks()
+
+    def _chunks(self) -> Iterator[memoryview]:
+        while True:
+            got = self.full.get()
+            if isinstance(got, BaseException):
+                raise got
+            buffer, n = got
+            yield buffer[:n]
+            if not n:
+                return
+            self.free.put(buffer)
+
+    def __exit__(self, *exc: object) -> None:
+        self.free.put(None)
+        self.thread.join()
 
 
 def _write_error(exc: OSError, path: str, dest: str) -> StageError:
