@@ -66,7 +66,7 @@ class _Failing:
 
 def test_a_read_error_is_raised_where_its_chunk_would_come() -> None:
     ahead = _ReadAhead(_Failing(good=2), 4096, "src/model.bin")
-    got = []
+    got: list[int] = []
     with pytest.raises(StageError, match="cannot read: Input/output error"), ahead as chunks:
         got.extend(len(c) for c in chunks)
     assert got == [4096, 4096]
