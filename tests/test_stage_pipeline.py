@@ -70,14 +70,14 @@ def test_a_read_error_is_raised_where_its_chunk_would_come() -> None:
     with pytest.raises(StageError, match="cannot read: Input/output error"), ahead as chunks:
         got.extend(len(c) for c in chunks)
     assert got == [4096, 4096]
-    assert not ahead.thread.is_alive()
+    assert not any(thread.is_alive() for thread in ahead.threads)
 
 
 def test_leaving_early_stops_the_reads() -> None:
     ahead = _ReadAhead(_Failing(good=1000), 4096, "src/model.bin")
     with ahead as chunks:
         assert len(next(chunks)) == 4096
-    assert not ahead.thread.is_alive()
+    assert not any(thread.is_alive() for thread in ahead.threads)
 
 
 def test_a_write_o_direct_refuses_goes_through_the_page_cache(tmp_path: Path) -> None:
