@@ -45,12 +45,17 @@
   :class:`StageError` with where and a hint, before anything is written where it can be.
 
 Copying goes through user space rather than ``copy_file_range``/``sendfile``, since the hash
-needs every byte there anyway: a local file is read with O_DIRECT into a page-aligned buffer
-(no kernel copy, no page cache spent on the source), hashed and written with ``pwrite``; a
-remote one is streamed by ``cat`` over the SSH connection. The hash is the CPU's main cost:
-BLAKE3 runs at about 4 GB/s per core here, sha256 at 1.2-1.4, and both release the GIL while
-they hash a chunk, so each of the ``jobs`` files copied at once hashes on a core of its own
-(docs/BENCHMARKS.md, "Model staging").
+needs every byte there anyway. Each file is a pipeline (double buffering): its next chunks are
+read by threads of their own while the copy hashes the last one and writes it, so the disk is
+never idle while the CPU hashes. A local file is read through the page cache with two reads in
+flight (the kernel's readahead at work; each range dropped from the cache once copied out); a
+remote one is streamed by ``cat`` over the SSH connection. Whole 4 KiB blocks are written with
+O_DIRECT where the store takes it (the buffer goes to the store without a copy into the page
+cache, and no dirty pages pile up whose writeback would stall the copy), the file's last bytes
+through the page cache. The hash is the CPU's main cost: BLAKE3 runs at about 4 GB/s per core
+here, sha256 at 1.2-1.4, and both release the GIL while they hash a chunk, so each of the
+``jobs`` files copied at once hashes on a core of its own (docs/BENCHMARKS.md, "Model
+staging").
 """
 
 from __future__ import annotations
