@@ -1056,7 +1056,7 @@ class Stager:
     def _fill(self, src: SourceFile, fd: int) -> tuple[str, int]:
         """Write the source's bytes into the partial ``fd``, going on after the part of it that
         matches the source: its digest, and 1 if some of a partial was kept. The source is read
-        ahead on a thread of its own (:class:`_ReadAhead`) while the last chunk is hashed and
+        ahead by threads of their own (:class:`_ReadAhead`) while the last chunk is hashed and
         written (:class:`_Writer`: O_DIRECT where the store takes it)."""
         have = os.fstat(fd).st_size
         where = f"{self.source.where}/{src.path}"
