@@ -45,12 +45,17 @@
   :class:`StageError` with where and a hint, before anything is written where it can be.
 
 Copying goes through user space rather than ``copy_file_range``/``sendfile``, since the hash
-needs every byte there anyway: a local file is read with O_DIRECT into a page-aligned buffer
-(no kernel copy, no page cache spent on the source), hashed and written with ``pwrite``; a
-remote one is streamed by ``cat`` over the SSH connection. The hash is the CPU's main cost:
-BLAKE3 runs at about 4 GB/s per core here, sha256 at 1.2-1.4, and both release the GIL while
-they hash a chunk, so each of the ``jobs`` files copied at once hashes on a core of its own
-(docs/BENCHMARKS.md, "Model staging").
+needs every byte there anyway. Each file is a pipeline (double buffering): its next chunks are
+read by threads of their own while the copy hashes the last one and writes it, so the disk is
+never idle while the CPU hashes. A local file is read through the page cache with two reads in
+flight (the kernel's readahead at work; each range dropped from the cache once copied out); a
+remote one is streamed by ``cat`` over the SSH connection. Whole 4 KiB blocks are written with
+O_DIRECT where the store takes it (the buffer goes to the store without a copy into the page
+cache, and no dirty pages pile up whose writeback would stall the copy), the file's last bytes
+through the page cache. The hash is the CPU's main cost: BLAKE3 runs at about 4 GB/s per core
+here, sha256 at 1.2-1.4, and both release the GIL while they hash a chunk, so each of the
+``jobs`` files copied at once hashes on a core of its own (docs/BENCHMARKS.md, "Model
+staging").
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ import hashlib
 import json
 import mmap
 import os
+import queue
 import shlex
 import stat
 import threading
@@ -315,7 +321,7 @@ class LocalSource(Source):
                 real = _opened_as(fd)
                 if not self._inside(real) or not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise self._outside(path, real)
-                reader = _DirectReader(f"/proc/self/fd/{fd}")
+                reader = _FileReader(f"/proc/self/fd/{fd}")
         except OSError as exc:
             raise StageError(f"cannot read {path}: {exc.strerror}", where=self.where) from None
         try:
@@ -364,41 +370,32 @@ def _not_a_directory(where: str) -> StageError:
     )
 
 
-class _DirectReader:
-    """A local file read with O_DIRECT where it can be: the bytes go from the disk straight
-    into the copy's buffer, neither copied by the kernel nor kept in the page cache (the
-    source is read once; the page cache is better spent on the staged copy). Reads that
-    O_DIRECT cannot do (an offset or a length off the 4 KiB grid, a file system without it)
-    go through a second, buffered descriptor. ``path`` is opened twice: a ``/proc/self/fd``
-    link, so both are the file already checked."""
+class _FileReader:
+    """A local file read through the page cache, so the kernel's readahead works for the copy
+    (on this VM's loop disk, two buffered 16 MiB reads in flight per file went 1.6-2.1 GB/s,
+    O_DIRECT at any depth 1.1-1.2: docs/BENCHMARKS.md, "Model staging"). Each range read is
+    dropped from the page cache once copied out (the source is read once; the page cache is
+    better spent on the staged copy). :meth:`readinto_at` reads at an offset, so several
+    chunks of one file can be read at once (:class:`_ReadAhead`)."""
 
     def __init__(self, path: str):
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.direct: int | None = None
-        with suppress(OSError):
-            self.direct = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         self.offset = 0
 
+    def readinto_at(self, buffer: memoryview, offset: int) -> int:
+        n = os.preadv(self.fd, [buffer], offset)
+        if n:
+            os.posix_fadvise(self.fd, offset, n, os.POSIX_FADV_DONTNEED)
+        return n
+
     def readinto(self, buffer: memoryview) -> int:
-        n = None
-        if self.direct is not None and not (self.offset | len(buffer)) % _ALIGN:
-            try:
-                n = os.preadv(self.direct, [buffer], self.offset)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                os.close(self.direct)  # the buffer or the file system will not do it
-                self.direct = None
-        if n is None:
-            n = os.preadv(self.fd, [buffer], self.offset)
+        n = self.readinto_at(buffer, self.offset)
         self.offset += n
         return n
 
     def close(self) -> None:
-        for fd in (self.fd, self.direct):
-            if fd is not None:
-                os.close(fd)
+        os.close(self.fd)
 
 
 class SSHSource(Source):
@@ -836,11 +833,16 @@ def _buffer(size: int) -> memoryview:
     return memoryview(mmap.mmap(-1, size))
 
 
-def _read_full(reader: Reader, buffer: memoryview, where: str) -> int:
+def _read_full(reader: Reader, buffer: memoryview, where: str, at: int | None = None) -> int:
+    """Fill ``buffer`` from ``reader`` (at the offset ``at`` of a local file, else where it
+    is), short only at the end."""
     got = 0
     while got < len(buffer):
         try:
-            n = reader.readinto(buffer[got:])
+            if at is not None and isinstance(reader, _FileReader):
+                n = reader.readinto_at(buffer[got:], at + got)
+            else:
+                n = reader.readinto(buffer[got:])
         except OSError as exc:
             raise StageError(f"cannot read: {exc.strerror or exc}", where=where) from None
         if not n:
@@ -1053,10 +1055,12 @@ class Stager:
 
     def _fill(self, src: SourceFile, fd: int) -> tuple[str, int]:
         """Write the source's bytes into the partial ``fd``, going on after the part of it that
-        matches the source: its digest, and 1 if some of a partial was kept."""
+        matches the source: its digest, and 1 if some of a partial was kept. The source is read
+        ahead by threads of their own (:class:`_ReadAhead`) while the last chunk is hashed and
+        written (:class:`_Writer`: O_DIRECT where the store takes it)."""
         have = os.fstat(fd).st_size
         where = f"{self.source.where}/{src.path}"
-        with self.source.open(src.path) as reader:
+        with self.source.open(src.path) as reader, _Writer(fd) as writer:
             hasher, offset, pending = self.new_hash(), 0, b""
             # Whole chunks of it are compared (the rest is rewritten), so reads stay on the grid.
             have = have if have == src.size else min(have, src.size) // self.chunk * self.chunk
@@ -1069,18 +1073,18 @@ class Stager:
                 _pwrite_all(fd, memoryview(pending), offset)
                 offset += len(pending)
                 self.progress(len(pending))
-            buffer = _buffer(self.chunk)
-            while True:
-                if self.stop.is_set():
-                    raise _Stopped
-                # Whole chunks (O_DIRECT's grid); the last read comes back short, at the end.
-                n = _read_full(reader, buffer, where)
-                if not n or offset + n > src.size:
-                    break
-                hasher.update(buffer[:n])
-                _pwrite_all(fd, buffer[:n], offset)
-                offset += n
-                self.progress(n)
+            n = 0
+            with _ReadAhead(reader, self.chunk, where, offset) as chunks:
+                for data in chunks:
+                    n = len(data)
+                    if self.stop.is_set():
+                        raise _Stopped
+                    if offset + n > src.size:
+                        break
+                    hasher.update(data)
+                    self._write(writer, data, offset)
+                    offset += n
+                    self.progress(n)
         if offset != src.size or n or self.source.stat(src.path) != src:
             raise StageError(
                 f"{src.path} changed while it was copied; the partial was removed",
@@ -1088,6 +1092,117 @@ class Stager:
                 hint="stage a model that is no longer being written, then run again",
             )
         return hasher.hexdigest(), int(kept > 0)
+
+    def _write(self, writer: _Writer, data: memoryview, offset: int) -> None:
+        """``data`` written at ``offset``: the whole 4 KiB blocks of it with O_DIRECT (where the
+        store takes it), the rest (the file's last bytes) through the page cache."""
+        direct = writer.direct
+        whole = len(data) // _ALIGN * _ALIGN if direct is not None else 0
+        if direct is not None and whole and not offset % _ALIGN:
+            try:
+                _pwrite_all(direct, data[:whole], offset)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                writer.no_direct()  # the store will not do it: buffered from here on
+                whole = 0
+            data, offset = data[whole:], offset + whole
+        if data:
+            _pwrite_all(writer.fd, data, offset)
+
+
+class _Writer:
+    """The partial ``fd`` and, where the store takes it, a second descriptor of the same file
+    with O_DIRECT (reopened through ``/proc/self/fd``: the file already opened): whole blocks go
+    from the copy's buffer to the store without a copy into the page cache and without dirty
+    pages whose writeback stalls the next write (and with it the reads)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.direct: int | None = None
+        with suppress(OSError):
+            self.direct = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC | os.O_DIRECT)
+
+    def no_direct(self) -> None:
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.no_direct()
+
+
+#: Reads in flight per local file (a stream from another host is read by one thread).
+READERS = 2
+
+
+class _ReadAhead:
+    """Double buffering: the source read in chunks of ``chunk`` bytes from ``start`` by threads
+    of their own, while the copy hashes and writes the chunk before. A local file is read by
+    :data:`READERS` threads, chunk ``i`` by thread ``i % READERS`` at its offset; a stream by one.
+    Each thread has two page-aligned buffers: one read into while the copy has the other.
+
+    Iterating yields each chunk in order (a short one, then an empty one, at the end); a
+    chunk's buffer is read into again only once the next chunk is asked for. A read's error is
+    raised where its chunk would have come. Leaving the block stops the threads and waits for
+    them (a read under way ends first), so the reader may be closed after."""
+
+    def __init__(self, reader: Reader, chunk: int, where: str, start: int = 0):
+        self.reader, self.chunk, self.where, self.start = reader, chunk, where, start
+        count = READERS if isinstance(reader, _FileReader) else 1
+        self.free: list[queue.SimpleQueue[memoryview | None]] = []
+        self.full: list[queue.SimpleQueue[tuple[memoryview, int] | BaseException]] = []
+        self.threads = []
+        for k in range(count):
+            self.free.append(queue.SimpleQueue())
+            self.full.append(queue.SimpleQueue())
+            for _ in range(2):
+                self.free[k].put(_buffer(chunk))
+            self.threads.append(
+                threading.Thread(target=self._read, args=(k,), name="fxkit-stage-read", daemon=True)
+            )
+
+    def _read(self, k: int) -> None:
+        count, free, full = len(self.threads), self.free[k], self.full[k]
+        i = k
+        while (buffer := free.get()) is not None:
+            try:
+                n = _read_full(self.reader, buffer, self.where, self.start + i * self.chunk)
+            except BaseException as exc:  # handed to the copy, raised there
+                full.put(exc)
+                return
+            full.put((buffer, n))
+            if not n:
+                return
+            i += count
+
+    def __enter__(self) -> Iterator[memoryview]:
+        for thread in self.threads:
+            thread.start()
+        return self._chunks()
+
+    def _chunks(self) -> Iterator[memoryview]:
+        i = 0
+        while True:
+            k = i % len(self.threads)
+            got = self.full[k].get()
+            if isinstance(got, BaseException):
+                raise got
+            buffer, n = got
+            yield buffer[:n]
+            if not n:
+                return
+            self.free[k].put(buffer)
+            i += 1
+
+    def __exit__(self, *exc: object) -> None:
+        for free in self.free:
+            free.put(None)
+        for thread in self.threads:
+            thread.join()
 
 
 def _write_error(exc: OSError, path: str, dest: str) -> StageError:
