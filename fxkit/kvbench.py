@@ -139,8 +139,9 @@ class Run:
 
 @dataclass
 class Report:
-    folders: list[str]
-    filesystems: list[str]
+    folders: list[str]  # where LMCache writes (as given)
+    read_via: list[str]  # where it reads the same files (a mount of each folder), or []
+    filesystems: list[str]  # of the folders it reads
     chunk: ChunkShape
     chunks_per_worker: int
     workers: int
@@ -149,6 +150,21 @@ class Report:
     runs: list[Run] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    scratch: list[str] = field(default_factory=list)  # the folders written, in ``folders``
+
+    @property
+    def reading(self) -> list[str]:
+        """The scratch folders as the readers see them (through ``read_via``)."""
+        if not self.read_via:
+            return self.scratch
+        return [
+            str(Path(v) / Path(s).name) for v, s in zip(self.read_via, self.scratch, strict=True)
+        ]
+
+    def through(self, files: list[str]) -> list[str]:
+        """Written files as the readers see them."""
+        seen = dict(zip(self.scratch, self.reading, strict=True))
+        return [str(Path(seen[str(Path(f).parent)]) / Path(f).name) for f in files]
 
 
 # -- LMCache's backend, driven as vLLM's connector drives it ------------------------------------
@@ -199,47 +215,70 @@ class _LMCache:
         self.cpu_backend = load(f"{backends}.local_cpu_backend").LocalCPUBackend
         self.disk_backend = load(f"{backends}.local_disk_backend").LocalDiskBackend
 
+    def _config(self, chunk: ChunkShape, per_worker: int, **values: Any) -> Any:
+        pool = (per_worker + 2) * chunk.nbytes / 1024**3  # the batch, staged at once
+        return self.config.from_defaults(
+            chunk_size=chunk.tokens,
+            local_cpu=False,
+            max_local_cpu_size=pool,
+            max_local_disk_size=pool * 2,
+            **values,
+        )
+
+    def _metadata(self, chunk: ChunkShape, count: int, i: int) -> Any:
+        kv_shape = (chunk.dims[1], chunk.dims[0], chunk.tokens, 1, chunk.dims[3])
+        return self.metadata(chunk.model, count, count, i, i, getattr(self.torch, chunk.dtype),
+                             kv_shape)  # fmt: skip
+
+    def pools(self, chunk: ChunkShape, count: int, per_worker: int) -> list[Any]:
+        """Each worker's CPU pool (``LocalCPUBackend``), where its reads land: made once and
+        touched once (a serving engine's pool is warm), then used by every setting."""
+        config = self._config(chunk, per_worker)
+        made = []
+        for i in range(count):
+            cpu = self.cpu_backend(config, self._metadata(chunk, count, i), dst_device="cpu")
+            made.append(cpu)
+            warm = [self.allocate(cpu, chunk) for _ in range(per_worker)]
+            for obj in warm:
+                obj.tensor.view(self.torch.uint8).fill_(0)
+                obj.ref_count_down()
+        return made
+
     def workers(
         self,
         chunk: ChunkShape,
         folders: Sequence[str],
-        count: int,
+        pools: list[Any],
         per_worker: int,
         setting: Setting,
         loop: asyncio.AbstractEventLoop,
     ) -> list[_Worker]:
-        """``count`` workers as LMCache makes them in ``count`` GPU processes: worker *i* on
-        device *i*, so ``by_gpu`` gives it folder *i* mod the number of folders."""
-        dtype = getattr(self.torch, chunk.dtype)
-        pool = (per_worker + 2) * chunk.nbytes / 1024**3  # the batch, staged at once
-        config = self.config.from_defaults(
-            chunk_size=chunk.tokens,
-            local_cpu=False,
-            max_local_cpu_size=pool,
+        """A disk backend per worker as LMCache makes them in that many GPU processes: worker
+        *i* on device *i*, so ``by_gpu`` gives it folder *i* mod the number of folders."""
+        config = self._config(
+            chunk,
+            per_worker,
             local_disk=",".join(folders if setting.sharded else folders[:1]),
             local_disk_path_sharding="by_gpu",
-            max_local_disk_size=pool * 2,
             extra_config={"disk_io_threads": setting.threads, "use_odirect": setting.odirect},
         )
+        dtype, count = getattr(self.torch, chunk.dtype), len(pools)
         made = []
-        for i in range(count):
-            kv_shape = (chunk.dims[1], chunk.dims[0], chunk.tokens, 1, chunk.dims[3])
-            meta = self.metadata(chunk.model, count, count, i, i, dtype, kv_shape)
-            cpu = self.cpu_backend(config, meta, dst_device="cpu")
+        for i, cpu in enumerate(pools):
             disk = self.disk_backend(config, loop, cpu, dst_device=f"cpu:{i}")
             keys = [self.key(chunk.model, count, i, n, dtype) for n in range(per_worker)]
             made.append(_Worker(i, cpu, disk, keys))
         return made
 
-    def allocate(self, worker: _Worker, chunk: ChunkShape) -> Any:
+    def allocate(self, cpu: Any, chunk: ChunkShape) -> Any:
         fmt = getattr(self.formats, chunk.fmt)
         shape = self.torch.Size(chunk.dims)
-        return worker.cpu.allocate(shape, getattr(self.torch, chunk.dtype), fmt)
+        return cpu.allocate(shape, getattr(self.torch, chunk.dtype), fmt)
 
     def write(self, worker: _Worker, chunk: ChunkShape) -> list[str]:
         """The worker's chunks written by its backend (``submit_put_task``); their files."""
         for key in worker.keys:
-            obj = self.allocate(worker, chunk)
+            obj = self.allocate(worker.cpu, chunk)
             obj.tensor.view(self.torch.uint8).fill_(_pattern(worker.index, key.chunk_hash))
             worker.disk.submit_put_task(key, obj)
             obj.ref_count_down()
@@ -251,13 +290,8 @@ class _LMCache:
         return [worker.disk._key_to_path(k) for k in worker.keys]
 
     def index(self, worker: _Worker, chunk: ChunkShape) -> None:
-        """The files already on disk made known to a fresh backend, and its CPU pool touched
-        once (a serving engine's pool is warm)."""
+        """The files already on disk made known to a fresh backend."""
         dtype, fmt = getattr(self.torch, chunk.dtype), getattr(self.formats, chunk.fmt)
-        warm = [self.allocate(worker, chunk) for _ in worker.keys]
-        for obj in warm:
-            obj.tensor.view(self.torch.uint8).fill_(0)
-            obj.ref_count_down()
         for key in worker.keys:
             size = os.path.getsize(worker.disk._key_to_path(key))
             worker.disk.insert_key(key, size, self.torch.Size(chunk.dims), dtype, fmt)
@@ -309,17 +343,17 @@ def _read_all(lmc: _LMCache, workers: list[_Worker], run: Run) -> None:
 
 
 def _run_lmcache(
-    lmc: _LMCache, report: Report, setting: Setting, files: list[str], rnd: int
+    lmc: _LMCache, report: Report, pools: list[Any], setting: Setting, files: list[str], rnd: int
 ) -> Run:
     run = Run("lmcache", setting.label, rnd)
     with _Loop() as loop:
         workers = lmc.workers(
-            report.chunk, report.folders, report.workers, report.chunks_per_worker, setting, loop
+            report.chunk, report.reading, pools, report.chunks_per_worker, setting, loop
         )
         try:
             for worker in workers:
                 lmc.index(worker, report.chunk)
-            run.resident_before = sum(evict_all(files).values())
+            run.resident_before = sum(evict_all({*files, *report.through(files)}).values())
             _read_all(lmc, workers, run)
             run.nbytes = report.chunk.nbytes * report.chunks_per_worker * report.workers
         finally:
@@ -328,10 +362,10 @@ def _run_lmcache(
     return run
 
 
-def _run_fio(files: list[str], setting: FioSetting, rnd: int) -> Run:
-    paths = [Path(f) for f in files]
+def _run_fio(report: Report, files: list[str], setting: FioSetting, rnd: int) -> Run:
+    paths = [Path(f) for f in report.through(files)]
     run = Run("fio", f"fio {setting.label}", rnd)
-    run.resident_before = sum(evict_all(paths).values())
+    run.resident_before = sum(evict_all({*files, *report.through(files)}).values())
     with tempfile.NamedTemporaryFile("w", suffix=".fio") as job:
         job.write(fio_job(paths, setting))
         job.flush()
@@ -363,12 +397,16 @@ def bench(
     workers: int = 1,
     rounds: int = 3,
     fio: Sequence[FioSetting] = FIO_SWEEP,
+    read_via: Sequence[str] = (),
     on_run: Callable[[Run], None] = lambda run: None,
 ) -> Report:
-    """Write the chunks once per layout, then every setting and fio, ``rounds`` times."""
+    """Write the chunks once per layout, then every setting and fio, ``rounds`` times.
+    ``read_via``: a mount of each folder (a remote filesystem), through which it is read."""
     why = missing()
     if why:
         raise KVBenchError(why)
+    if read_via and len(read_via) != len(folders):
+        raise KVBenchError(f"{len(read_via)} --read-via for {len(folders)} folders: one each")
     if shutil.which("fio") is None:
         raise KVBenchError("fio is not installed: apt-get install fio")
     lmc = _LMCache()
@@ -377,29 +415,44 @@ def bench(
     per_worker = max(2, total_bytes // workers // chunk.nbytes)
     report = Report(
         folders=[str(Path(f).resolve()) for f in folders],
-        filesystems=[filesystem(Path(f)) for f in folders],
+        read_via=[str(Path(f).resolve()) for f in read_via],
+        filesystems=[filesystem(Path(f)) for f in read_via or folders],
         chunk=chunk,
         chunks_per_worker=per_worker,
         workers=workers,
         lmcache=version("lmcache"),
         settings=list(settings),
     )
-    with _scratch(report.folders) as scratch:
-        report.folders = scratch
-        files = {layout: _write(lmc, report, layout) for layout in {s.sharded for s in settings}}
+    with _scratch(report.folders) as scratch, _pools(lmc, report) as pools:
+        report.scratch = scratch
+        layouts = {s.sharded for s in settings}
+        files = {layout: _write(lmc, report, pools, layout) for layout in layouts}
         for rnd in range(rounds):
             todo: list[Any] = [*settings, *fio]
             shift = rnd % len(todo)
             for item in todo[shift:] + todo[:shift]:
                 if isinstance(item, Setting):
-                    run = _run_lmcache(lmc, report, item, files[item.sharded], rnd)
+                    run = _run_lmcache(lmc, report, pools, item, files[item.sharded], rnd)
                 else:
-                    run = _run_fio(files[max(files)], item, rnd)  # every folder's, if sharded
+                    run = _run_fio(
+                        report, files[max(files)], item, rnd
+                    )  # every folder's, if sharded
                 report.runs.append(run)
                 on_run(run)
     report.summary = summarise(report)
     report.notes = _notes(report)
     return report
+
+
+@contextlib.contextmanager
+def _pools(lmc: _LMCache, report: Report) -> Iterator[list[Any]]:
+    """The workers' CPU pools, freed at the end."""
+    pools = lmc.pools(report.chunk, report.workers, report.chunks_per_worker)
+    try:
+        yield pools
+    finally:
+        for pool in pools:
+            pool.close()
 
 
 @contextlib.contextmanager
@@ -415,13 +468,13 @@ def _scratch(folders: list[str]) -> Iterator[list[str]]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _write(lmc: _LMCache, report: Report, sharded: bool) -> list[str]:
+def _write(lmc: _LMCache, report: Report, pools: list[Any], sharded: bool) -> list[str]:
     """The chunks of every worker written by LMCache at its defaults, in the layout's folders
     (worker 0's files are the same in both layouts: its folder is the first in each)."""
     setting = Setting(4, False, sharded)
     with _Loop() as loop:
         workers = lmc.workers(
-            report.chunk, report.folders, report.workers, report.chunks_per_worker, setting, loop
+            report.chunk, report.scratch, pools, report.chunks_per_worker, setting, loop
         )
         try:
             files = [f for worker in workers for f in lmc.write(worker, report.chunk)]
@@ -473,7 +526,8 @@ def summarise(report: Report) -> dict[str, Any]:
     single = Setting(1, best.odirect, best.sharded)
     fio = _fio_best(report.runs)
     by_round = {(r.label, r.round): r.gbps for r in lm if not r.error}
-    folders = report.folders if best.sharded else report.folders[:1]
+    given = report.read_via or report.folders
+    folders = given if best.sharded else given[:1]
     return {
         "gbps": medians,
         "best": best.label,

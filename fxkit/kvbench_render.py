@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -78,6 +79,10 @@ def render(report: Report, ttft: dict[str, Any], console: Console) -> None:
 
 
 def save(report: Report, ttft: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """The JSON report in ``path`` (``-``: on stdout)."""
+    text = json.dumps(as_json(report, ttft), indent=2) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
     with open(path, "w") as f:
-        json.dump(as_json(report, ttft), f, indent=2)
-        f.write("\n")
+        f.write(text)

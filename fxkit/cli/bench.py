@@ -219,12 +219,22 @@ def _load_ranks(
 )
 @click.option("--rounds", "-n", default=3, show_default=True, type=click.IntRange(1))
 @click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, writable=True), help="Write JSON."
+    "--read-via",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="A mount of each FOLDER (e.g. a remote filesystem) to read the chunks through; LMCache "
+    "writes them in FOLDER.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    help="Also write the report as JSON (-: to stdout, the table to stderr; a gate reads it).",
 )
 def kv(
     folders: tuple[str, ...], inputs_file: Path | None, model: Path | None,
     sets: tuple[str, ...], chunk_size: int, size: str, threads: list[int], odirect: str,
-    workers: int, rounds: int, json_path: str | None,
+    workers: int, rounds: int, read_via: tuple[str, ...], json_path: str | None,
 ) -> None:  # fmt: skip
     """LMCache's disk tier on FOLDERS (several: one per mount, LMCache's by_gpu sharding).
 
@@ -238,7 +248,7 @@ def kv(
     from fxkit.kvbench import KVBenchError, bench, chunk_shape, implied_ttft, sweep
     from fxkit.kvbench_render import render, render_line, save
 
-    console = Console()
+    console = Console(stderr=json_path == "-")
     try:
         values, _ = collect(inputs_file, model, (), sets)
         chunk = chunk_shape(values, chunk_size)
@@ -246,7 +256,8 @@ def kv(
         modes = {"both": [False, True], "on": [True], "off": [False]}[odirect]
         report = bench(
             folders, chunk, total, sweep(threads, modes, len(folders)), workers=workers,
-            rounds=rounds, on_run=lambda run: console.print(render_line(run), highlight=False),
+            rounds=rounds, read_via=read_via,
+            on_run=lambda run: console.print(render_line(run), highlight=False),
         )  # fmt: skip
         ttft = implied_ttft(values, report)
     except (KVBenchError, EstimateError) as exc:
