@@ -37,7 +37,7 @@ from typing import Any
 from fxkit.estimate.inputs import Inputs
 from fxkit.estimate.kv import KVLayout
 from fxkit.estimate.summary import estimate, kv_bytes, shape_from
-from fxkit.loadbench.bench import FIO_SWEEP, FioSetting, filesystem, fio_job, fio_read
+from fxkit.loadbench.bench import filesystem, fio_read
 from fxkit.loader import evict_all
 
 GB = 1e9
@@ -362,10 +362,49 @@ def _run_lmcache(
     return run
 
 
+@dataclass(frozen=True)
+class FioSetting:
+    """fio reading the chunk files as LMCache does, one whole-file read each: ``jobs`` jobs at
+    once, each a share of the files in turn (``psync``: a blocking read, as ``readinto``), or
+    ``depth`` reads in flight per job (``libaio``); O_DIRECT or through the page cache."""
+
+    jobs: int
+    direct: bool
+    depth: int = 1
+
+    @property
+    def label(self) -> str:
+        engine = f"libaio qd{self.depth}" if self.depth > 1 else "psync"
+        return f"fio {self.jobs} jobs {engine} {'direct' if self.direct else 'buffered'}"
+
+
+#: The sweep: LMCache's thread counts, both ways, and a deep queue.
+FIO_SWEEP = (
+    *(FioSetting(jobs, direct) for direct in (True, False) for jobs in (1, 4, 16, 32)),
+    FioSetting(4, True, 8),
+)
+
+
+def fio_job(files: Sequence[str], setting: FioSetting) -> str:
+    """A fio job file that reads every byte of ``files`` (equal sizes) once, a file per read."""
+    size = os.path.getsize(files[0])
+    engine = "libaio" if setting.depth > 1 else "psync"
+    head = (
+        f"[global]\nrw=read\nioengine={engine}\niodepth={setting.depth}\nbs={size}\n"
+        f"direct={int(setting.direct)}\nfile_service_type=sequential\n"
+    )
+    jobs = []
+    for j in range(min(setting.jobs, len(files))):
+        share = files[j :: setting.jobs]
+        names = ":".join(f.replace(":", "\\:") for f in share)
+        jobs.append(f"[j{j}]\nfilename={names}\nsize={size * len(share)}\n")
+    return head + "".join(jobs)
+
+
 def _run_fio(report: Report, files: list[str], setting: FioSetting, rnd: int) -> Run:
-    paths = [Path(f) for f in report.through(files)]
-    run = Run("fio", f"fio {setting.label}", rnd)
-    run.resident_before = sum(evict_all({*files, *report.through(files)}).values())
+    paths = report.through(files)
+    run = Run("fio", setting.label, rnd)
+    run.resident_before = sum(evict_all({*files, *paths}).values())
     with tempfile.NamedTemporaryFile("w", suffix=".fio") as job:
         job.write(fio_job(paths, setting))
         job.flush()
@@ -376,6 +415,10 @@ def _run_fio(report: Report, files: list[str], setting: FioSetting, rnd: int) ->
         run.nbytes, run.seconds = fio_read(proc.stdout)
     except Exception as exc:  # fio's own failure, shown in the report
         run.error = f"fio exit {proc.returncode}: {exc}; {proc.stderr.strip()[-200:]}"
+        return run
+    total = len(files) * os.path.getsize(files[0])
+    if run.nbytes != total:
+        run.error = f"fio read {run.nbytes} bytes of {total}"
     return run
 
 
@@ -414,8 +457,8 @@ def bench(
 
     per_worker = max(2, total_bytes // workers // chunk.nbytes)
     report = Report(
-        folders=[str(Path(f).resolve()) for f in folders],
-        read_via=[str(Path(f).resolve()) for f in read_via],
+        folders=[os.path.abspath(f) for f in folders],
+        read_via=[os.path.abspath(f) for f in read_via],
         filesystems=[filesystem(Path(f)) for f in read_via or folders],
         chunk=chunk,
         chunks_per_worker=per_worker,

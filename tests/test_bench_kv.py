@@ -17,8 +17,17 @@ from click.testing import CliRunner
 
 from fxkit.cli import cli
 from fxkit.estimate import collect
-from fxkit.kvbench import Run, Setting, bench, chunk_shape, implied_ttft, missing, sweep
-from fxkit.loadbench.bench import FioSetting
+from fxkit.kvbench import (
+    FioSetting,
+    Run,
+    Setting,
+    bench,
+    chunk_shape,
+    fio_job,
+    implied_ttft,
+    missing,
+    sweep,
+)
 
 CONFIGS = Path(__file__).parent / "data" / "model_configs"
 QWEN = CONFIGS / "qwen3-coder-480b-a35b-instruct.json"
@@ -65,7 +74,7 @@ def test_lmcache_s_backend_writes_shards_and_reads_back_every_byte(tmp_path: Pat
     def files(run: Run) -> None:
         seen[run.label] = [len(list(f.glob("fxkit-bench-kv-*/*.pt"))) for f in folders]
 
-    fio = (FioSetting("per-file", 4, 1 << 20), FioSetting("per-file", 1, 1 << 20, True))
+    fio = (FioSetting(4, True), FioSetting(1, False), FioSetting(2, True, 4))
     settings = sweep([1, 4], [False, True], 2)
     report = bench([str(f) for f in folders], chunk, 24 << 20, settings, workers=2, rounds=1,
                    fio=fio, on_run=files)  # fmt: skip
@@ -119,3 +128,34 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["bench", "kv", str(tmp_path)])  # no model
     assert result.exit_code != 0 and "no model config" in result.output
     assert Setting(8, True, True).label == "threads=8 odirect=on sharded"
+
+
+@needs_lmcache
+def test_read_via_reads_the_written_files_through_another_path(tmp_path: Path) -> None:
+    """LMCache writes in the folder and reads through the other path (here a symbolic link to it;
+    in docs/BENCHMARKS.md a 1 ms FUSE mount of it); the role variables name the path read."""
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "via").symlink_to(tmp_path / "disk")
+    values, _ = collect(None, CONFIGS / "mistral-7b-v0.1.json", sets=("gpu.tensor_parallel=4",))
+    chunk = chunk_shape(values, 32)
+    report = bench([str(tmp_path / "disk")], chunk, 8 << 20, sweep([2], [False], 1), rounds=1,
+                   fio=(FioSetting(1, False),),
+                   read_via=[str(tmp_path / "via")])  # fmt: skip
+    assert all(r.error is None and r.nbytes == 8 << 20 for r in report.runs), report.runs
+    [scratch] = report.scratch
+    assert report.reading == [str(tmp_path / "via" / Path(scratch).name)]
+    assert report.through([f"{scratch}/k.pt"]) == [f"{report.reading[0]}/k.pt"]
+    with pytest.raises(Exception, match="2 --read-via for 1 folders"):
+        bench([str(tmp_path / "disk")], chunk, 8 << 20, [], read_via=["/a", "/b"])
+
+
+def test_fio_reads_every_file_once_a_whole_file_per_read(tmp_path: Path) -> None:
+    files = []
+    for i in range(5):
+        files.append(str(tmp_path / f"c:{i}.pt"))
+        Path(files[-1]).write_bytes(b"x" * 8192)
+    job = fio_job(files, FioSetting(2, True))
+    assert "bs=8192\n" in job and "ioengine=psync" in job and "direct=1" in job
+    assert f"[j0]\nfilename={files[0]}:{files[2]}:{files[4]}".replace("c:", "c\\:") in job
+    assert "size=24576" in job and "size=16384" in job  # 3 and 2 files of 8 KiB
+    assert FioSetting(4, False, 8).label == "fio 4 jobs libaio qd8 buffered"
