@@ -385,19 +385,19 @@ FIO_SWEEP = (
 )
 
 
-def fio_job(files: Sequence[str], setting: FioSetting) -> str:
-    """A fio job file that reads every byte of ``files`` (equal sizes) once, a file per read."""
-    size = os.path.getsize(files[0])
+def fio_job(folder: str, count: int, size: int, setting: FioSetting) -> str:
+    """A fio job file that reads ``count`` files of ``size`` bytes named ``0``, ``1``, ... in
+    ``folder`` every byte once, a whole file per read (short names: fio limits the length of
+    a job's list of files)."""
     engine = "libaio" if setting.depth > 1 else "psync"
     head = (
-        f"[global]\nrw=read\nioengine={engine}\niodepth={setting.depth}\nbs={size}\n"
-        f"direct={int(setting.direct)}\nfile_service_type=sequential\n"
+        f"[global]\ndirectory={folder}\nrw=read\nioengine={engine}\niodepth={setting.depth}\n"
+        f"bs={size}\ndirect={int(setting.direct)}\nfile_service_type=sequential\n"
     )
     jobs = []
-    for j in range(min(setting.jobs, len(files))):
-        share = files[j :: setting.jobs]
-        names = ":".join(f.replace(":", "\\:") for f in share)
-        jobs.append(f"[j{j}]\nfilename={names}\nsize={size * len(share)}\n")
+    for j in range(min(setting.jobs, count)):
+        share = range(j, count, setting.jobs)
+        jobs.append(f"[j{j}]\nfilename={':'.join(map(str, share))}\nsize={size * len(share)}\n")
     return head + "".join(jobs)
 
 
@@ -405,8 +405,11 @@ def _run_fio(report: Report, files: list[str], setting: FioSetting, rnd: int) ->
     paths = report.through(files)
     run = Run("fio", setting.label, rnd)
     run.resident_before = sum(evict_all({*files, *paths}).values())
-    with tempfile.NamedTemporaryFile("w", suffix=".fio") as job:
-        job.write(fio_job(paths, setting))
+    size = os.path.getsize(files[0])
+    with tempfile.TemporaryDirectory() as links, tempfile.NamedTemporaryFile("w") as job:
+        for i, path in enumerate(paths):
+            os.symlink(path, os.path.join(links, str(i)))
+        job.write(fio_job(links, len(paths), size, setting))
         job.flush()
         proc = subprocess.run(
             ["fio", "--output-format=json", job.name], capture_output=True, text=True, check=False
@@ -416,7 +419,7 @@ def _run_fio(report: Report, files: list[str], setting: FioSetting, rnd: int) ->
     except Exception as exc:  # fio's own failure, shown in the report
         run.error = f"fio exit {proc.returncode}: {exc}; {proc.stderr.strip()[-200:]}"
         return run
-    total = len(files) * os.path.getsize(files[0])
+    total = len(files) * size
     if run.nbytes != total:
         run.error = f"fio read {run.nbytes} bytes of {total}"
     return run
