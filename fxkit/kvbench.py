@@ -231,18 +231,22 @@ class _LMCache:
                              kv_shape)  # fmt: skip
 
     def pools(self, chunk: ChunkShape, count: int, per_worker: int) -> list[Any]:
-        """Each worker's CPU pool (``LocalCPUBackend``), where its reads land: made once and
-        touched once (a serving engine's pool is warm), then used by every setting."""
+        """Each worker's CPU pool (``LocalCPUBackend``), where its reads land: made once, then
+        used by every setting."""
         config = self._config(chunk, per_worker)
-        made = []
-        for i in range(count):
-            cpu = self.cpu_backend(config, self._metadata(chunk, count, i), dst_device="cpu")
-            made.append(cpu)
-            warm = [self.allocate(cpu, chunk) for _ in range(per_worker)]
-            for obj in warm:
+        return [
+            self.cpu_backend(config, self._metadata(chunk, count, i), dst_device="cpu")
+            for i in range(count)
+        ]
+
+    def clear(self, pools: list[Any], chunk: ChunkShape, per_worker: int) -> None:
+        """Every buffer of the pools zeroed: a read that left a buffer unfilled cannot pass the
+        check with an earlier run's bytes (and the pool is warm, as a serving engine's is)."""
+        for cpu in pools:
+            held = [self.allocate(cpu, chunk) for _ in range(per_worker)]
+            for obj in held:
                 obj.tensor.view(self.torch.uint8).fill_(0)
                 obj.ref_count_down()
-        return made
 
     def workers(
         self,
@@ -353,6 +357,7 @@ def _run_lmcache(
         try:
             for worker in workers:
                 lmc.index(worker, report.chunk)
+            lmc.clear(pools, report.chunk, report.chunks_per_worker)
             run.resident_before = sum(evict_all({*files, *report.through(files)}).values())
             _read_all(lmc, workers, run)
             run.nbytes = report.chunk.nbytes * report.chunks_per_worker * report.workers
