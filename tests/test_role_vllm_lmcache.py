@@ -269,6 +269,17 @@ def test_systemd_analyze_accepts_the_unit(wheel: str, tmp_path: Path) -> None:
          "valid number"),
         ({"vllm_lmcache_extra_config": ["use_odirect"]}, "vllm_lmcache_extra_config",
          "Input should be a valid dict"),
+        ({"vllm_lmcache_extra_config": {"disk_io_threads": 8}}, "vllm_lmcache_extra_config",
+         "sets disk_io_threads, which vllm_lmcache_disk_io_threads sets"),
+        ({"vllm_lmcache_local_disk": ["/mnt/a/kv", "file:///mnt/a/kv/"]},
+         "vllm_lmcache_local_disk", "/mnt/a/kv/ is listed twice"),
+        ({"vllm_lmcache_local_disk": ["/mnt/a/kv", "/mnt/b,c"]}, "vllm_lmcache_local_disk",
+         "not an absolute path or file:// URL"),
+        ({"vllm_lmcache_disk_io_threads": 0}, "vllm_lmcache_disk_io_threads",
+         "greater than or equal to 1"),
+        ({"vllm_lmcache_use_odirect": "maybe"}, "vllm_lmcache_use_odirect", "valid boolean"),
+        ({"vllm_lmcache_local_disk_path_sharding": "round_robin"},
+         "vllm_lmcache_local_disk_path_sharding", "Input should be 'by_gpu'"),
         ({"vllm_lmcache_server": "sglang"}, "vllm_lmcache_server",
          "Input should be 'vllm' or 'serve-probe'"),
         ({"vllm_lmcache_served_name": "my model"}, "vllm_lmcache_served_name", "not a name"),
@@ -357,3 +368,78 @@ def test_the_local_disk_lies_on_the_longest_mount_point_above_it() -> None:
     assert CODE._mount_of("/mnt/fxtmp/a", mounts).path == "/mnt/fxtmp"
     assert CODE._mount_of("/mnt/fxother", mounts).path == "/"  # a prefix, not a parent
     assert CODE._mount_of("/mnt/fx", mounts).path == "/mnt/fx"
+
+
+def test_several_disk_folders_each_take_the_workers_by_gpu_gives_them(wheel: str) -> None:
+    """LMCache's by_gpu: the worker on device d (within its instance) uses folder d mod n
+    (lmcache/v1/storage_backend/path_sharder.py); the file names them comma-joined and the unit
+    waits for each mount."""
+    disks = ["/mnt/nvme0/kv", "file:///mnt/nvme1/kv/", "/mnt/nvme2/kv"]
+    v = host_vars(wheel, vllm_lmcache_layout="TP4x2", vllm_lmcache_local_disk=disks,
+                  vllm_lmcache_max_local_disk_size=10, vllm_lmcache_disk_io_threads=16,
+                  vllm_lmcache_use_odirect=True)  # fmt: skip
+    CODE.validate(v)
+    assert CODE.workers_per_path(v) == [4, 2, 2]  # devices 0,3 | 1 | 2 of each instance
+    config = CODE.lmcache_config(v)
+    assert (
+        config["local_disk"] == "file:///mnt/nvme0/kv/,file:///mnt/nvme1/kv/,file:///mnt/nvme2/kv/"
+    )
+    assert config["local_disk_path_sharding"] == "by_gpu"
+    assert config["extra_config"] == {"disk_io_threads": 16, "use_odirect": True}
+    mounts = unit_setting(CODE.unit_text(v), "RequiresMountsFor").split()
+    assert mounts == [MODEL, "/mnt/nvme0/kv/", "/mnt/nvme1/kv/", "/mnt/nvme2/kv/"]
+    # One path, as a string, is a list of one; without a disk tier nothing of it is written.
+    one = host_vars(wheel, vllm_lmcache_local_disk="/mnt/fx/kv", vllm_lmcache_max_local_disk_size=1)
+    assert one.vllm_lmcache_local_disk == ["/mnt/fx/kv"]
+    assert CODE.workers_per_path(one) == [8]
+    assert "extra_config" not in CODE.lmcache_config(host_vars(wheel))
+
+
+class Fleet:
+    """Other roles' typed values, as the runner hands them to validate_all."""
+
+    def __init__(self, initiators: dict[str, Any]) -> None:
+        self.initiators = initiators
+
+    def of(self, role: str) -> dict[str, Any]:
+        return self.initiators if role == "nvmeof_initiator" else {}
+
+
+def initiator(host: str, *filesystems: dict[str, Any]) -> Any:
+    """roles/nvmeof_initiator's typed values of ``host`` (its real Vars)."""
+    role = RoleLoader(roles_path(None)).load("nvmeof_initiator")
+    values = {"nvmeof_initiator_filesystems": list(filesystems)}
+    layers = [Layer("role defaults", role.defaults), Layer("inventory", values)]
+    return role.typed(HostVars(host, layers))
+
+
+MODELS = "nqn.2026-01.io.fxkit:models"
+
+
+def test_a_disk_folder_on_the_shared_model_namespace_is_refused(wheel: str) -> None:
+    """docs/storage.md's layout: the model namespace shared (gpu01 owns it, read-write there),
+    each node's own namespace at /mnt/local. The disk tier belongs on the latter."""
+    shared = {"nqn": MODELS, "nsid": 1, "path": "/mnt/models", "owner": "gpu01"}
+    fleet = Fleet({
+        host: initiator(host, shared, {"nqn": f"nqn.2026-01.io.fxkit:node-{host}", "nsid": 1,
+                                       "path": "/mnt/local"})
+        for host in ("gpu01", "gpu02")
+    })  # fmt: skip
+    own = host_vars(wheel, vllm_lmcache_local_disk=["/mnt/local/kv0", "/mnt/local/kv1"],
+                    vllm_lmcache_max_local_disk_size=1)  # fmt: skip
+    CODE.validate_all({"gpu01": own}, fleet)
+    wrong = host_vars(wheel, vllm_lmcache_local_disk=["/mnt/local/kv", "/mnt/models/kv"],
+                      vllm_lmcache_max_local_disk_size=1)  # fmt: skip
+    with pytest.raises(VarError) as caught:
+        CODE.validate_all({"gpu01": wrong}, fleet)
+    assert caught.value.where.startswith("gpu01: vllm_lmcache_local_disk[1] (inventory)")
+    assert (
+        f"/mnt/models/kv is on /mnt/models, nsid 1 of {MODELS}, which gpu01, gpu02 mount "
+        "(owner gpu01): a shared namespace is no place for LMCache's disk tier"
+    ) in caught.value.message
+    assert caught.value.hint is not None and "/mnt/local/lmcache" in caught.value.hint
+    # A namespace only this host mounts, but another host owns (a reader's view), too.
+    alone = Fleet({"gpu01": initiator("gpu01", shared)})
+    with pytest.raises(VarError, match="owner gpu01"):
+        CODE.validate_all({"gpu02": wrong}, Fleet({"gpu02": initiator("gpu02", shared)}))
+    CODE.validate_all({"gpu01": own}, alone)  # /mnt/local is no fabric mount there: not checked

@@ -33,6 +33,7 @@ import os
 import sys
 import tarfile
 import types
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,9 +112,13 @@ LMCACHE_CASES = [
     {},
     {"vllm_lmcache_local_disk": "/mnt/fx/lmcache", "vllm_lmcache_max_local_disk_size": 100,
      "vllm_lmcache_chunk_size": 512, "vllm_lmcache_max_local_cpu_size": 40.5,
-     "vllm_lmcache_extra_config": {"use_odirect": True, "disk_io_threads": 16}},
+     "vllm_lmcache_use_odirect": True, "vllm_lmcache_disk_io_threads": 16,
+     "vllm_lmcache_extra_config": {"save_chunk_meta": False}},
     {"vllm_lmcache_local_disk": "file:///mnt/fx/lmcache//", "vllm_lmcache_local_cpu": False,
      "vllm_lmcache_max_local_disk_size": 1.5},
+    {"vllm_lmcache_local_disk": ["/mnt/nvme0/lmcache", "file:///mnt/nvme1/lmcache/"],
+     "vllm_lmcache_max_local_disk_size": 20, "vllm_lmcache_disk_io_threads": 32,
+     "vllm_lmcache_local_disk_path_sharding": "by_gpu"},
 ]  # fmt: skip
 
 
@@ -133,10 +138,63 @@ def test_every_rendered_key_is_one_the_pinned_lmcache_reads(
         read = config.LMCacheEngineConfig.from_file(str(rendered))
     for key, value in meant.items():
         if key == "local_disk":  # LMCache strips file:// (config_base._parse_local_disk)
-            assert value.startswith("file:///") and value.endswith("/") and "//" not in value[7:]
-            assert read.local_disk == value.removeprefix("file://")
+            parts = value.split(",")
+            assert len(parts) == len(v.vllm_lmcache_local_disk)
+            for part in parts:
+                assert part.startswith("file:///") and part.endswith("/") and "//" not in part[7:]
+            assert read.local_disk == ",".join(p.removeprefix("file://") for p in parts)
         else:
             assert getattr(read, key) == value, key
+
+
+def test_the_disk_tier_s_settings_are_read_where_the_role_writes_them(tmp_path: Path) -> None:
+    """LocalDiskBackend (lmcache/v1/storage_backend/local_disk_backend.py of the pinned sdist)
+    reads ``use_odirect`` and ``disk_io_threads`` from ``extra_config``, its default thread count
+    is the role's default, and ``by_gpu`` is what PathSharder (path_sharder.py) supports."""
+    backend = _sdist_module(LMCACHE_VERSION, "lmcache/v1/storage_backend/local_disk_backend.py")
+    read = {
+        (call.func.attr, call.args[0].value): call.args[1]
+        for call in ast.walk(backend)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in ("get", "get_extra_config_value")
+        and len(call.args) == 2
+        and isinstance(call.args[0], ast.Constant)
+    }
+    odirect = read[("get", "use_odirect")]
+    assert (
+        isinstance(odirect, ast.Constant)
+        and odirect.value is ROLE.defaults["vllm_lmcache_use_odirect"]
+    )
+    threads = read[("get_extra_config_value", "disk_io_threads")]
+    assert isinstance(threads, ast.Name)
+    (default,) = [
+        n.value.value
+        for n in backend.body
+        if isinstance(n, ast.Assign)
+        and getattr(n.targets[0], "id", "") == threads.id
+        and isinstance(n.value, ast.Constant)
+    ]
+    assert default == ROLE.defaults["vllm_lmcache_disk_io_threads"] == 4
+    sharder = _sdist_module(LMCACHE_VERSION, "lmcache/v1/storage_backend/path_sharder.py")
+    supported = {
+        c.value
+        for n in ast.walk(sharder)
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "_SUPPORTED_STRATEGIES"
+        for c in ast.walk(n.value)
+        if isinstance(c, ast.Constant)
+    }
+    field = CODE.Vars.model_fields["vllm_lmcache_local_disk_path_sharding"]
+    assert set(typing.get_args(field.annotation)) == supported == {"by_gpu"}
+
+
+def _sdist_module(version: str, path: str) -> ast.Module:
+    """One file of LMCache ``version``'s sdist, parsed."""
+    with tarfile.open(lmcache_sdist(version)) as tar:
+        (member,) = [m for m in tar if m.name.split("/", 1)[-1] == path]
+        file = tar.extractfile(member)
+        assert file is not None
+        return ast.parse(file.read(), filename=path)
 
 
 def test_lmcache_s_defaults_are_the_roles_defaults(tmp_path: Path) -> None:
@@ -144,7 +202,8 @@ def test_lmcache_s_defaults_are_the_roles_defaults(tmp_path: Path) -> None:
     LMCache's own, so an unset variable means what LMCache would do."""
     with lmcache_config_module(LMCACHE_VERSION, tmp_path) as config:
         definitions = config._CONFIG_DEFINITIONS
-    for key in ("chunk_size", "local_cpu", "max_local_cpu_size", "max_local_disk_size"):
+    keys = ("chunk_size", "local_cpu", "max_local_cpu_size", "max_local_disk_size")
+    for key in (*keys, "local_disk_path_sharding"):
         assert definitions[key]["default"] == ROLE.defaults[f"vllm_lmcache_{key}"], key
 
 

@@ -156,6 +156,8 @@ def test_the_files_on_the_host_are_what_the_specs_say(
     [
         ({"vllm_lmcache_local_disk": "/mnt/fx/lmcache"},
          "lab01: vllm_lmcache_local_disk: /mnt/fx/lmcache is not on a mounted filesystem"),
+        ({"vllm_lmcache_local_disk": ["/tmp/lmcache", "/mnt/fx/lmcache"]},
+         "lab01: vllm_lmcache_local_disk[1]: /mnt/fx/lmcache is not on a mounted filesystem"),
         ({"vllm_lmcache_max_local_disk_size": 100000},
          "lab01: vllm_lmcache_max_local_disk_size: 8 GPU workers x 100000 GiB"),
         ({"vllm_lmcache_layout": [[0, 1], [1, 2]]},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import yaml
 from rich.console import Console
@@ -184,4 +186,83 @@ def _load_ranks(
     render(report, console)
     if json_path:
         save_json(report, json_path)
+        console.print(f"report: {json_path}")
+
+
+@bench.command("kv")
+@click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--inputs",
+    "inputs_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="fxkit estimate's inputs (e.g. examples/estimate/qwen3-coder-480b-tp8.yml): the model, "
+    "its TP size and the context of the implied TTFT.",
+)
+@click.option(
+    "--model",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A Hugging Face config.json (replaces the inputs file's model.config).",
+)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="An estimator input.")
+@click.option("--chunk-size", default=256, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--size", default="512 MiB", show_default=True, help="KV bytes written, all workers together."
+)
+@click.option("--threads", default="1,2,4,8,16,32", show_default=True, callback=_ranks)
+@click.option("--odirect", type=click.Choice(["both", "on", "off"]), default="both")
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="GPU workers reading at once (the TP size on a node), each its own LMCache engine.",
+)
+@click.option("--rounds", "-n", default=3, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--read-via",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="A mount of each FOLDER (e.g. a remote filesystem) to read the chunks through; LMCache "
+    "writes them in FOLDER.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    help="Also write the report as JSON (-: to stdout, the table to stderr; a gate reads it).",
+)
+def kv(
+    folders: tuple[str, ...], inputs_file: Path | None, model: Path | None,
+    sets: tuple[str, ...], chunk_size: int, size: str, threads: list[int], odirect: str,
+    workers: int, rounds: int, read_via: tuple[str, ...], json_path: str | None,
+) -> None:  # fmt: skip
+    """LMCache's disk tier on FOLDERS (several: one per mount, LMCache's by_gpu sharding).
+
+    LMCache's own LocalDiskBackend writes chunks shaped like the model's KV, then reads them
+    back cold through batched_get_blocking at each disk_io_threads x use_odirect (x one folder
+    or all), beside fio reading the same files (docs/kv-tier.md).
+    """
+    from fxkit.estimate import collect
+    from fxkit.estimate.errors import EstimateError
+    from fxkit.estimate.units import parse
+    from fxkit.kvbench import KVBenchError, bench, chunk_shape, implied_ttft, sweep
+    from fxkit.kvbench_render import render, render_line, save
+
+    console = Console(stderr=json_path == "-")
+    try:
+        values, _ = collect(inputs_file, model, (), sets)
+        chunk = chunk_shape(values, chunk_size)
+        total = int(parse(size, "bytes"))
+        modes = {"both": [False, True], "on": [True], "off": [False]}[odirect]
+        report = bench(
+            folders, chunk, total, sweep(threads, modes, len(folders)), workers=workers,
+            rounds=rounds, read_via=read_via,
+            on_run=lambda run: console.print(render_line(run), highlight=False),
+        )  # fmt: skip
+        ttft = implied_ttft(values, report)
+    except (KVBenchError, EstimateError) as exc:
+        raise click.ClickException(str(exc)) from None
+    render(report, ttft, console)
+    if json_path:
+        save(report, ttft, json_path)
         console.print(f"report: {json_path}")

@@ -29,8 +29,18 @@ from typing import Annotated, Any, Literal, cast, get_args
 import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from fxkit import nvme_fabric
 from fxkit.engine.role import Host
-from fxkit.engine.rolevars import IpAddress, Number, RoleVars, Rule, Text, Whole, pattern
+from fxkit.engine.rolevars import (
+    FleetVars,
+    IpAddress,
+    Number,
+    RoleVars,
+    Rule,
+    Text,
+    Whole,
+    pattern,
+)
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.python import VenvPackages
 from fxkit.facts.system import Mount, Mounts
@@ -115,6 +125,42 @@ Source = Annotated[
 ]
 #: One word of a command line that systemd splits at white space, from a single-quoted value.
 Word = Annotated[str, pattern(r"[^\s'\x00-\x1f\x7f]+", "a word (no white space, ' or control)")]
+
+
+def _paths(value: object) -> object:
+    """One path as a list of one; ``""``, ``false`` and null: none."""
+    value = _off(value)
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else value
+
+
+def _folder(path: str) -> str:
+    """A ``local_disk`` entry as LMCache's folder: without ``file://``, one trailing slash."""
+    return posixpath.normpath(path.removeprefix("file://")) + "/"
+
+
+def _distinct(paths: list[str]) -> str:
+    folders = [_folder(p) for p in paths]
+    twice = sorted({f for f in folders if folders.count(f) > 1})
+    return f"{twice[0]} is listed twice" if twice else ""
+
+
+#: One folder of LMCache's disk tier (LMCache splits ``local_disk`` at commas).
+DiskPath = Annotated[
+    str,
+    pattern(
+        r"(file://)?/[^\s,%\\']*",
+        "an absolute path or file:// URL (no white space, ',', %, \\ or ')",
+    ),
+]
+#: The folders of the disk tier: one, or a list (one per namespace or mount).
+DiskPaths = Annotated[
+    list[DiskPath],
+    BeforeValidator(_paths),
+    AfterValidator(Rule("a folder, or a list of distinct folders", _distinct)),
+]
+
 #: GPU sets, one per instance: ``TP<n>x<m>`` or the sets themselves, no GPU in two.
 Layout = Annotated[
     list[Annotated[tuple[Annotated[Whole, Field(ge=0)], ...], Field(min_length=1)]],
@@ -215,24 +261,40 @@ class Vars(RoleVars):
     vllm_lmcache_max_local_cpu_size: Number = Field(
         5.0, ge=0, description="LMCache `max_local_cpu_size`, GiB per GPU worker"
     )
-    vllm_lmcache_local_disk: Annotated[
-        str,
-        pattern(
-            r"((file://)?/[^\s,%\\']*)?",
-            "an absolute path or file:// URL (no white space, ',', %, \\ or ')",
-        ),
-    ] = Field(
-        "",
-        description="LMCache's disk tier: a folder (or `file://` URL) on a mounted filesystem",
-        examples=["/mnt/fx/lmcache"],
+    vllm_lmcache_local_disk: DiskPaths = Field(
+        [],
+        description="LMCache's disk tier: a folder (or `file://` URL) on a mounted filesystem of "
+        "this node alone, or several (one per namespace or mount), each GPU worker using one "
+        "(`local_disk`, comma-joined; lmcache/v1/config_base.py `_parse_local_disk`)",
+        examples=["/mnt/fx/lmcache", ["/mnt/nvme0/lmcache", "/mnt/nvme1/lmcache"]],
+    )
+    vllm_lmcache_local_disk_path_sharding: Literal["by_gpu"] = Field(
+        "by_gpu",
+        description="LMCache `local_disk_path_sharding`: `by_gpu`, worker on device *d* uses "
+        "path *d* mod the number of paths (lmcache/v1/storage_backend/path_sharder.py, its one "
+        "strategy)",
     )
     vllm_lmcache_max_local_disk_size: Number = Field(
         0.0, ge=0, description="LMCache `max_local_disk_size`, GiB per GPU worker"
     )
+    vllm_lmcache_disk_io_threads: Whole = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="LMCache `extra_config.disk_io_threads`: threads reading a batch of chunks "
+        "at once (`batched_get_blocking`) and writing (lmcache/v1/storage_backend/"
+        "local_disk_backend.py, default 4); `fxkit bench kv` measures the best",
+    )
+    vllm_lmcache_use_odirect: bool = Field(
+        False,
+        description="LMCache `extra_config.use_odirect`: chunks whose size is a multiple of the "
+        "filesystem block read and written with O_DIRECT, past the page cache "
+        "(local_disk_backend.py)",
+    )
     vllm_lmcache_extra_config: dict[str, object] = Field(
         {},
-        description="LMCache `extra_config`",
-        examples=[{"use_odirect": True}],
+        description="more of LMCache `extra_config` (not the two above: their variables set them)",
+        examples=[{"save_chunk_meta": False}],
     )
     vllm_lmcache_server: Literal["vllm", "serve-probe"] = Field(
         "vllm", description="`vllm`, or `serve-probe` (fxkit's stand-in, its flags)"
@@ -348,10 +410,21 @@ def lmcache_file(v: Vars) -> str:
     return posixpath.join(deployment_dir(v, v.vllm_lmcache_config_dir), "lmcache.yaml")
 
 
-def local_disk_path(v: Vars) -> str:
-    """``vllm_lmcache_local_disk`` as a directory path with one trailing slash ("" when off)."""
-    path = v.vllm_lmcache_local_disk.removeprefix("file://")
-    return posixpath.normpath(path) + "/" if path else ""
+def local_disk_paths(v: Vars) -> list[str]:
+    """``vllm_lmcache_local_disk`` as folders, each with one trailing slash (none: off)."""
+    return [_folder(path) for path in v.vllm_lmcache_local_disk]
+
+
+def workers_per_path(v: Vars) -> list[int]:
+    """How many GPU workers use each disk folder: LMCache's ``by_gpu`` sharding gives the worker
+    on device *d* (its index within the instance, HIP_VISIBLE_DEVICES renumbering) the folder
+    *d* mod the number of folders (lmcache/v1/storage_backend/path_sharder.py)."""
+    count = len(v.vllm_lmcache_local_disk)
+    workers = [0] * count
+    for gpus in v.vllm_lmcache_layout:
+        for device in range(len(gpus)):
+            workers[device % count] += 1
+    return workers
 
 
 def fxkit_wheel(v: Vars) -> Path:
@@ -427,6 +500,14 @@ def validate(v: Vars) -> None:
         )
     wheelhouse(v)
     fxkit_wheel(v)
+    typed = {"disk_io_threads", "use_odirect"} & set(v.vllm_lmcache_extra_config)
+    if typed:
+        key = sorted(typed)[0]
+        raise v.wrong(
+            "vllm_lmcache_extra_config",
+            f"sets {key}, which vllm_lmcache_{key} sets",
+            f"set vllm_lmcache_{key} instead (typed, checked, measured by fxkit bench kv)",
+        )
     if v.vllm_lmcache_local_disk and v.vllm_lmcache_max_local_disk_size <= 0:
         raise v.wrong(
             "vllm_lmcache_max_local_disk_size",
@@ -476,6 +557,43 @@ def validate(v: Vars) -> None:
         )
 
 
+def validate_all(hosts: dict[str, Vars], fleet: FleetVars) -> None:
+    """No disk folder on a namespace of the NVMe-oF fabric that another host mounts too (the
+    shared model namespace: read-write on its owner, read-only elsewhere): LMCache keeps its
+    index and budget in the process and evicts by deleting files, so a shared folder loses
+    entries (docs/storage.md). The node's own namespace is the place."""
+    filesystems = {
+        name: list(getattr(v, "nvmeof_initiator_filesystems", []))
+        for name, v in fleet.of("nvmeof_initiator").items()
+    }
+    users: dict[tuple[str, int], set[str]] = {}
+    for name, entries in filesystems.items():
+        for fs in entries:
+            if fs.nqn and fs.nsid:
+                users.setdefault((fs.nqn, fs.nsid), set()).add(name)
+    for name, v in hosts.items():
+        for i, disk in enumerate(local_disk_paths(v)):
+            below = [
+                f for f in filesystems.get(name, []) if disk.startswith(f.path.rstrip("/") + "/")
+            ]
+            fs = max(below, key=lambda f: len(f.path), default=None)
+            if fs is None or not fs.nqn:
+                continue
+            sharing, owner = users.get((fs.nqn, fs.nsid), {name}), fs.owner or name
+            if len(sharing) > 1 or owner != name:
+                several = len(v.vllm_lmcache_local_disk) > 1
+                where = nvme_fabric.namespace(fs.nqn, fs.nsid)
+                raise v.wrong(
+                    "vllm_lmcache_local_disk" + (f"[{i}]" if several else ""),
+                    f"{disk.rstrip('/')} is on {fs.path}, {where}, which "
+                    f"{', '.join(sorted(sharing))} mount (owner {owner}): a shared namespace is "
+                    "no place for LMCache's disk tier, which keeps its index in one process and "
+                    "evicts by deleting files",
+                    "a folder on the node's own namespace, e.g. /mnt/local/lmcache "
+                    "(docs/storage.md, 'Two layouts that work')",
+                )
+
+
 # -- what is written and run ------------------------------------------------------------------
 
 
@@ -486,12 +604,17 @@ def lmcache_config(v: Vars) -> dict[str, Any]:
         "local_cpu": v.vllm_lmcache_local_cpu,
         "max_local_cpu_size": v.vllm_lmcache_max_local_cpu_size,
     }
-    disk = local_disk_path(v)
-    if disk:
-        config["local_disk"] = f"file://{disk}"
+    extra = dict(v.vllm_lmcache_extra_config)
+    disks = local_disk_paths(v)
+    if disks:
+        config["local_disk"] = ",".join(f"file://{disk}" for disk in disks)
+        config["local_disk_path_sharding"] = v.vllm_lmcache_local_disk_path_sharding
         config["max_local_disk_size"] = v.vllm_lmcache_max_local_disk_size
-    if v.vllm_lmcache_extra_config:
-        config["extra_config"] = dict(v.vllm_lmcache_extra_config)
+        # read from extra_config, not the top level (local_disk_backend.py, __init__)
+        extra["disk_io_threads"] = v.vllm_lmcache_disk_io_threads
+        extra["use_odirect"] = v.vllm_lmcache_use_odirect
+    if extra:
+        config["extra_config"] = extra
     return config
 
 
@@ -596,7 +719,8 @@ def env_file_text(spec: InstanceSpec) -> str:
 def unit_text(v: Vars) -> str:
     """The template unit: the instance name (%i) picks its environment file."""
     env_dir = deployment_dir(v, v.vllm_lmcache_config_dir)
-    mounts = [p for p in (v.vllm_lmcache_model, local_disk_path(v)) if posixpath.isabs(p)]
+    paths = [v.vllm_lmcache_model, *local_disk_paths(v)]
+    mounts = [p for p in paths if posixpath.isabs(p)]
     return "\n".join(
         [
             "# Written by fxkit (role vllm_lmcache). One instance per GPU set: vllm@<name>.service",
@@ -692,8 +816,7 @@ def apply(host: Host, v: Vars) -> None:
     config_dir = deployment_dir(v, v.vllm_lmcache_config_dir)
     host.directory(config_dir, mode="0755")
     host.task(f"file {lmcache_file(v)}").file(lmcache_file(v), lmcache_yaml(v), mode="0644")
-    disk = local_disk_path(v)
-    if disk:
+    for disk in local_disk_paths(v):
         host.directory(disk.rstrip("/"), mode="0750")
     host.unit(v.vllm_lmcache_unit, unit_text(v))
     start_instances(host, v, specs)
@@ -772,41 +895,50 @@ def _mount_of(path: str, mounts: list[Mount]) -> Mount | None:
 
 
 def check_local_disk(host: Host, v: Vars) -> None:
-    """LMCache's disk tier lies on a mounted filesystem other than / (the NVMe-oF mount: if it
-    failed, a folder on / would fill the root disk), writable, that holds files, with room for
-    every GPU worker's budget (each keeps up to max_local_disk_size GiB) beside what the cache
-    already holds there."""
-    disk = local_disk_path(v)
-    if not disk:
-        return
-    var = "vllm_lmcache_local_disk"
-    path = disk.rstrip("/")
-    mount = _mount_of(path, host.fact(Mounts))
-    where = f"{host.name}: {var}"
-    if mount is None or mount.path == "/":
-        host.fail(
-            f"{where}: {path} is not on a mounted filesystem (it would land on /): mount the "
-            "NVMe-oF filesystem first (role nvmeof_initiator), or fix the path"
-        )
-        return
-    if mount.fstype in PSEUDO_FS or mount.read_only:
-        host.fail(
-            f"{where}: {path} is on {mount.path} ({mount.fstype}, "
-            f"{'read-only' if mount.read_only else 'no files'}): not a cache disk"
-        )
-        return
-    workers = sum(len(gpus) for gpus in v.vllm_lmcache_layout)
+    """Each folder of LMCache's disk tier lies on a mounted filesystem other than / (the
+    NVMe-oF mount: if it failed, a folder on / would fill the root disk), writable, that holds
+    files, with room for the budget of every GPU worker that uses a folder on it (each keeps up
+    to max_local_disk_size GiB) beside what the cache already holds there."""
+    disks = [disk.rstrip("/") for disk in local_disk_paths(v)]
+    mounts = host.fact(Mounts) if disks else []
+    on: dict[str, tuple[Mount, list[str], int]] = {}
+    for i, (path, workers) in enumerate(zip(disks, workers_per_path(v), strict=True)):
+        var = "vllm_lmcache_local_disk" + (f"[{i}]" if len(disks) > 1 else "")
+        mount = _mount_of(path, mounts)
+        where = f"{host.name}: {var}"
+        if mount is None or mount.path == "/":
+            host.fail(
+                f"{where}: {path} is not on a mounted filesystem (it would land on /): mount the "
+                "NVMe-oF filesystem first (role nvmeof_initiator), or fix the path"
+            )
+            return
+        if mount.fstype in PSEUDO_FS or mount.read_only:
+            host.fail(
+                f"{where}: {path} is on {mount.path} ({mount.fstype}, "
+                f"{'read-only' if mount.read_only else 'no files'}): not a cache disk"
+            )
+            return
+        _, paths, before = on.get(mount.path, (mount, [], 0))
+        on[mount.path] = (mount, [*paths, path], before + workers)
+    for mount, paths, workers in on.values():
+        _check_room(host, v, mount, paths, workers)
+
+
+def _check_room(host: Host, v: Vars, mount: Mount, paths: list[str], workers: int) -> None:
+    """``workers`` budgets fit in the free space of ``mount`` with what ``paths`` hold."""
     budget = int(v.vllm_lmcache_max_local_disk_size * workers * 1024**3)
+    held = "".join(f"du -s -B1 -- {quote(path)} 2>/dev/null | cut -f1; " for path in paths)
     df = host.fact(
-        CommandOutput,
-        f"df -P -B1 -- {quote(mount.path)} | awk 'NR==2 {{print $4}}'; "
-        f"du -s -B1 -- {quote(path)} 2>/dev/null | cut -f1",
+        CommandOutput, f"df -P -B1 -- {quote(mount.path)} | awk 'NR==2 {{print $4}}'; {held}"
     )
     numbers = [int(w) for w in df.stdout.split() if w.isdigit()]
     if not df.ok or not numbers:
-        host.fail(f"{where}: cannot read the free space of {mount.path}: {df.stderr.strip()}")
+        host.fail(
+            f"{host.name}: vllm_lmcache_local_disk: cannot read the free space of {mount.path}: "
+            f"{df.stderr.strip()}"
+        )
         return
-    free = numbers[0] + (numbers[1] if len(numbers) > 1 else 0)
+    free = sum(numbers)
     if budget > free:
         gib = 1024**3
         host.fail(
