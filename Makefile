@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[loader,dev,probe]"
+	$(PY) -m pip install -q -e ".[loader,dev,probe,kv]" "$(TORCH)"
 	touch $@
 
 system:
