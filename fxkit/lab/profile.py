@@ -79,7 +79,8 @@ def names() -> list[str]:
 
 def load(name: str) -> dict[str, Any]:
     """A profile's data; a variant (``"extends": "mi308x"``) is its base's with the variant's
-    values over it: mappings merged key by key, anything else (lists too) replaced."""
+    values over it: mappings merged key by key, anything else (lists too, and an empty
+    mapping: ``"gpus": {}`` leaves none) replaced."""
     data: dict[str, Any] = json.loads((PROFILES_DIR / name / "profile.json").read_text())
     base = data.pop("extends", None)
     if base is None:
@@ -96,7 +97,7 @@ def chain(name: str) -> list[str]:
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
+        if value and isinstance(value, dict) and isinstance(base.get(key), dict):
             out[key] = _merged(base[key], value)
         else:
             out[key] = value
