@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fxkit.cli.loader import Size
-from fxkit.lab import DEFAULT_DIR, DIR_ENV, PORT_ENV, PREFIX_ENV, Fleet
+from fxkit.lab import DEFAULT_DIR, DIR_ENV, PORT_ENV, PREFIX_ENV, Fleet, node
 from fxkit.lab import profile as profiles
 from fxkit.lab.like import shape
 from fxkit.lab.resources import MIN_MEMORY, MIN_PIDS, GiB, Limits
@@ -112,10 +112,14 @@ def up(
     started = time.monotonic()
     if like:
         shaped = shape(like, limit, profile_options, fault_options)
+        fleet.dir.mkdir(parents=True, exist_ok=True)
+        overlay, keyring = node.lab_mirror(fleet)
         new = fleet.up_like(
             shaped.profiles, " ".join(like), timeout=timeout, limits=limits,
-            groups=shaped.groups, faults=shaped.faults,
+            groups=shaped.groups, faults=shaped.faults, overlay=overlay,
         )  # fmt: skip
+        names = list(shaped.profiles)
+        node.prepare(fleet, new, node.login_users(list(like), names), keyring)
     else:
         profile = profile_options[0] if profile_options else None
         new = fleet.up(count or 0, timeout=timeout, profile=profile, limits=limits)

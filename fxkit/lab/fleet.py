@@ -130,6 +130,8 @@ class Fleet:
         self.profile: str | None = state.get("profile")
         #: The inventory the hosts are shaped like (``lab up --like``); None: lab01..labNN.
         self.like: str | None = state.get("like")
+        #: What the overlay of a fleet shaped like an inventory sets besides the connection.
+        self.overlay: dict[str, Any] = state.get("overlay", {})
         #: What each host may use of this machine (fxkit.lab.resources).
         try:
             self.limits = resources.Limits(**state.get("limits", {}))
@@ -175,11 +177,12 @@ class Fleet:
         limits: resources.Limits | None = None,
         groups: Mapping[str, list[str]] | None = None,
         faults: Mapping[str, str] | None = None,
+        overlay: Mapping[str, Any] | None = None,
     ) -> list[str]:
         """Make sure the hosts named in ``hosts`` run, each with its profile (None: plain),
         shaped like the inventory ``source`` (each host's ``groups`` and ``faults`` are kept for
-        ``lab status``); the inventory written is an overlay (see :meth:`_write_overlay`).
-        Hosts of the fleet not in ``hosts`` are stopped."""
+        ``lab status``); the inventory written is an overlay (see :meth:`_write_overlay`) with
+        ``overlay``'s variables too. Hosts of the fleet not in ``hosts`` are stopped."""
         for name, profile in hosts.items():
             check_name(name)
             if profile is not None and profile not in profiles.names():
@@ -203,7 +206,7 @@ class Fleet:
             self.stop(name)
             self.hosts.pop(name, None)
         self._check_unchanged(None, limits, profile_too=False)
-        self.profile, self.like = None, source
+        self.profile, self.like, self.overlay = None, source, dict(overlay or {})
         for name in hosts:
             self.hosts.setdefault(name, {}).update(
                 groups=list((groups or {}).get(name, [])), fault=(faults or {}).get(name)
@@ -301,6 +304,7 @@ class Fleet:
             path.unlink(missing_ok=True)
         shutil.rmtree(self.dir / "hosts", ignore_errors=True)
         shutil.rmtree(self.dir / "host_vars", ignore_errors=True)
+        shutil.rmtree(self.dir / "mirror", ignore_errors=True)
         shutil.rmtree(self.base_dir, ignore_errors=True)
         shutil.rmtree(self.dir / "profiles", ignore_errors=True)
         if self.dir.exists() and not any(self.dir.iterdir()):
@@ -609,7 +613,8 @@ class Fleet:
         """The inventory of a fleet shaped like another (``lab up --like``), to give after it
         (``-i INVENTORY -i .lab/inventory.yml``). It sets only what the lab changes, each host's
         in ``host_vars/`` beside it (which beat the first inventory's host_vars/ files): the
-        address, port, user, key and known_hosts file, ``fxkit_lab`` and the host's profile.
+        address, port, user, key and known_hosts file, ``fxkit_lab``, the host's profile and,
+        where it has one, the lab mirror's address and key (:mod:`fxkit.lab.node`).
         ``fxkit_lab_only`` (for all) makes a host of the first inventory that is not in the lab
         refuse to connect, so that the rehearsal never reaches a real node."""
         folder = self.dir / "host_vars"
@@ -623,6 +628,7 @@ class Fleet:
                 **self.hostvars(name),
                 "fxkit_lab": True,
                 "fxkit_lab_profile": self.profile_of(name),
+                **(self.overlay if self.profile_of(name) else {}),
             }
             text = header + yaml.dump(hostvars, Dumper=_YAMLDumper, sort_keys=False)
             _write_if_changed(folder / f"{name}.yml", text)
@@ -661,6 +667,7 @@ class Fleet:
             "port": self.port,
             "profile": self.profile,
             "like": self.like,
+            "overlay": self.overlay,
             "limits": self.limits.as_dict(),
             "hosts": self.hosts,
         }

@@ -18,9 +18,11 @@ the NIC's PCI device),
 congestion control where the profile has ``rdma.bnxt_re``), ``ecn.fstab`` and ``ecn``
 (a small writable tmpfs on each RDMA netdev's ``ecn`` folder, and the attribute files, one
 ``PATH VALUE`` a line, each of them starts with: the mlx5 ECN attributes; both empty where the
-profile's ``rdma.ecn`` is null) and ``netdevs`` (an
-``ip -batch`` file making a veth pair per RDMA netdev). :func:`calls` reads the log the
-stand-ins write on a host.
+profile's ``rdma.ecn`` is null), ``netdevs`` (an ``ip -batch`` file making a veth pair per RDMA
+netdev) and ``drives`` (the profile's local NVMe drives, ``NAME BYTES`` a line: host-init makes
+each a sparse file in the fleet's shared folder, linked from the host's /dev, so that what a
+target exports of it is what its initiators see). :func:`calls` reads the log the stand-ins
+write on a host.
 """
 
 from __future__ import annotations
@@ -198,6 +200,7 @@ def build_layer(layer: Path, name: str) -> None:
         if port["dev"] not in down:
             batch.append(f"link set {port['peer']} up")
     _lines(tmp / "netdevs", batch)
+    _lines(tmp / "drives", [f"{n} {size}" for n, size in data.get("drives", {}).items()])
     shutil.rmtree(layer, ignore_errors=True)
     tmp.rename(layer)
 
