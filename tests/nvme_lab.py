@@ -6,8 +6,8 @@ nvmetcli is not in Debian 12 (this machine) and nvme-cli should not have to be i
 so the tests give each lab host a file: apt repository holding small packages of those names
 (built with dpkg-deb, documentation only: no executables, so every fact still finds no tool, as on
 a host without NVMe-oF): the roles' install steps then run apt for real. The nvme-cli stand-in
-can carry Debian's real postinst (:func:`nvme_cli_postinst`): installing it then writes
-/etc/nvme/hostnqn and /etc/nvme/hostid as the real package does.
+can carry Debian's real postinst (:func:`fxkit.lab.mirror.nvme_cli_postinst`): installing it
+then writes /etc/nvme/hostnqn and /etc/nvme/hostid as the real package does.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fxkit.cli.loader import Size
-from fxkit.lab import DEFAULT_DIR, DIR_ENV, PORT_ENV, PREFIX_ENV, Fleet, node
+from fxkit.lab import DEFAULT_DIR, DIR_ENV, PORT_ENV, PREFIX_ENV, Fleet
 from fxkit.lab import profile as profiles
-from fxkit.lab.like import shape
+from fxkit.lab.like import up_like
 from fxkit.lab.resources import MIN_MEMORY, MIN_PIDS, GiB, Limits
 
 console = Console()
@@ -111,15 +111,7 @@ def up(
         limits = Limits(memory or fleet.limits.memory, pids or fleet.limits.pids)
     started = time.monotonic()
     if like:
-        shaped = shape(like, limit, profile_options, fault_options)
-        fleet.dir.mkdir(parents=True, exist_ok=True)
-        overlay, keyring = node.lab_mirror(fleet)
-        new = fleet.up_like(
-            shaped.profiles, " ".join(like), timeout=timeout, limits=limits,
-            groups=shaped.groups, faults=shaped.faults, overlay=overlay,
-        )  # fmt: skip
-        names = list(shaped.profiles)
-        node.prepare(fleet, new, node.login_users(list(like), names), keyring)
+        new = up_like(fleet, like, limit, profile_options, fault_options, timeout, limits)
     else:
         profile = profile_options[0] if profile_options else None
         new = fleet.up(count or 0, timeout=timeout, profile=profile, limits=limits)
@@ -158,8 +150,10 @@ def status(state_dir: str) -> None:
     fault, PID, up or down, memory (its processes' PSS), what its cgroup counts (memory, with what
     it holds in tmpfs; processes) and the limits."""
     fleet = Fleet(state_dir)
-    table = Table("host", "address", "groups", "profile", "fault", "pid", "state", "memory",
-                  "cgroup", "processes")  # fmt: skip
+    table = Table()
+    for title in ("host", "address", "groups", "profile", "fault", "pid", "state", "memory",
+                  "cgroup", "processes"):  # fmt: skip
+        table.add_column(title, overflow="fold")
     table.caption = f"limits: {fleet.limits} a host"
     if fleet.like:
         table.title = f"shaped like {fleet.like}"

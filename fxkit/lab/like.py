@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 from fxkit.errors import FxkitError
 from fxkit.inventory import Inventory
+from fxkit.lab import node
 from fxkit.lab import profile as profiles
-from fxkit.lab.fleet import LabError
+from fxkit.lab.fleet import Fleet, LabError
+from fxkit.lab.resources import Limits
 
 #: The profile of a host in these groups (the groups of inventory/mi308x.yml and site.yml).
 DEFAULTS = {"gpu_nodes": "mi308x", "storage_targets": "storage-target"}
@@ -105,3 +107,25 @@ def _known(name: object, where: str) -> str:
             hint=f"use one of: {', '.join(profiles.names())}",
         )
     return name
+
+
+def up_like(
+    fleet: Fleet,
+    sources: Sequence[str],
+    limit: str | None = None,
+    mapping: Sequence[str] = (),
+    fault_options: Sequence[str] = (),
+    timeout: float = 60.0,
+    limits: Limits | None = None,
+) -> list[str]:
+    """``fxkit lab up --like``: the hosts of ``sources`` (cut by ``limit``) up, each with its
+    profile, the lab mirror built, the new hosts shaped as their nodes; the names started."""
+    shaped = shape(sources, limit, mapping, fault_options)
+    fleet.dir.mkdir(parents=True, exist_ok=True)
+    overlay, keyring = node.lab_mirror(fleet)
+    new = fleet.up_like(
+        shaped.profiles, " ".join(sources), timeout=timeout, limits=limits,
+        groups=shaped.groups, faults=shaped.faults, overlay=overlay,
+    )  # fmt: skip
+    node.prepare(fleet, new, node.login_users(list(sources), list(shaped.profiles)), keyring)
+    return new
