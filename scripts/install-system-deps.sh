@@ -7,6 +7,7 @@
 # keyutils (a session keyring of its own per host), iproute2 (the host's loopback interface).
 # sudo + openssl: the lab hosts' non-root user that becomes root with a password (tests of become).
 # dpkg-dev: dpkg-scanpackages, for the local apt repository of the packages tests on lab hosts.
+# gnupg: gpg signs the lab's apt mirror (fxkit lab up --like, fxkit/lab/mirror.py).
 # libfuse3-dev + pkg-config: the latency FUSE passthrough (bench/latency_fuse/) is compiled here.
 # python3-minimal: a system python3 for the lab hosts (the HTTP server of the wait_for tests).
 # xfsprogs: mkfs.xfs, for the NVMe-oF initiator's filesystem tests on lab hosts.
@@ -30,6 +31,7 @@ command -v keyctl >/dev/null || need+=(keyutils)
 command -v sudo >/dev/null || need+=(sudo)
 command -v openssl >/dev/null || need+=(openssl)
 command -v dpkg-scanpackages >/dev/null || need+=(dpkg-dev)
+command -v gpg >/dev/null || need+=(gnupg)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -e /usr/include/fuse3/fuse.h ] || need+=(libfuse3-dev)
 [ -x /usr/bin/python3 ] || need+=(python3-minimal)

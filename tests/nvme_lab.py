@@ -6,8 +6,8 @@ nvmetcli is not in Debian 12 (this machine) and nvme-cli should not have to be i
 so the tests give each lab host a file: apt repository holding small packages of those names
 (built with dpkg-deb, documentation only: no executables, so every fact still finds no tool, as on
 a host without NVMe-oF): the roles' install steps then run apt for real. The nvme-cli stand-in
-can carry Debian's real postinst (:func:`nvme_cli_postinst`): installing it then writes
-/etc/nvme/hostnqn and /etc/nvme/hostid as the real package does.
+can carry Debian's real postinst (:func:`fxkit.lab.mirror.nvme_cli_postinst`): installing it
+then writes /etc/nvme/hostnqn and /etc/nvme/hostid as the real package does.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from fxkit.errors import VarError
 from fxkit.lab import Fleet
 from tests.lab_helpers import sh
 
-REFERENCE = Path(__file__).parent / "data" / "reference"
 REPO = "/srv/fxkit-nvme-repo"
 SOURCES = "/etc/apt/sources.list.d/fxkit-nvme-test.list"
 
@@ -51,18 +50,6 @@ def place(problem: VarError) -> str:
     """The variable or key a problem names: its where, after the host and before where the
     value was set."""
     return problem.where.split(": ", 1)[1].rsplit(" (", 1)[0]
-
-
-def nvme_cli_postinst() -> str:
-    """Debian 12's nvme-cli 2.4+really2.3-3 postinst (tests/data/reference, SOURCES.md), the
-    two tools it runs replaced by what they print where they are absent (the stand-in package
-    ships no executables): ``nvme gen-hostnqn`` an NQN of a random UUID (libnvme's way on a
-    machine without a DMI product UUID), ``uuidgen`` (uuid-runtime) a random UUID of its own."""
-    text = (REFERENCE / "nvme-cli_2.4+really2.3-3.postinst").read_text()
-    assert text.count("nvme gen-hostnqn") == 1 and text.count("uuidgen") == 1
-    random = "cat /proc/sys/kernel/random/uuid"
-    nqn = f'echo "nqn.2014-08.org.nvmexpress:uuid:$({random})"'
-    return text.replace("nvme gen-hostnqn", nqn).replace("uuidgen", random)
 
 
 def stand_in_packages(

@@ -1,5 +1,7 @@
-"""``fxkit demo`` end to end, small: 2 lab hosts and a 64 MB checkpoint, as ``make demo`` runs it
-(the real executable, in a fresh working folder)."""
+"""``fxkit demo`` end to end as ``make demo`` runs it (the real executable, in a fresh working
+folder), with a 64 MB checkpoint: lab hosts shaped like inventory/mi308x.yml (two GPU nodes, one
+with a fault, both storage targets), site.yml checked, converged and idempotent, the storage
+refusal, G1's health stage passing the healthy node and failing the faulty one, the loader."""
 
 from __future__ import annotations
 
@@ -21,17 +23,19 @@ FXKIT = Path(sys.executable).with_name("fxkit")
 
 def demo(cwd: Path, *args: str, prefix: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(FXKIT), "demo", "--hosts", "2", "--size", "64MB", *args],
+        [str(FXKIT), "demo", "--size", "64MB", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1200,
         env={**os.environ, "FXKIT_LAB_PREFIX": prefix, "COLUMNS": "160"},
     )
 
 
 @pytest.mark.lab
-def test_demo_provisions_reruns_with_no_change_and_loads(tmp_path: Path) -> None:
+def test_demo_rehearses_the_example_site_accepts_one_node_fails_one_and_loads(
+    tmp_path: Path,
+) -> None:
     try:
         check_requirements()
     except LabError as exc:
@@ -42,25 +46,28 @@ def test_demo_provisions_reruns_with_no_change_and_loads(tmp_path: Path) -> None
         first = demo(tmp_path, prefix=prefix)
         assert first.returncode == 0, first.stdout + first.stderr
         out = first.stdout
-        assert "2 host(s) started" in out
-        assert "check mode: nothing was changed" in out and "+role: inference" in out
-        assert "second run: 0 changed on 2 hosts" in out
-        assert "lab01 (/mnt/models), lab02 (/mnt/models)" in out  # the shared namespace, refused
+        assert "4 host(s) started" in out
+        assert "gpu02: gpu_nodes, gpu_rack1; mi308x-gpu-link-x8" in out
+        assert "check mode: nothing was changed" in out
+        assert "second run: 0 changed on 4 hosts" in out
+        assert "gpu01 (/mnt/models), gpu02 (/mnt/models)" in out  # the shared namespace, refused
         assert "refused before any host was touched" in out
-        assert "G1 arrival acceptance" in out and "amd-smi not found on lab01" in out
-        assert "is not in [ubuntu 22.04, ubuntu 24.04]" in out  # host text, not rich markup
+        assert re.search(r"gpu01: PASS \(\d+ checks; fault: none\)", out), out
+        assert re.search(r"gpu02: FAIL \(\d+ checks; fault: gpu-link-x8\)", out), out
+        assert "FAIL gpu_link_width: 0000:26:00.0: 8 is not >= 16" in out
+        assert "source: " in out and "open it: python3 -m webbrowser -t file://" in out
         assert (tmp_path / ".cache/demo-g1/report.html").is_file()
         assert re.search(r"│ fxkit\s+│\s+[\d.]+\s+│", out), out  # the bench table's row
         assert re.search(r"same \d+ tensors, byte for byte; speed-up: [\d.]+x", out)
         assert "stop it with `fxkit lab down`" in out
-        assert Fleet(tmp_path / ".lab").status()[1].up  # left running
+        assert all(host.up for host in Fleet(tmp_path / ".lab").status())  # left running
         assert (tmp_path / ".cache/demo-ckpt/fxkit-demo.json").exists()
 
         again = demo(tmp_path, "--down", prefix=prefix)  # idempotent: fleet and cache reused
         assert again.returncode == 0, again.stdout + again.stderr
         assert "0 host(s) started" in again.stdout and "generated in" not in again.stdout
-        assert "second run: 0 changed on 2 hosts" in again.stdout
-        assert "fleet stopped (2 hosts)" in again.stdout
+        assert "second run: 0 changed on 4 hosts" in again.stdout
+        assert "fleet stopped (4 hosts)" in again.stdout
         assert not (tmp_path / ".lab").exists()
     finally:
         Fleet(tmp_path / ".lab").down()  # by PID, when a step above failed

@@ -482,15 +482,20 @@ def test_perftest_stand_ins_answer_per_port_from_the_recorded_run(node) -> None:
     lines with the port's RoCE v2 GID; each call logs its device, start and end."""
     assert run(node, "cat /sys/class/net/ens6np0/speed").stdout.strip() == "400000"
     flags = "-d mlx5_0 -x 3 -a -b -F --report_gbits"
-    pair = parse_ib_write_bw(run(node, f"ib_write_bw {flags} 10.0.0.2").stdout)
+    # A client needs its server listening: here one on this host, reached at its address (a
+    # pair's figure) or at 127.0.0.1 (a loopback).
+    serve = f"(ib_write_bw {flags} >/dev/null &) && "
+    pair = parse_ib_write_bw(run(node, f"{serve}ib_write_bw {flags} $(hostname -i)").stdout)
     assert max(r["bw_average"] for r in pair["rows"]) == 779.21 and pair["device"] == "mlx5_0"
-    loop = run(node, f"ib_write_bw {flags} --use_rocm=2 127.0.0.1").stdout
+    loop = run(node, f"{serve}ib_write_bw {flags} --use_rocm=2 127.0.0.1").stdout
     assert max(r["bw_average"] for r in parse_ib_write_bw(loop)["rows"]) == 394.66
     assert "Using ROCm Device with ID: 2, Name: AMD Instinct MI308X, PCI Bus ID: 0x46" in loop
-    ping = run(node, "ibv_rc_pingpong -d mlx5_1 -g 3 -p 18600 10.0.0.2").stdout
+    ping = "ibv_rc_pingpong -d mlx5_1 -g 3 -p 18600"
+    ping = run(node, f"({ping} >/dev/null &) && {ping} $(hostname -i)").stdout
     assert "GID ::ffff:192.168.100.2" in ping and "8192000 bytes in" in ping
     logged = [c for c in calls(node) if c["argv"][0] in ("ib_write_bw", "ibv_rc_pingpong")]
-    assert [c["device"] for c in logged[-3:]] == ["mlx5_0", "mlx5_0", "mlx5_1"]
+    clients = [c for c in logged if "." in c["argv"][-1]]  # a client names its server
+    assert [c["device"] for c in clients[-3:]] == ["mlx5_0", "mlx5_0", "mlx5_1"]
     assert all(c["started"] < c["ended"] for c in logged)
     assert run(node, "ib_write_bw -d mlx5_7 -a -b --report_gbits", ok=False).rc == 1
 

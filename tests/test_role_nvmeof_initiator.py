@@ -18,17 +18,20 @@ import json
 import re
 import shutil
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from nvme_lab import nvme_cli_postinst, place, play_role, refusal, stand_in_packages
+from nvme_lab import place, play_role, refusal, stand_in_packages
 
 from fxkit.connection.local import LocalConnection
 from fxkit.engine.role import RoleLoader, roles_path
 from fxkit.engine.variables import HostVars, Layer
 from fxkit.facts.base import FactCache
 from fxkit.facts.nvme import NvmeDevices, NvmeNamespace, NvmeSubsystems, parse_list_subsys
+from fxkit.lab.mirror import nvme_cli_postinst
 from fxkit.ops.base import OpContext
 from fxkit.ops.filesystems import filesystem
 from tests.lab_helpers import changes, events_of, sh, snapshot
@@ -546,10 +549,11 @@ def test_a_reader_never_makes_the_filesystem_and_mounts_it_read_only(
     initiator: Any, tmp_path: Path
 ) -> None:
     """A host that is not the namespace's owner: an empty device stays empty (skipped in check
-    mode, a failure naming the owner otherwise); once the owner made XFS, the reader's fstab
-    entry mounts it ro,norecovery, and a second run changes nothing."""
+    mode; otherwise it waits nvmeof_initiator_owner_wait seconds, then fails naming the owner);
+    the owner's XFS made while it waits is taken; the reader's fstab entry mounts it
+    ro,norecovery, and a second run changes nothing."""
     shared = "/dev/fx-shared.img"
-    reader = {"nvmeof_initiator_filesystems": [
+    reader = {"nvmeof_initiator_owner_wait": 4, "nvmeof_initiator_filesystems": [
         {"device": shared, "path": "/mnt/models", "owner": "lab02"}]}  # fmt: skip
     with initiator.connect("lab01") as conn:
         if not conn.run("command -v mkfs.xfs").ok:
@@ -566,15 +570,25 @@ def test_a_reader_never_makes_the_filesystem_and_mounts_it_read_only(
             waits = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)
             assert waits.code != 0
             assert events_of(waits, "lab01", "failed") == [
-                (f"xfs on {shared}", f"{why}filesystem; run the play on lab02 first, then here")
+                (
+                    f"xfs on {shared}",
+                    f"{why}filesystem (waited 4 s); run the play on lab02 first, then here",
+                )
             ]
             assert sh(conn, f"sha256sum {shared}") == empty  # never formatted by a reader
 
-            sh(conn, f"mkfs.xfs -q -L models {shared}")  # what the owner, lab02, does
+            # The owner, lab02, makes it while the reader waits (the same run on both).
+            patient = {**reader, "nvmeof_initiator_owner_wait": 120}
+            with ThreadPoolExecutor(1) as pool:
+                play = pool.submit(
+                    play_role, initiator, tmp_path, "nvmeof_initiator", "lab01", patient
+                )
+                time.sleep(3)
+                sh(conn, f"mkfs.xfs -q -L models {shared}")
+                mounted = play.result()
+            assert mounted.code == 0, mounted.output
             made = sh(conn, f"sha256sum {shared}")
             uuid = sh(conn, f"blkid -p -s UUID -o value {shared}").strip()
-            mounted = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)
-            assert mounted.code == 0, mounted.output
             entry = f"UUID={uuid} /mnt/models xfs ro,norecovery,_netdev,nofail 0 0\n"
             assert entry in sh(conn, "cat /etc/fstab")
             again = play_role(initiator, tmp_path, "nvmeof_initiator", "lab01", reader)

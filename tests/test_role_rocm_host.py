@@ -1,7 +1,7 @@
 """roles/rocm_host on real lab hosts of the mi308x profile, through ``fxkit play``: the apt flow
 for real, the boot settings read back from the stand-ins.
 
-The hosts get a signed mirror laid out like repo.radeon.com (tests/rocm_mirror.py: stand-in
+The hosts get a signed mirror laid out like repo.radeon.com (fxkit/lab/mirror.py: stand-in
 ``amdgpu-dkms`` and ``rocm`` packages built with dpkg-deb, InRelease signed by a key made for
 the run), an Ubuntu archive with the running kernel's headers and extra modules, and an
 /etc/os-release of Ubuntu (their /etc is an overlay of their own): lab01 noble, lab02 jammy
@@ -29,9 +29,7 @@ import pytest
 from fxkit.connection.base import Connection
 from fxkit.errors import VarError
 from fxkit.lab import Fleet, calls
-from tests.gpg_helpers import SigningKey, signing_key
-from tests.lab_helpers import events_of, sh, snapshot
-from tests.rocm_mirror import (
+from fxkit.lab.mirror import (
     KERNEL,
     PACKAGES,
     REPOS,
@@ -41,6 +39,8 @@ from tests.rocm_mirror import (
     dkms_version,
     install,
 )
+from tests.gpg_helpers import SigningKey, signing_key
+from tests.lab_helpers import events_of, sh, snapshot
 from tests.test_play_lab import Run, cli_play, write_inventory
 
 pytestmark = pytest.mark.lab

@@ -8,7 +8,7 @@ MI308X node (lab02), converged from scratch.
   the stand-ins' call log;
 - either way check mode changes nothing first, and the second run and a last check change nothing.
 
-The node's apt sees a signed mirror laid out like repo.radeon.com (tests/rocm_mirror.py) and an
+The node's apt sees a signed mirror laid out like repo.radeon.com (fxkit/lab/mirror.py) and an
 Ubuntu /etc/os-release; both hosts get stand-in packages named nvmetcli and nvme-cli
 (tests/nvme_lab.py: Debian 12, these hosts' base, has no nvmetcli).
 """
@@ -25,10 +25,10 @@ import pytest
 import yaml
 
 from fxkit.lab import Fleet, calls
+from fxkit.lab.mirror import add_ubuntu_archive, build, install
 from tests.gpg_helpers import signing_key
 from tests.lab_helpers import events_of, sh
 from tests.nvme_lab import stand_in_packages
-from tests.rocm_mirror import add_ubuntu_archive, build, install
 from tests.test_play_lab import Run, cli_play, snapshot
 from tests.test_role_rocm_host import OS_RELEASE
 

@@ -1,13 +1,15 @@
-"""``fxkit demo`` (``make demo``): both halves of fxkit on one machine, with real numbers.
+"""``fxkit demo`` (``make demo``): fxkit's jobs on one machine, with real numbers.
 
-1. a lab fleet of real SSH hosts (``fxkit lab up``; idempotent);
-2. the example playbook in check mode with diffs, then converged, then run again: the second run
-   must change nothing, and the line saying so comes from that run's results;
-3. the storage check: the storage playbook with every lab host mounting one NVMe-oF namespace
+1. lab hosts shaped like the example inventory (``fxkit lab up --like inventory/mi308x.yml``:
+   two GPU nodes, one with an injected fault, and both storage targets; idempotent);
+2. site.yml with the inventory and the lab's overlay, in check mode with diffs, then converged,
+   then run again: the second run must change nothing, and the line saying so comes from that
+   run's results;
+3. the storage check: the storage playbook with every GPU node mounting one NVMe-oF namespace
    read-write is refused before any host is touched (docs/storage.md);
-4. G1 arrival acceptance (gates/g1.yml) on the lab hosts, reports in ``.cache/demo-g1``: fio
-   really reads each host's disk; lab hosts have no GPU or RDMA device, so those checks are ERROR
-   (by design: never PASS without a measurement);
+4. G1's health stage (gates/g1.yml) on the GPU nodes: the healthy node passes, the faulty one
+   fails the checks of its fault, each named with its reason and source; the HTML report's path
+   and the command that opens it;
 5. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
    plain loader does, e.g. from NFS) and by ``fxkit.loader.load``; every byte of every tensor is
    read in both, from a cold page cache, and compared.
@@ -21,7 +23,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -39,14 +40,26 @@ from fxkit.engine.record import Outcome, PlaybookResult
 from fxkit.engine.runner import RunOptions, run_playbook
 from fxkit.errors import VarError
 from fxkit.lab import DEFAULT_DIR, Fleet, LabError, check_requirements
-from fxkit.lab.fleet import host_name
+from fxkit.lab.like import up_like
+from fxkit.paths import builtin
 
 console = Console(highlight=False, soft_wrap=True)
 CACHE = ".cache/demo-ckpt"
 STAMP = "fxkit-demo.json"
 GATE_REPORTS = Path(".cache/demo-g1")
-#: G1's storage check on the lab hosts: a short fio run (the thresholds stay G1's own).
-GATE_VARS = {"g1_fio_size": "256M", "g1_fio_runtime": 3}
+#: The lab hosts the demo rehearses: two GPU nodes and both storage targets of the example.
+LIMIT = "gpu01:gpu02:nvme-tgt01:nvme-tgt02"
+FAULT = "gpu02=gpu-link-x8"
+#: What a site sets for G1's health stage, here the lab's simulated node's figures (its
+#: profile: fxkit/lab/profiles/mi308x): memory online, idle power and clock.
+GATE_SITE = {
+    "g1_memory_online_min_gib": 2048,
+    "g1_idle_power_max_w": 300,
+    "g1_idle_gfx_clock_max_mhz": 200,
+}
+#: What only a real node shows: the lab's kernel is this machine's and never reboots into the
+#: arguments rocm_host wrote, and its /proc/sys is this machine's.
+KERNEL_CHECKS = ("kernel_cmdline", "kernel_args_amd", "sysctl")
 #: The old example layout, on the lab hosts: each would mount one namespace read-write.
 MODELS = "nqn.2026-01.io.fxkit:models"
 SHARED_RW = {
@@ -58,7 +71,22 @@ SHARED_RW = {
 
 
 @click.command()
-@click.option("--hosts", type=click.IntRange(1, 254), default=4, show_default=True)
+@click.option(
+    "--like",
+    "inventory",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The inventory the lab hosts are shaped like [the example: inventory/mi308x.yml].",
+)
+@click.option("--limit", default=LIMIT, show_default=True, help="Its hosts the lab brings up.")
+@click.option(
+    "--fault",
+    "faults",
+    multiple=True,
+    default=[FAULT],
+    show_default=True,
+    help="HOST=FAULT: a host's fault variant (repeatable; see `fxkit lab up --help`).",
+)
 @click.option(
     "--size",
     type=Size(),
@@ -79,7 +107,9 @@ SHARED_RW = {
 @prefix_option
 @port_option
 def demo(
-    hosts: int,
+    inventory: Path | None,
+    limit: str,
+    faults: tuple[str, ...],
     size: int,
     cache: Path,
     threads: int | None,
@@ -88,7 +118,9 @@ def demo(
     prefix: str | None,
     port: int | None,
 ) -> None:
-    """Provision a lab fleet (check, converge, idempotent re-run), then load a checkpoint fast.
+    """Rehearse the example site on lab hosts shaped like it (check, converge, idempotent
+    re-run, the storage check, G1 passing a healthy node and failing a faulty one), then load a
+    checkpoint fast.
 
     Needs root and openssh-server for the fleet, and fxkit's loader extra (torch, safetensors).
     """
@@ -97,36 +129,41 @@ def demo(
     except LabError as exc:
         raise LabError(f"the demo's lab fleet cannot start: {exc.message}", hint=exc.hint) from None
     loader = loader_api()
+    source = inventory or builtin("inventories") / "mi308x.yml"
     fleet = Fleet(state_dir, prefix, port)
-    step(1, f"lab fleet of {hosts} hosts")
+    step(1, f"lab hosts shaped like {source} ({limit}; fault {', '.join(faults) or 'none'})")
     started = time.monotonic()
-    new = fleet.up(hosts)
+    new = up_like(fleet, [str(source)], limit, fault_options=faults)
     console.print(
-        f"{len(new)} host(s) started, {hosts} up on {fleet.prefix}.x in "
-        f"{time.monotonic() - started:.1f} s; inventory {fleet.inventory}"
+        f"{len(new)} host(s) started, {len(fleet.hosts)} up on {fleet.prefix}.x in "
+        f"{time.monotonic() - started:.1f} s; overlay {fleet.inventory}"
     )
+    for name in fleet.hosts:
+        groups = ", ".join(fleet.hosts[name].get("groups") or [])
+        console.print(f"  {name}: {groups}; {fleet.profile_of(name) or 'plain'}")
+    sources = [source, fleet.inventory]
+    limit = ":".join(fleet.hosts)
 
-    step(2, "playbooks/site.yml in check mode, with diffs: what would change")
-    # Only lab01..labNN: a fleet started bigger earlier keeps its other hosts out of the demo.
-    limit = ":".join(host_name(i) for i in range(1, hosts + 1))
-    play(fleet, limit, check=True, diff=True)
+    step(2, f"playbooks/site.yml -i {source} -i {fleet.inventory}, check mode with diffs")
+    play(fleet, sources, limit, check=True, diff=True)
     step(3, "converge")
-    first = play(fleet, limit)
+    first = play(fleet, sources, limit)
     step(4, "run again: nothing left to change")
-    second = play(fleet, limit)
+    second = play(fleet, sources, limit)
     changed = second.counts.changed
     finished = second.hosts_with(Outcome.OK)
-    idempotent = changed == 0 and second.exit_code == 0 and len(finished) == hosts
+    idempotent = changed == 0 and second.exit_code == 0 and len(finished) == len(fleet.hosts)
     console.print(
         f"second run: {changed} changed on {len(finished)} hosts in {second.duration_s:.1f} s",
         style="bold green" if idempotent else "bold red",
     )
 
-    step(5, "the storage check: one namespace that every host would mount read-write")
-    refused = storage_demo(fleet, limit, hosts)
+    nodes = [n for n in fleet.hosts if "gpu_nodes" in (fleet.hosts[n].get("groups") or [])]
+    step(5, "the storage check: one namespace that every GPU node would mount read-write")
+    refused = storage_demo(fleet, nodes)
 
-    step(6, "G1 arrival acceptance (gates/g1.yml) on the lab hosts")
-    gate_demo(fleet, limit)
+    step(6, "G1 arrival acceptance, health stage (gates/g1.yml), on the GPU nodes")
+    judged = gate_demo(fleet, sources, nodes)
 
     step(7, "loader: a synthetic checkpoint, every byte loaded, against the plain baseline")
     load_demo(loader, cache, size, threads)
@@ -139,10 +176,10 @@ def demo(
         where = "" if Path(state_dir) == Path(DEFAULT_DIR) else f" --dir {state_dir}"
         console.print(
             f"the fleet is still up (`fxkit lab status{where}`); try "
-            f"`fxkit play site -i {fleet.inventory} --check --diff`; stop it with "
-            f"`fxkit lab down{where}`"
+            f"`fxkit play site -i {source} -i {fleet.inventory} --limit '{limit}' --check "
+            f"--diff`; stop it with `fxkit lab down{where}`"
         )
-    if first.exit_code or not idempotent or not refused:
+    if first.exit_code or not idempotent or not refused or not judged:
         sys.exit(1)
 
 
@@ -150,7 +187,9 @@ def step(number: int, title: str) -> None:
     console.rule(f"[bold]{number}. {title}", align="left")
 
 
-def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> PlaybookResult:
+def play(
+    fleet: Fleet, sources: list[Path], limit: str, check: bool = False, diff: bool = False
+) -> PlaybookResult:
     """Run the built-in site playbook on the fleet (the recap printed); its results."""
     options = RunOptions(
         check=check,
@@ -158,19 +197,22 @@ def play(fleet: Fleet, limit: str, check: bool = False, diff: bool = False) -> P
         limit=limit,
         connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
     )
-    return run_playbook("site", fleet.inventory, options, console_recorder(console, diff=diff))
+    return run_playbook("site", sources, options, console_recorder(console, diff=diff))
 
 
-def storage_demo(fleet: Fleet, limit: str, hosts: int) -> bool:
-    """playbooks/storage.yml with the lab hosts as GPU nodes that would each mount one
-    namespace read-write: refused before any host is touched. False when it was not."""
-    if hosts < 2:
-        console.print("one lab host: no namespace to share (--hosts 2 or more shows it)")
+def storage_demo(fleet: Fleet, nodes: list[str]) -> bool:
+    """playbooks/storage.yml with the GPU nodes each mounting one namespace read-write:
+    refused before any host is touched. False when it was not."""
+    if len(nodes) < 2:
+        console.print("one GPU node: no namespace to share (two or more show it)")
         return True
-    nodes = {host_name(i): None for i in range(1, hosts + 1)}
-    layout = {"all": {"children": {"gpu_nodes": {"hosts": nodes, "vars": SHARED_RW}}}}
+    layout = {
+        "all": {"children": {"gpu_nodes": {"hosts": dict.fromkeys(nodes), "vars": SHARED_RW}}}
+    }
     options = RunOptions(
-        check=True, limit=limit, connect=ConnectOptions(known_hosts=str(fleet.known_hosts))
+        check=True,
+        limit=":".join(nodes),
+        connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
     )
     try:
         with tempfile.TemporaryDirectory(prefix="fxkit-demo-") as folder:
@@ -188,33 +230,49 @@ def storage_demo(fleet: Fleet, limit: str, hosts: int) -> bool:
 # -- the loader -----------------------------------------------------------------------------
 
 
-def gate_demo(fleet: Fleet, limit: str) -> None:
-    """G1 on the fleet's hosts: each host's verdict and counts, the reasons of its ERRORs, the
-    report files. Lab hosts have no GPU or RDMA: G1 cannot pass there, and says why."""
+def gate_demo(fleet: Fleet, sources: list[Path], nodes: list[str]) -> bool:
+    """G1's health stage on the GPU nodes, the site's figures the lab's: each node's verdict;
+    what did not pass, with its reason and source; the report. True when every healthy node
+    passes and every faulty one fails (the kernel checks a lab cannot show set aside)."""
     from fxkit.gate.report import write_reports
     from fxkit.gate.run import GateOptions, GateRun
-    from fxkit.gate.spec import load as load_gate
     from fxkit.gate.verdicts import CheckStatus
 
     options = GateOptions(
-        limit=limit,
+        limit=":".join(nodes),
         connect=ConnectOptions(known_hosts=str(fleet.known_hosts)),
-        extra_vars=GATE_VARS,
+        extra_vars=GATE_SITE,
+        stages=["health"],
     )
-    g1 = load_gate("g1")  # on the lab hosts: G1's own hosts are an inventory's gpu_nodes
-    runner = GateRun.load(
-        replace(g1, spec=g1.spec.model_copy(update={"hosts": "lab"})), fleet.inventory, options
-    )
+    runner = GateRun.load("g1", sources, options)
     result = runner.run()
+    console.print(
+        f"(the lab's kernel is this machine's and never reboots: {', '.join(KERNEL_CHECKS)} "
+        "show what only a real node can)",
+        style="dim",
+    )
+    judged = True
     for name, host in result.hosts.items():
-        counts = ", ".join(f"{n} {s}" for s, n in result.summary_of(name).items() if n)
-        console.print(f"{name}: {host.verdict} ({counts})")
-    first = next(iter(result.hosts.values()))
-    for check in first.checks:
-        if check.status in (CheckStatus.ERROR, CheckStatus.FAIL):
-            console.print(Text(f"  {check.status} {check.id}: {check.reason}", style="dim"))
+        wrong = [
+            c for c in host.checks
+            if c.status not in (CheckStatus.PASS, CheckStatus.SKIP) and c.id not in KERNEL_CHECKS
+        ]  # fmt: skip
+        faulty = bool(fleet.hosts[name].get("fault"))
+        verdict = "FAIL" if wrong else "PASS"
+        console.print(
+            f"{name}: {verdict} ({len(host.checks)} checks; fault: "
+            f"{fleet.hosts[name].get('fault') or 'none'})",
+            style="bold red" if wrong else "bold green",
+        )
+        for check in wrong:
+            console.print(Text(f"  {check.status} {check.id}: {check.reason}"))
+            console.print(Text(f"      source: {check.source}", style="dim"))
+        judged &= bool(wrong) == faulty
     written = write_reports(result, GATE_REPORTS, runner.secrets)
+    html = written.get("html") or next(iter(written.values()))
     console.print(f"reports: {', '.join(str(p) for p in written.values())}")
+    console.print(f"open it: python3 -m webbrowser -t file://{Path(html).resolve()}")
+    return judged
 
 
 def loader_api() -> SimpleNamespace:

@@ -11,6 +11,7 @@ from rich.table import Table
 from fxkit.cli.loader import Size
 from fxkit.lab import DEFAULT_DIR, DIR_ENV, PORT_ENV, PREFIX_ENV, Fleet
 from fxkit.lab import profile as profiles
+from fxkit.lab.like import up_like
 from fxkit.lab.resources import MIN_MEMORY, MIN_PIDS, GiB, Limits
 
 console = Console()
@@ -38,16 +39,34 @@ def lab() -> None:
 
 
 @lab.command()
-@click.argument("count", type=click.IntRange(1, 254))
+@click.argument("count", type=click.IntRange(1, 254), required=False)
 @dir_option
 @prefix_option
 @port_option
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for logins.")
 @click.option(
+    "--like",
+    "like",
+    metavar="INVENTORY",
+    multiple=True,
+    help="One host per host of INVENTORY (repeatable, as -i), with its names and groups, each "
+    "with the profile its groups ask for; writes an overlay inventory to give after it.",
+)
+@click.option("-l", "--limit", metavar="PATTERN", help="With --like: only hosts matching PATTERN.")
+@click.option(
     "--profile",
-    type=click.Choice(profiles.names()),
-    default=None,
-    help="Simulated hardware on every host (test doubles of its tools, see docs/lab.md).",
+    "profile_options",
+    multiple=True,
+    metavar="[GROUP=]PROFILE",
+    help="Simulated hardware (test doubles, see docs/lab.md): PROFILE on every host; with --like "
+    f"also GROUP=PROFILE (repeatable). Profiles: {', '.join(profiles.names())}.",
+)
+@click.option(
+    "--fault",
+    "fault_options",
+    multiple=True,
+    metavar="HOST=FAULT",
+    help="With --like: a fault variant of the host's profile (gpu02=gpu-link-x8), repeatable.",
 )
 @click.option(
     "--memory",
@@ -63,26 +82,39 @@ def lab() -> None:
     help="Processes and threads of each host (default 2000, or the fleet's).",
 )
 def up(
-    count: int,
+    count: int | None,
     state_dir: str,
     prefix: str | None,
     port: int | None,
     timeout: float,
-    profile: str | None,
+    like: tuple[str, ...],
+    limit: str | None,
+    profile_options: tuple[str, ...],
+    fault_options: tuple[str, ...],
     memory: int | None,
     pids: int | None,
 ) -> None:
-    """Start COUNT hosts lab01..labNN (idempotent: running hosts are kept)."""
+    """Start COUNT hosts lab01..labNN, or with --like INVENTORY one host per inventory host
+    (idempotent: running hosts are kept)."""
     if memory is not None and memory < MIN_MEMORY:
         raise click.BadParameter(
             f"a host needs {MIN_MEMORY >> 20} MiB at least", param_hint="--memory"
         )
+    if (count is None) == (not like):
+        raise click.UsageError("give COUNT or --like INVENTORY (one of them)")
+    if not like and (limit or fault_options or len(profile_options) > 1 or
+                     any("=" in p for p in profile_options)):  # fmt: skip
+        raise click.UsageError("--limit, --fault and --profile GROUP=PROFILE go with --like")
     fleet = Fleet(state_dir, prefix, port)
     limits = None
     if memory is not None or pids is not None:
         limits = Limits(memory or fleet.limits.memory, pids or fleet.limits.pids)
     started = time.monotonic()
-    new = fleet.up(count, timeout=timeout, profile=profile, limits=limits)
+    if like:
+        new = up_like(fleet, like, limit, profile_options, fault_options, timeout, limits)
+    else:
+        profile = profile_options[0] if profile_options else None
+        new = fleet.up(count or 0, timeout=timeout, profile=profile, limits=limits)
     seconds = time.monotonic() - started
     running = sum(status.pid is not None for status in fleet.status())
     console.print(
@@ -101,24 +133,39 @@ def up(
     console.print(f"client key:  {fleet.client_key}")
     if fleet.become_password():
         console.print(f"sudo user:   fxkit, password in {fleet.become_password_file}")
-    console.print(f"try:         fxkit play PLAYBOOK -i {fleet.inventory}")
+    if like:
+        sources = " ".join(f"-i {source}" for source in like)
+        console.print(f"try:         fxkit play site {sources} -i {fleet.inventory}")
+        console.print(
+            "             (`fxkit lab status` lists the hosts, their groups and profiles)"
+        )
+    else:
+        console.print(f"try:         fxkit play PLAYBOOK -i {fleet.inventory}")
 
 
 @lab.command()
 @dir_option
 def status(state_dir: str) -> None:
-    """Show the fleet's hosts: address, PID, up or down, memory (its processes' PSS), what its
-    cgroup counts (memory, with what it holds in tmpfs; processes) and the limits."""
+    """Show the fleet's hosts: address, groups (a fleet shaped like an inventory), profile and
+    fault, PID, up or down, memory (its processes' PSS), what its cgroup counts (memory, with what
+    it holds in tmpfs; processes) and the limits."""
     fleet = Fleet(state_dir)
-    table = Table("host", "address", "pid", "state", "memory", "cgroup", "processes")
+    table = Table()
+    for title in ("host", "address", "groups", "profile", "fault", "pid", "state", "memory",
+                  "cgroup", "processes"):  # fmt: skip
+        table.add_column(title, overflow="fold")
     table.caption = f"limits: {fleet.limits} a host"
+    if fleet.like:
+        table.title = f"shaped like {fleet.like}"
     for host in fleet.status():
         state = "[green]up[/]" if host.up else "[red]down[/]"
         memory = f"{host.memory_bytes / 2**20:.1f} MiB" if host.pid else "-"
         charged = f"{host.used['memory'] / 2**20:.1f} MiB" if "memory" in host.used else "-"
+        info = fleet.hosts.get(host.name, {})
         table.add_row(
-            host.name, f"{host.address}:{host.port}", str(host.pid or "-"), state, memory,
-            charged, str(host.used.get("pids", "-")),
+            host.name, f"{host.address}:{host.port}", ", ".join(info.get("groups") or ["-"]),
+            fleet.profile_of(host.name) or "plain", info.get("fault") or "-",
+            str(host.pid or "-"), state, memory, charged, str(host.used.get("pids", "-")),
         )  # fmt: skip
     if not table.rows:
         console.print(f"no lab fleet in {fleet.dir}")

@@ -34,7 +34,17 @@ class ConnectOptions:
 
 
 def connect(name: str, hostvars: Mapping[str, Any], options: ConnectOptions) -> Connection:
-    """Return an unopened connection for inventory host ``name`` with its merged variables."""
+    """Return an unopened connection for inventory host ``name`` with its merged variables.
+    A lab rehearsal's inventory (``fxkit_lab_only``) refuses every host that is not a lab host,
+    before anything connects: a real node, or this machine."""
+    if hostvars.get("fxkit_lab_only") and not hostvars.get("fxkit_lab"):
+        raise ConnectionFailed(
+            "not a lab host: this run rehearses on the lab (fxkit_lab_only), and the lab has no "
+            "host of this name, so fxkit does not connect to its real address",
+            where=f"host {name}",
+            hint="--limit the run to the lab's hosts (`fxkit lab status`), or add it with "
+            "`fxkit lab up --like INVENTORY`",
+        )
     kind = hostvars.get("ansible_connection") or ("local" if name in LOCAL_NAMES else "ssh")
     if kind == "local":
         from fxkit.connection.become import become_settings

@@ -48,7 +48,7 @@ from fxkit.engine.runlock import LOCK_WAIT, RunLock, RunLockError, holder
 from fxkit.engine.variables import HostVars, Layer, truthy
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
 from fxkit.facts.base import FactCache
-from fxkit.inventory import Inventory, InventoryHost
+from fxkit.inventory import Inventory, InventoryHost, lab_only
 from fxkit.ops.base import OpContext, failed
 
 Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
@@ -213,6 +213,10 @@ class Runner:
         if self.options.limit:
             allowed = {h.name for h in self._select(self.options.limit, "--limit")}
             hosts = [h for h in hosts if h.name in allowed]
+        try:
+            lab_only.check(hosts, f"{play.where} (hosts of play {play.name!r})")
+        except FxkitError as exc:
+            raise PlaybookError(exc.message, where=exc.where, hint=exc.hint) from None
         return [h for h in hosts if h.name not in self._down]
 
     def _select(self, pattern: str, where: str) -> list[InventoryHost]:

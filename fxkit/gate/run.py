@@ -55,6 +55,7 @@ from fxkit.gate.verdicts import (
     skipped,
     unset,
 )
+from fxkit.inventory import lab_only
 from fxkit.inventory.model import Inventory, InventoryHost
 from fxkit.redaction import Masker
 
@@ -174,6 +175,10 @@ class GateRun:
             hosts = self.inventory.select(self.gate.spec.hosts, self.options.limit)
         except FxkitError as exc:
             raise GateError(exc.message, where=self.gate.where(""), hint=exc.hint) from None
+        try:
+            lab_only.check(hosts, f"hosts of gate {self.gate.name}")
+        except FxkitError as exc:
+            raise GateError(exc.message, where=exc.where, hint=exc.hint) from None
         if not hosts:
             raise GateError(
                 f"no host matches {self.gate.spec.hosts!r}"

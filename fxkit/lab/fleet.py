@@ -23,7 +23,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +92,16 @@ def host_name(index: int) -> str:
     return f"lab{index:02d}"
 
 
+def check_name(name: str) -> None:
+    """Refuse a host name that cannot be a lab host's hostname and folder."""
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", name):
+        raise LabError(
+            f"{name!r} cannot be a lab host's name (letters, digits and '-', at most 63)",
+            where=f"host {name}",
+            hint="a host named like an address or with dots is left out with --limit",
+        )
+
+
 class Fleet:
     """A lab fleet kept in ``state_dir``; ``prefix`` (three octets of 127/8) and ``port`` pick
     the addresses. Both default to what the state directory recorded, then to 127.77.0 and 22."""
@@ -118,6 +128,10 @@ class Fleet:
         self.hosts: dict[str, dict] = state.get("hosts", {})
         #: The simulated hardware profile of the fleet's hosts (None: plain hosts).
         self.profile: str | None = state.get("profile")
+        #: The inventory the hosts are shaped like (``lab up --like``); None: lab01..labNN.
+        self.like: str | None = state.get("like")
+        #: What the overlay of a fleet shaped like an inventory sets besides the connection.
+        self.overlay: dict[str, Any] = state.get("overlay", {})
         #: What each host may use of this machine (fxkit.lab.resources).
         try:
             self.limits = resources.Limits(**state.get("limits", {}))
@@ -144,7 +158,64 @@ class Fleet:
         each host may use; they too change only while no host runs."""
         if not 1 <= count <= MAX_HOSTS:
             raise LabError(f"a fleet has 1 to {MAX_HOSTS} hosts, not {count}")
+        if self.like is not None and self._running():
+            raise LabError(
+                f"this fleet's hosts are shaped like {self.like}",
+                where=str(self.dir),
+                hint="use `fxkit lab up --like` again, or `fxkit lab down` first",
+            )
         self._check_unchanged(profile, limits)
+        wanted = {host_name(i): profile for i in range(1, count + 1)}
+        self.profile, self.like = profile, None
+        return self._up(wanted, timeout, limits)
+
+    def up_like(
+        self,
+        hosts: Mapping[str, str | None],
+        source: str,
+        timeout: float = 60.0,
+        limits: resources.Limits | None = None,
+        groups: Mapping[str, list[str]] | None = None,
+        faults: Mapping[str, str] | None = None,
+        overlay: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """Make sure the hosts named in ``hosts`` run, each with its profile (None: plain),
+        shaped like the inventory ``source`` (each host's ``groups`` and ``faults`` are kept for
+        ``lab status``); the inventory written is an overlay (see :meth:`_write_overlay`) with
+        ``overlay``'s variables too. Hosts of the fleet not in ``hosts`` are stopped."""
+        for name, profile in hosts.items():
+            check_name(name)
+            if profile is not None and profile not in profiles.names():
+                raise LabError(
+                    f"there is no lab profile {profile!r}",
+                    where=f"host {name}",
+                    hint=f"use one of: {', '.join(profiles.names())} (or none for plain hosts)",
+                )
+        if self._running() and self.like is None:
+            raise LabError(
+                "this fleet's hosts are lab01..labNN, not shaped like an inventory",
+                where=str(self.dir),
+                hint="`fxkit lab down` first, or another --dir (and --prefix) for a second fleet",
+            )
+        changed = [
+            n
+            for n, p in hosts.items()
+            if n in self.hosts and self._pid(n) and self.profile_of(n) != p
+        ]
+        for name in [*changed, *(n for n in self.hosts if n not in hosts)]:
+            self.stop(name)
+            self.hosts.pop(name, None)
+        self._check_unchanged(None, limits, profile_too=False)
+        self.profile, self.like, self.overlay = None, source, dict(overlay or {})
+        for name in hosts:
+            self.hosts.setdefault(name, {}).update(
+                groups=list((groups or {}).get(name, [])), fault=(faults or {}).get(name)
+            )
+        return self._up(dict(hosts), timeout, limits)
+
+    def _up(
+        self, wanted: dict[str, str | None], timeout: float, limits: resources.Limits | None
+    ) -> list[str]:
         check_requirements()
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.client_key.exists():
@@ -155,19 +226,19 @@ class Fleet:
             and not self.become_password_file.exists()
         ):
             _write_private(self.become_password_file, secrets.token_urlsafe(16) + "\n")
-        wanted = [host_name(i) for i in range(1, count + 1)]
-        names = sorted(set(wanted) | set(self.hosts))
+        for name, profile in wanted.items():
+            self.hosts.setdefault(name, {}).update(index=self._index(name), profile=profile)
+        names = sorted(self.hosts)
         to_start = [name for name in wanted if self._pid(name) is None]
         for name in to_start:
             self._check_address_free(name)
         if not self.base_dir.exists():
             authorized = self.client_key.with_suffix(".pub").read_text()
             base.build(self.base_dir, authorized, self._sudo_user_line())
-        self.profile = profile
         self.limits = limits or self.limits
-        if profile and not self.profile_layer.exists():
-            profiles.build_layer(self.profile_layer, profile)
-        if profile:
+        for profile in {p for p in wanted.values() if p}:
+            if not self.layer(profile).exists():
+                profiles.build_layer(self.layer(profile), profile)
             (self.base_dir / "shared").mkdir(mode=0o755, exist_ok=True)
         try:
             for name in to_start:
@@ -176,14 +247,37 @@ class Fleet:
                 self._start_relay(name)
             self._save_state()
             self._write_known_hosts(names)
-            self._write_inventory(names)
-            self._wait_for_logins(wanted, timeout)
+            if self.like is None:
+                self._write_inventory(names)
+            else:
+                self._write_overlay(names)
+            self._wait_for_logins(list(wanted), timeout)
         except BaseException:
             for name in to_start:  # a fleet whose start fails leaves nothing running
                 self.stop(name)
             self._save_state()
             raise
         return to_start
+
+    def _running(self) -> bool:
+        return any(self._pid(name) is not None for name in self.hosts)
+
+    def _index(self, name: str) -> int:
+        """The host's address's last octet: kept once given; lab01..labNN have their number;
+        another name the lowest one free."""
+        if "index" in self.hosts.get(name, {}):
+            return int(self.hosts[name]["index"])
+        if re.fullmatch(r"lab\d{2,3}", name):
+            return int(name.removeprefix("lab"))
+        taken = {int(h["index"]) for h in self.hosts.values() if "index" in h}
+        free = next((i for i in range(1, MAX_HOSTS + 1) if i not in taken), None)
+        if free is None:
+            raise LabError(f"a fleet has at most {MAX_HOSTS} hosts", where=f"host {name}")
+        return free
+
+    def profile_of(self, name: str) -> str | None:
+        """The simulated hardware of one host (None: a plain host)."""
+        return self.hosts.get(name, {}).get("profile", self.profile)
 
     def status(self) -> list[HostStatus]:
         """Every host the state directory knows, running or not."""
@@ -209,6 +303,8 @@ class Fleet:
         for path in (self.client_key, self.client_key.with_suffix(".pub")):
             path.unlink(missing_ok=True)
         shutil.rmtree(self.dir / "hosts", ignore_errors=True)
+        shutil.rmtree(self.dir / "host_vars", ignore_errors=True)
+        shutil.rmtree(self.dir / "mirror", ignore_errors=True)
         shutil.rmtree(self.base_dir, ignore_errors=True)
         shutil.rmtree(self.dir / "profiles", ignore_errors=True)
         if self.dir.exists() and not any(self.dir.iterdir()):
@@ -244,7 +340,7 @@ class Fleet:
         return SSHConnection(name, {**self.hostvars(name), **hostvars}, options)
 
     def address(self, name: str) -> str:
-        return f"{self.prefix}.{int(name.removeprefix('lab'))}"
+        return f"{self.prefix}.{self._index(name)}"
 
     def host_dir(self, name: str) -> Path:
         return self.dir / "hosts" / name
@@ -252,7 +348,11 @@ class Fleet:
     @property
     def profile_layer(self) -> Path:
         """What host-init mounts into the hosts of the fleet's profile (fxkit.lab.profile)."""
-        return self.dir / "profiles" / str(self.profile)
+        return self.layer(str(self.profile))
+
+    def layer(self, profile: str) -> Path:
+        """What host-init mounts into the hosts of ``profile`` (fxkit.lab.profile)."""
+        return self.dir / "profiles" / profile
 
     @property
     def base_dir(self) -> Path:
@@ -314,10 +414,11 @@ class Fleet:
             "unshare", "--mount", str(INIT_SCRIPT), "outer", name, self.address(name),
             str(self.port), str(hdir), str(self.base_dir), str(self.limits.tmpfs),
         ]  # fmt: skip
-        if self.profile:
-            argv.append(str(self.profile_layer))
+        profile = self.profile_of(name)
+        if profile:
+            argv.append(str(self.layer(profile)))
         pid = _start_process(argv, hdir / "log")
-        self.hosts[name] = {"pid": pid, "start": _start_time(pid), "cgroups": cgroups}
+        self.hosts[name].update(pid=pid, start=_start_time(pid), cgroups=cgroups)
         _wait_for_exec(pid, lambda: self._runs_our_init(pid, name))
 
     def _start_relay(self, name: str, timeout: float = 10.0) -> None:
@@ -378,10 +479,10 @@ class Fleet:
 
     def _pid(self, name: str) -> int | None:
         """The PID of the host's unshare process when it is still the one this fleet started."""
-        info = self.hosts.get(name)
-        if not info:
+        info = self.hosts.get(name, {})
+        pid = info.get("pid")
+        if pid is None:
             return None
-        pid = info["pid"]
         _reap(pid)
         if _start_time(pid) != info["start"]:
             return None
@@ -395,16 +496,18 @@ class Fleet:
             return False
         return str(INIT_SCRIPT).encode() in cmdline and str(self.host_dir(name)).encode() in cmdline
 
-    def _check_unchanged(self, profile: str | None, wanted: resources.Limits | None) -> None:
+    def _check_unchanged(
+        self, profile: str | None, wanted: resources.Limits | None, profile_too: bool = True
+    ) -> None:
         """Refuse another profile or other limits while hosts of this fleet run."""
-        if profile is not None and profile not in profiles.names():
+        if profile_too and profile is not None and profile not in profiles.names():
             raise LabError(
                 f"there is no lab profile {profile!r}",
                 hint=f"use one of: {', '.join(profiles.names())} (or none for plain hosts)",
             )
-        if not any(self._pid(name) is not None for name in self.hosts):
+        if not self._running():
             return
-        if profile != self.profile:
+        if profile_too and profile != self.profile:
             option = f"--profile {self.profile}" if self.profile else "no --profile"
             raise LabError(
                 f"this fleet's hosts run with {_said(self.profile)}, not {_said(profile)}",
@@ -506,6 +609,38 @@ class Fleet:
             self.inventory, header + yaml.dump(inventory, Dumper=_YAMLDumper, sort_keys=False)
         )
 
+    def _write_overlay(self, names: list[str]) -> None:
+        """The inventory of a fleet shaped like another (``lab up --like``), to give after it
+        (``-i INVENTORY -i .lab/inventory.yml``). It sets only what the lab changes, each host's
+        in ``host_vars/`` beside it (which beat the first inventory's host_vars/ files): the
+        address, port, user, key and known_hosts file, ``fxkit_lab``, the host's profile and,
+        where it has one, the lab mirror's address and key (:mod:`fxkit.lab.node`).
+        ``fxkit_lab_only`` (for all) makes a host of the first inventory that is not in the lab
+        refuse to connect, so that the rehearsal never reaches a real node."""
+        folder = self.dir / "host_vars"
+        folder.mkdir(exist_ok=True)
+        for stale in folder.glob("*.yml"):
+            if stale.stem not in names:
+                stale.unlink()
+        header = f"# Lab host of the fleet in {self.dir}, written by `fxkit lab up --like`.\n"
+        for name in names:
+            hostvars = {
+                **self.hostvars(name),
+                "fxkit_lab": True,
+                "fxkit_lab_profile": self.profile_of(name),
+                **(self.overlay if self.profile_of(name) else {}),
+            }
+            text = header + yaml.dump(hostvars, Dumper=_YAMLDumper, sort_keys=False)
+            _write_if_changed(folder / f"{name}.yml", text)
+        overlay = {"all": {"vars": {"fxkit_lab_only": True}, "hosts": dict.fromkeys(names)}}
+        header = (
+            f"# The lab fleet in {self.dir}, shaped like {self.like} (`fxkit lab up --like`).\n"
+            f"# Give it after your inventory: -i {self.like} -i {self.inventory}\n"
+        )
+        _write_if_changed(
+            self.inventory, header + yaml.dump(overlay, Dumper=_YAMLDumper, sort_keys=False)
+        )
+
     def _write_known_hosts(self, names: list[str]) -> None:
         lines = []
         for name in names:
@@ -531,6 +666,8 @@ class Fleet:
             "prefix": self.prefix,
             "port": self.port,
             "profile": self.profile,
+            "like": self.like,
+            "overlay": self.overlay,
             "limits": self.limits.as_dict(),
             "hosts": self.hosts,
         }

@@ -65,6 +65,12 @@ if [ "$step" = outer ]; then
     mount -t tmpfs -o "mode=0755,size=$size,nosuid,nodev" fxkit-lab root/run
     mkdir -m 1777 root/run/lock
     mkdir -m 0755 root/run/sshd
+    # The fleet's apt mirror (fxkit lab up --like: FLEET/mirror), read-only, as a node's apt
+    # sees its site's mirror.
+    if [ -d "$base/../mirror" ]; then
+        mkdir -p root/srv/fxkit-lab-mirror
+        mount --bind -o ro,nosuid,nodev,noexec "$base/../mirror" root/srv/fxkit-lab-mirror
+    fi
     # A profile's hosts share one folder of the fleet (BASE_DIR/shared): the lab's wire, where
     # the stand-ins of two hosts meet (a perftest server sees its client on another host).
     if [ -n "$layer" ]; then
@@ -84,6 +90,15 @@ if [ "$step" = outer ]; then
     mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,gid=5,nosuid,noexec fxkit-lab root/dev/pts
     ln -s pts/ptmx root/dev/ptmx
     mount -t tmpfs -o "mode=1777,size=$size,nosuid,nodev" fxkit-lab root/dev/shm
+    # The profile's local NVMe drives: sparse files in the shared folder (a target's exports
+    # are what its initiators see), linked from /dev.
+    if [ -n "$layer" ] && [ -s "$layer/drives" ]; then
+        mkdir -p "$base/shared/drives/$name"
+        while read -r drive bytes; do
+            [ -e "$base/shared/drives/$name/$drive" ] || truncate -s "$bytes" "$base/shared/drives/$name/$drive"
+            ln -s "/run/fxkit-lab/shared/drives/$name/$drive" "root/dev/$drive"
+        done < "$layer/drives"
+    fi
     ln -s /proc/self/fd root/dev/fd
     ln -s /proc/self/fd/0 root/dev/stdin
     ln -s /proc/self/fd/1 root/dev/stdout

@@ -18,9 +18,11 @@ the NIC's PCI device),
 congestion control where the profile has ``rdma.bnxt_re``), ``ecn.fstab`` and ``ecn``
 (a small writable tmpfs on each RDMA netdev's ``ecn`` folder, and the attribute files, one
 ``PATH VALUE`` a line, each of them starts with: the mlx5 ECN attributes; both empty where the
-profile's ``rdma.ecn`` is null) and ``netdevs`` (an
-``ip -batch`` file making a veth pair per RDMA netdev). :func:`calls` reads the log the
-stand-ins write on a host.
+profile's ``rdma.ecn`` is null), ``netdevs`` (an ``ip -batch`` file making a veth pair per RDMA
+netdev) and ``drives`` (the profile's local NVMe drives, ``NAME BYTES`` a line: host-init makes
+each a sparse file in the fleet's shared folder, linked from the host's /dev, so that what a
+target exports of it is what its initiators see). :func:`calls` reads the log the stand-ins
+write on a host.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def names() -> list[str]:
 
 def load(name: str) -> dict[str, Any]:
     """A profile's data; a variant (``"extends": "mi308x"``) is its base's with the variant's
-    values over it: mappings merged key by key, anything else (lists too) replaced."""
+    values over it: mappings merged key by key, anything else (lists too, and an empty
+    mapping: ``"gpus": {}`` leaves none) replaced."""
     data: dict[str, Any] = json.loads((PROFILES_DIR / name / "profile.json").read_text())
     base = data.pop("extends", None)
     if base is None:
@@ -96,7 +99,7 @@ def chain(name: str) -> list[str]:
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
+        if value and isinstance(value, dict) and isinstance(base.get(key), dict):
             out[key] = _merged(base[key], value)
         else:
             out[key] = value
@@ -197,6 +200,7 @@ def build_layer(layer: Path, name: str) -> None:
         if port["dev"] not in down:
             batch.append(f"link set {port['peer']} up")
     _lines(tmp / "netdevs", batch)
+    _lines(tmp / "drives", [f"{n} {size}" for n, size in data.get("drives", {}).items()])
     shutil.rmtree(layer, ignore_errors=True)
     tmp.rename(layer)
 

@@ -10,7 +10,8 @@ force option, so mkfs's own check refuses an existing filesystem too.
 A device another host may write (a namespace of an NVMe-oF target that several hosts connect)
 is made by one host only, its owner: on the others (``owner`` names the owner) an empty device
 is never formatted, since two hosts' mkfs, or one host's mkfs under another's mounted
-filesystem, destroys data. They wait for the owner's filesystem instead.
+filesystem, destroys data. They wait for the owner's filesystem instead (``wait`` seconds: the
+owner may make it in the same run), then fail saying to run the owner first.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ def filesystem(
     fstype: str = "xfs",
     label: str | None = None,
     owner: str | None = None,
+    wait: float = 0.0,
 ) -> Result:
     """Ensure ``device`` holds a filesystem of ``fstype``: made with ``mkfs`` when the device is
     empty (blkid finds no signature at all), left alone when it has one of that type, and a
     failure, changing nothing, when it holds anything else. ``data["uuid"]`` is the filesystem's
     UUID when there is one. With ``owner`` (the host that makes it, not this one) an empty
-    device is never formatted: a failure saying to run the owner first (in check mode: skipped,
-    since the owner may be about to make it).
+    device is never formatted: it waits up to ``wait`` seconds for the owner's filesystem, then
+    fails saying to run the owner first (in check mode: skipped, since the owner may be about
+    to make it).
 
     Example::
 
@@ -55,6 +58,14 @@ def filesystem(
     if label is not None and (not re.fullmatch(r"[A-Za-z0-9_.-]+", label) or len(label) > longest):
         raise OpError(f"bad {fstype} label {label!r}", hint=f"up to {longest} of A-Z a-z 0-9 _ . -")
     found = ctx.fresh(BlockSignature, device)
+    if owner and wait > 0 and found.empty and not found.error and not ctx.check:
+        tries = max(1, int(wait // 2))
+        ctx.read(
+            f"for i in $(seq {tries}); do blkid -p -o value -s TYPE -- {quote(device)} | "
+            "grep -q . && exit 0; sleep 2; done; exit 1",
+            timeout=wait + 30,
+        )
+        found = ctx.fresh(BlockSignature, device)
     if not found.exists:
         return failed(f"{device} does not exist")
     if found.error:
@@ -73,7 +84,8 @@ def filesystem(
         )
         if ctx.check:
             return skipped(f"{why} (it may in this run)")
-        return failed(f"{why}; run the play on {owner} first, then here")
+        waited = f" (waited {wait:g} s)" if wait > 0 else ""
+        return failed(f"{why}{waited}; run the play on {owner} first, then here")
     q = quote(device)
     labelled = f"{option} {quote(label)} " if label else ""
     command = (

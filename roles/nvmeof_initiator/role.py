@@ -193,6 +193,12 @@ class Vars(RoleVars):
     nvmeof_initiator_filesystems: list[Filesystem] = Field(
         [], description="XFS filesystems on the namespaces"
     )
+    nvmeof_initiator_owner_wait: float = Field(
+        300,
+        ge=0,
+        description="seconds a host waits for the owner of a shared namespace to make its "
+        "filesystem (the owner may do it in the same run; fxkit's choice: no guide sets it)",
+    )
     nvmeof_initiator_fstab: AbsolutePath = Field(
         "/etc/fstab", description="where the mounts are persisted"
     )
@@ -464,7 +470,9 @@ def make_filesystem(host: Host, v: Vars, fs: Filesystem) -> None:
         device = matches[0]
     if not host.needs(host.fact(BlockSignature, device).exists, step, f"{device} does not exist"):
         return
-    made = host.task(f"xfs on {device}").filesystem(device, "xfs", fs.label, owner=owner)
+    made = host.task(f"xfs on {device}").filesystem(
+        device, "xfs", fs.label, owner=owner, wait=v.nvmeof_initiator_owner_wait
+    )
     if made.data.get("uuid"):
         host.mount(
             fs.path,

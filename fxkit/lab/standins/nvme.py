@@ -1,4 +1,11 @@
-"""nvme: the initiator (nvme-cli)."""
+"""nvme: the initiator (nvme-cli).
+
+What it connects to, first found of: /etc/fxkit-lab/fabric.json (a test writes it); what the
+fleet's target lab hosts export (their nvmetcli stand-in publishes it in the shared folder: a
+subsystem this host's NQN is not allowed to see, or that no target exports at the address, does
+not connect, as the kernel refuses it; a namespace on a target's drive is that very file, so what
+one initiator writes another reads); else any NQN, one namespace of the profile's size.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from .common import (
     FABRIC,
     HOSTID,
     HOSTNQN,
+    SHARED,
     Profile,
     Tool,
     fail,
@@ -32,6 +40,28 @@ def _fabric(p: Profile) -> dict[str, Any] | None:
         return dict(json.loads(FABRIC.read_text()).get("subsystems", {}))
     except FileNotFoundError:
         return None
+
+
+def _exports() -> list[dict[str, Any]] | None:
+    """What the fleet's targets export (``SHARED/nvmet/*.json``); None where none published."""
+    folder = SHARED / "nvmet"
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not files:
+        return None
+    return [e for f in files for e in json.loads(f.read_text()).get("exports", [])]
+
+
+def _visible(
+    exports: list[dict[str, Any]], traddr: str, trsvcid: str, hostnqn: str
+) -> list[dict[str, Any]]:
+    """The exports at ``traddr`` (and ``trsvcid``) that ``hostnqn`` is allowed to see."""
+    return [
+        e
+        for e in exports
+        if e["traddr"] == traddr
+        and (not trsvcid or e["trsvcid"] == trsvcid)
+        and (e["allow_any_host"] or hostnqn in e["allowed_hosts"])
+    ]
 
 
 def _connect_parser(prog: str) -> argparse.ArgumentParser:
@@ -88,19 +118,32 @@ def _connect(p: Profile, opts: argparse.Namespace, state: dict[str, Any]) -> dic
         same = (ctrl["nqn"], ctrl["transport"], ctrl["traddr"], ctrl["trsvcid"])
         if same == (opts.nqn, opts.transport, opts.traddr, trsvcid) and not opts.duplicate_connect:
             fail("", "already connected", 1)  # nvme-cli 2.x fabrics.c (errno EALREADY)
+    refused = "could not add new controller: failed to write to nvme-fabrics device"
     fabric = _fabric(p)
     if fabric is not None and opts.nqn not in fabric:
-        fail("", "could not add new controller: failed to write to nvme-fabrics device", 1)
+        fail("", refused, 1)
     exported = (fabric or {}).get(opts.nqn, {})
     sizes = exported.get("namespaces", [p["nvme"]["namespace_bytes"]])
+    found = [(nsid, int(size), None) for nsid, size in enumerate(sizes, 1)]
+    exports = _exports() if fabric is None else None
+    if exports is not None:  # the fleet's targets: what they export, to whom they allow it
+        wired = _visible(exports, opts.traddr or "", trsvcid, _hostnqn(opts))
+        match = [e for e in wired if e["nqn"] == opts.nqn]
+        if not match:
+            fail("", refused, 1)
+        found = [(ns["nsid"], ns["size"], ns["path"]) for ns in match[0]["namespaces"]]
     taken = {c["instance"] for c in state["controllers"]}
     instance = next(i for i in range(len(taken) + 1) if i not in taken)
     namespaces = []
-    for nsid, size in enumerate(sizes, 1):
+    for nsid, size, path in found:
         device = Path(f"/dev/nvme{instance}n{nsid}")
-        with open(device, "wb") as f:
-            f.truncate(int(size))  # sparse: blkid finds no filesystem on it
-        namespaces.append({"nsid": nsid, "size": int(size), "device": str(device)})
+        device.unlink(missing_ok=True)
+        if path:
+            device.symlink_to(path)  # the target's drive itself
+        else:
+            with open(device, "wb") as f:
+                f.truncate(size)  # sparse: blkid finds no filesystem on it
+        namespaces.append({"nsid": nsid, "size": size, "device": str(device)})
     ctrl = {
         "instance": instance,
         "nqn": opts.nqn,
@@ -252,13 +295,17 @@ def _discover(p: Profile, command: str, args: list[str], state: dict[str, Any]) 
         targets = [parser.parse_args(words) for words in lines if words and words[0][0] != "#"]
     else:
         fail("", f"Failed to open config file {DISCOVERY_CONF}: no such file", 2)
-    fabric = _fabric(p) or {}
+    fabric = _fabric(p)
+    exports = _exports() if fabric is None else None
     for target in targets:
         found = [
             (nqn, sub)
-            for nqn, sub in fabric.items()
+            for nqn, sub in (fabric or {}).items()
             if sub.get("traddr", target.traddr) == target.traddr
         ]
+        if exports is not None:
+            seen = _visible(exports, target.traddr or "", target.trsvcid or "", _hostnqn(target))
+            found = [(e["nqn"], {"portid": 1}) for e in seen]
         if command == "discover":
             print(f"\nDiscovery Log Number of Records {len(found)}, Generation counter 1")
             for number, (nqn, sub) in enumerate(found):

@@ -1,4 +1,10 @@
-"""nvmetcli: the target's configfs tree."""
+"""nvmetcli: the target's configfs tree.
+
+After each change the target publishes what it exports in the fleet's shared folder
+(``SHARED/nvmet/ADDRESS.json``): per port address and service, the subsystems linked to it, with
+their allowed hosts and enabled namespaces (each its size and, where it lives in the shared
+folder, its path). That is what an initiator's nvme stand-in discovers and connects to.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .common import NVMET, NVMET_CONFIG, Profile, Tool, fail
+from .common import NVMET, NVMET_CONFIG, SHARED, Profile, Tool, fail, own_address
 
 # -- nvmetcli: the target's configfs tree -------------------------------------------------------
 
@@ -17,6 +23,7 @@ def nvmetcli(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> 
     path = Path(args[1]) if len(args) > 1 else NVMET_CONFIG
     if command == "clear":
         _nvmet_clear()
+        _publish()
     elif command == "restore":
         if str(path) in ("-", "/dev/stdin"):
             text = stdin
@@ -33,6 +40,7 @@ def nvmetcli(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> 
         _nvmet_clear()
         for error in _nvmet_restore(config):
             print(error)  # like nvmetcli: reported, and the exit code stays 0
+        _publish()
     elif command == "save":
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(_nvmet_dump(), indent=2) + "\n")
@@ -42,6 +50,45 @@ def nvmetcli(p: Profile, args: list[str], stdin: str, entry: dict[str, Any]) -> 
     else:
         fail("", f"Unknown command {command}: the lab's nvmetcli has restore, clear, save, ls", 1)
     return 0
+
+
+def _publish() -> None:
+    """What this target exports, for the fleet's initiators (the shared folder, if any)."""
+    if not SHARED.is_dir():
+        return
+    dump = _nvmet_dump()
+    subsystems = {sub["nqn"]: sub for sub in dump["subsystems"]}
+    exports = []
+    for port in dump["ports"]:
+        for nqn in port["subsystems"]:
+            sub = subsystems[nqn]
+            namespaces = []
+            for ns in sub["namespaces"]:
+                device = Path(ns["device"].get("path", ""))
+                if not ns["enable"] or not device.exists():
+                    continue
+                real = device.resolve()
+                shared = real.is_relative_to(SHARED.resolve())
+                namespaces.append(
+                    {"nsid": ns["nsid"], "size": real.stat().st_size,
+                     "path": str(real) if shared else None}
+                )  # fmt: skip
+            exports.append(
+                {
+                    "traddr": port["addr"].get("traddr", ""),
+                    "trsvcid": port["addr"].get("trsvcid", ""),
+                    "trtype": port["addr"].get("trtype", ""),
+                    "nqn": nqn,
+                    "allow_any_host": sub["attr"].get("allow_any_host", "0") == "1",
+                    "allowed_hosts": sub["allowed_hosts"],
+                    "namespaces": namespaces,
+                }
+            )
+    folder = SHARED / "nvmet"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{own_address()}.tmp"
+    tmp.write_text(json.dumps({"exports": exports}, indent=1) + "\n")
+    tmp.replace(folder / f"{own_address()}.json")
 
 
 def _nvmet_clear() -> None:
