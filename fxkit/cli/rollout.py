@@ -1,4 +1,5 @@
-"""``fxkit rollout``: start or restart server instances across nodes in batches, and report."""
+"""``fxkit rollout``: start or restart server instances across nodes in batches, and report;
+``fxkit rollout status`` and ``history``: the revisions the hosts run and keep."""
 
 from __future__ import annotations
 
@@ -11,14 +12,43 @@ import click
 from pydantic import ValidationError
 from rich.console import Console
 
-from fxkit.cli.play import options_from, run_options
+from fxkit.cli.play import (
+    CONNECT_OPTIONS,
+    TARGET_OPTIONS,
+    connect_options_from,
+    options_from,
+    run_options,
+    with_options,
+)
 from fxkit.engine.playbook import Play
+from fxkit.engine.record import Recorder
+from fxkit.engine.runner import RunOptions
+from fxkit.engine.variables import parse_extra_vars
+from fxkit.errors import masked_errors
 from fxkit.localfile import write_whole
+from fxkit.rollout import Hooks, planner, serving_hosts, table
 from fxkit.rollout import rollout as run_rollout
-from fxkit.rollout import table
+from fxkit.rollout.drain import Hook
+from fxkit.rollout.state import gather, history_table, status_table, to_json
 
 
-@click.command(context_settings={"max_content_width": 100})
+class RolloutGroup(click.Group):
+    """``fxkit rollout [run] PLAYBOOK ...``: a first word that names no subcommand runs the
+    rollout, as before there were subcommands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=RolloutGroup, context_settings={"max_content_width": 100})
+def rollout() -> None:
+    """Roll serving instances out (`fxkit rollout [run] PLAYBOOK`), or show what the hosts run
+    (`status`) and keep (`history`)."""
+
+
+@rollout.command("run", context_settings={"max_content_width": 100})
 @click.argument("playbook", default="rollout")
 @click.option(
     "--serial",
@@ -33,16 +63,39 @@ from fxkit.rollout import table
     help="Stop after a batch in which more instances failed (default: the play's, else 0).",
 )
 @click.option(
+    "--deregister-hook",
+    metavar="COMMAND|URL",
+    help="Before an instance that changes revision is drained: a command run here ({host}, "
+    "{instance}, {address}, {port} in its words, FXKIT_HOOK_* in its environment) or a URL "
+    "to POST them to as JSON.",
+)
+@click.option(
+    "--register-hook",
+    metavar="COMMAND|URL",
+    help="Once an instance is ready on its new revision: as --deregister-hook.",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for an instance's running requests (vllm:num_requests_running) to "
+    "end before it is stopped anyway.",
+)
+@click.option(
     "--report",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the report (every instance, the batches, the fleet's time to ready) as JSON.",
 )
 @run_options
-def rollout(
+def run(
     playbook: str,
     serial: str | None,
     canary: bool,
     max_fail_percentage: float | None,
+    deregister_hook: str | None,
+    register_hook: str | None,
+    drain_timeout: float,
     report: Path | None,
     **params: Any,
 ) -> None:
@@ -52,10 +105,17 @@ def rollout(
     Example:
       fxkit rollout -i inventory/mi308x.yml --canary --serial 25% --report rollout.json
       fxkit rollout -i .lab/inventory.yml -e @lab-rollout.yml --check
+      fxkit rollout -i hosts.yml --serial 1 --deregister-hook 'lb-ctl remove {address}:{port}' \\
+        --register-hook http://lb.example:9000/backends
 
     Exit code: 0 when every instance it acted on is ready, 1 when one failed or the rollout
     stopped, 2 for a mistake in the command line or the files, 130 when interrupted.
     """
+    hooks = Hooks(
+        deregister=Hook(deregister_hook) if deregister_hook else None,
+        register=Hook(register_hook) if register_hook else None,
+        drain_timeout=drain_timeout,
+    )
     options, recorder, log = options_from(params)
     batches = _serial(serial) if serial else None
     try:
@@ -67,6 +127,7 @@ def rollout(
             serial=batches,
             max_fail_percentage=max_fail_percentage,
             canary=canary,
+            hooks=hooks,
         )
     finally:
         if log:
@@ -87,3 +148,63 @@ def _serial(text: str) -> list[int | str]:
         return Play.model_validate({"hosts": "all", "serial": sizes}).serial or []
     except ValidationError as exc:
         raise click.BadParameter(exc.errors()[0]["msg"], param_hint="--serial") from None
+
+
+def _inspect(playbook: str, report: Path | None, params: dict[str, Any], *, history: bool) -> None:
+    """Read every host's instances and revisions; print the status or the history."""
+    options = RunOptions(
+        limit=params["limit"],
+        extra_vars=parse_extra_vars(params["extra_vars"]),
+        forks=params["forks"],
+        roles_path=list(params["roles_path"]),
+        connect=connect_options_from(params),
+    )
+    recorder = Recorder()
+    _, _, runner = planner(playbook, params["inventory"], options, recorder)
+    with masked_errors(runner.recorder.redact):
+        _, role, hosts = serving_hosts(runner)
+        states, histories = gather(runner, role, hosts)
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(history_table(histories) if history else status_table(states))
+    if report:
+        write_whole(report, json.dumps(to_json(states, histories), indent=2) + "\n")
+    if not history and not all(s.current for s in states):
+        sys.exit(1)
+
+
+INSPECT_OPTIONS = [
+    click.argument("playbook", default="rollout"),
+    click.option(
+        "--report",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Also write the instances and revisions as JSON.",
+    ),
+    *TARGET_OPTIONS,
+    *CONNECT_OPTIONS,
+]
+
+
+@rollout.command(context_settings={"max_content_width": 100})
+@with_options(INSPECT_OPTIONS)
+def status(playbook: str, report: Path | None, **params: Any) -> None:
+    """Per instance: its PID, the revision it runs, the revision wanted now, its health.
+
+    \b
+    Example:
+      fxkit rollout status -i inventory/mi308x.yml
+
+    Exit code: 0 when every instance runs the wanted revision and is ready, 1 otherwise.
+    """
+    _inspect(playbook, report, params, history=False)
+
+
+@rollout.command(context_settings={"max_content_width": 100})
+@with_options(INSPECT_OPTIONS)
+def history(playbook: str, report: Path | None, **params: Any) -> None:
+    """Per host: the revisions it keeps, newest first, and the instances that use each.
+
+    \b
+    Example:
+      fxkit rollout history -i inventory/mi308x.yml
+    """
+    _inspect(playbook, report, params, history=True)

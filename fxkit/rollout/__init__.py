@@ -13,6 +13,11 @@ How each instance went is read from the reports of its instance operations
 (:class:`~fxkit.ops.instances.InstanceStarted`, :class:`~fxkit.ops.instances.InstanceReady`).
 A batch in which more than ``max_fail_percentage`` of the instances failed (default 0: any)
 stops the rollout; the instances of later batches are reported ``not_run``.
+
+With a role that keeps revisions (:mod:`fxkit.rollout.revision`), each host is read first
+(:mod:`fxkit.rollout.state`): an instance whose running revision differs from the wanted one is
+deregistered and drained before its batch runs, and registered again once its new revision is
+ready (:mod:`fxkit.rollout.drain`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from fxkit.errors import PlaybookError, masked_errors
 from fxkit.inventory import Inventory
 from fxkit.ops.base import Status
 from fxkit.ops.instances import InstanceReady, InstanceReport, InstanceStarted
+from fxkit.rollout.drain import Hook, Target, metrics_url, wait_drained
+from fxkit.rollout.state import InstanceState, gather, opened
 from fxkit.varfiles import Variables
 
 R = TypeVar("R", bound=InstanceReport)
@@ -74,10 +81,28 @@ class Instance:
     load_s: float | None = None
     time_to_ready_s: float | None = None
     msg: str = ""
+    #: Where clients reach it (the host's ansible_host), and its readiness URL.
+    address: str = ""
+    ready_url: str = ""
+    #: The revision it ran before the rollout and the one it runs after ("": none, or unknown).
+    previous: str = ""
+    revision: str = ""
+    #: Seconds it took to drain once deregistered (None: not drained), and whether it did.
+    drain_s: float | None = None
+    drained: bool | None = None
 
     @property
     def key(self) -> str:
         return f"{self.host}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """The load balancer's hooks and how long a drain may take."""
+
+    deregister: Hook | None = None
+    register: Hook | None = None
+    drain_timeout: float = 60.0
 
 
 @dataclass
@@ -120,13 +145,18 @@ class Rollout:
 def plan(runner: Runner) -> tuple[Play, ServingRole[RoleVars], list[Instance]]:
     """The play that rolls instances out, its serving role, and its instances, round-robin
     across its hosts."""
+    play, role, hosts = serving_hosts(runner)
+    return play, role, _instances(role, hosts.values())
+
+
+def serving_hosts(runner: Runner) -> tuple[Play, ServingRole[RoleVars], dict[str, HostVars]]:
+    """The first play with a serving role, that role, and each of its hosts' variables."""
     seen = []
     for play in runner.playbook.plays:
         for ref in play.roles:
             role = runner.roles.load(ref.role, ref.where)
             if role.serving is not None:
-                hosts = runner.role_vars(play, ref, role)
-                return play, role.serving, _instances(role.serving, hosts.values())
+                return play, role.serving, runner.role_vars(play, ref, role)
             seen.append(role.name)
     raise PlaybookError(
         f"no play of {runner.playbook.path} has a serving role (roles: "
@@ -136,13 +166,35 @@ def plan(runner: Runner) -> tuple[Play, ServingRole[RoleVars], list[Instance]]:
     )
 
 
+def planner(
+    playbook: str | Path,
+    inventory: str | Path | Sequence[str | Path],
+    options: RunOptions,
+    recorder: Recorder,
+) -> tuple[Playbook, Inventory, Runner]:
+    """The playbook, the inventory and a runner that plans (validated; it runs nothing)."""
+    book = Playbook.load(paths.resolve(playbook, "playbooks"))
+    hosts = load_inventory(inventory)
+    runner = Runner(book, hosts, options, Recorder(masker=recorder.masker))
+    runner.validate()
+    return book, hosts, runner
+
+
 def _instances(role: ServingRole[RoleVars], hosts: Iterable[HostVars]) -> list[Instance]:
     per_host = []
     for v in hosts:
         specs = role.instance_specs(role.Vars.of(v))
+        address = str(v.get("ansible_host") or v.host)
         per_host.append(
-            [Instance(v.host, s.name, s.unit, list(s.gpus), s.port, s.served_name) for s in specs]
-        )
+            [
+                Instance(
+                    v.host, s.name, s.unit, list(s.gpus), s.port, s.served_name,
+                    address=address,
+                    ready_url=getattr(s, "ready_url", f"http://127.0.0.1:{s.port}/v1/models"),
+                )
+                for s in specs
+            ]
+        )  # fmt: skip
     depth = max((len(h) for h in per_host), default=0)
     return [h[i] for i in range(depth) for h in per_host if i < len(h)]
 
@@ -164,16 +216,24 @@ def rollout(
     serial: list[int | str] | None = None,
     max_fail_percentage: float | None = None,
     canary: bool = False,
+    hooks: Hooks | None = None,
 ) -> Rollout:
     """Roll the playbook's instances out (see :mod:`fxkit.rollout`). Each batch's run records
     with a :meth:`~Recorder.fresh` copy of ``recorder``: its listeners show and log it (see
     :func:`fxkit.engine.console.console_recorder`), its masker masks the secrets of them all."""
-    book = Playbook.load(paths.resolve(playbook, "playbooks"))
-    hosts = load_inventory(inventory)
-    planner = Runner(book, hosts, options, Recorder(masker=recorder.masker))
-    planner.validate()
-    with masked_errors(planner.recorder.redact):  # a role's instance_specs() may quote one
-        play, role, instances = plan(planner)
+    book, hosts, runner = planner(playbook, inventory, options, recorder)
+    with masked_errors(runner.recorder.redact):  # a role's instance_specs() may quote one
+        play, role, hostvars = serving_hosts(runner)
+        instances = _instances(role, hostvars.values())
+        hooks = hooks or Hooks()
+        kept = getattr(role, "revision_plan", None) is not None
+        if (hooks.register or hooks.deregister) and not kept:
+            raise PlaybookError(
+                "hooks need a serving role that keeps revisions (to know which instances change)",
+                hint="roles/vllm_lmcache keeps them; or leave out --register-hook and "
+                "--deregister-hook",
+            )
+        before = _states(runner, role, hostvars) if kept and not options.check else {}
     if serial is not None:
         play = play.model_copy(update={"serial": serial})
     limit = max_fail_percentage if max_fail_percentage is not None else play.max_fail_percentage
@@ -184,8 +244,11 @@ def rollout(
     for number, group in enumerate(groups, 1):
         for item in group:
             item.batch = number
+            item.previous = before[item.key].running if item.key in before else ""
+    run = _Batches(book, hosts, options, recorder, limit or 0.0, role.SELECT)
+    run.drain = _Drain(runner, hostvars, before, hooks)
     try:
-        result.stopped = _run(book, hosts, options, recorder, groups, limit or 0.0, role.SELECT)
+        result.stopped = run.all(groups)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
     result.interrupted = (result.stopped or "").startswith("interrupted")
@@ -198,44 +261,127 @@ def rollout(
     return result
 
 
-def _run(
-    book: Playbook,
-    hosts: Inventory,
-    options: RunOptions,
-    recorder: Recorder,
-    groups: list[list[Instance]],
-    limit: float,
-    select: str,
-) -> str | None:
-    """Run the batches in turn, each with the role's ``select`` variable naming its instances;
-    why the rollout stopped (None: it did not)."""
-    order = [i.host for group in groups for i in group]
-    for number, group in enumerate(groups, 1):
+def _states(
+    runner: Runner, role: ServingRole[RoleVars], hostvars: dict[str, HostVars]
+) -> dict[str, InstanceState]:
+    """Each instance's revision and health before the rollout."""
+    states, _ = gather(runner, role, hostvars)
+    return {f"{s.host}/{s.name}": s for s in states}
+
+
+@dataclass
+class _Drain:
+    """Deregisters and drains the instances of a batch that change revision; registers them
+    again once ready."""
+
+    runner: Runner
+    hostvars: dict[str, HostVars]
+    before: dict[str, InstanceState]
+    hooks: Hooks
+
+    def changing(self, item: Instance) -> bool:
+        """It serves now, and the batch gives it another revision."""
+        state = self.before.get(item.key)
+        return state is not None and bool(state.pid) and state.running != state.wanted
+
+    def out(self, group: list[Instance]) -> str | None:
+        """Deregister and drain the group's changing instances; why not (None: done)."""
+        for item in filter(self.changing, group):
+            if self.hooks.deregister:
+                error = self.hooks.deregister.run("deregister", _target(item))
+                if error:
+                    return f"{item.key}: {error}"
+            with opened(self.runner, item.host, self.hostvars[item.host]) as (conn, become):
+                url = metrics_url(item.ready_url)
+                item.drained, item.drain_s = wait_drained(
+                    conn, become, url, self.hooks.drain_timeout
+                )
+        return None
+
+    def back(self, group: list[Instance]) -> str | None:
+        """Register the group's instances that are ready on their new revision."""
+        for item in group:
+            state = self.before.get(item.key)
+            if item.status is not InstanceStatus.READY:
+                continue
+            item.revision = state.wanted if state else ""
+            if self.hooks.register:
+                error = self.hooks.register.run("register", _target(item))
+                if error:
+                    return f"{item.key}: {error}"
+        for item in group:
+            state = self.before.get(item.key)
+            if item.status is InstanceStatus.UNCHANGED and state is not None:
+                item.revision = state.running
+        return None
+
+
+def _target(item: Instance) -> Target:
+    return Target(item.host, item.name, item.address, item.port)
+
+
+@dataclass
+class _Batches:
+    """Runs the batches in turn, each with the role's ``select`` variable naming its
+    instances."""
+
+    book: Playbook
+    hosts: Inventory
+    options: RunOptions
+    recorder: Recorder
+    limit: float
+    select: str
+    drain: _Drain | None = None
+
+    def all(self, groups: list[list[Instance]]) -> str | None:
+        """Why the rollout stopped (None: it did not)."""
+        order = [i.host for group in groups for i in group]
+        for number, group in enumerate(groups, 1):
+            where = f"batch {number}/{len(groups)}"
+            stopped = self.drain.out(group) if self.drain else None
+            if stopped:
+                return f"{where}: {stopped}; the batch did not start"
+            results = self.one(number, len(groups), group, order)
+            _read(results, group)
+            if results.interrupted:
+                return f"interrupted during batch {number}"
+            stopped = self.drain.back(group) if self.drain else None
+            if stopped:
+                return f"{where}: {stopped}"
+            stopped = self.judge(number, len(groups), group)
+            if stopped:
+                return stopped
+        return None
+
+    def one(
+        self, number: int, count: int, group: list[Instance], order: list[str]
+    ) -> PlaybookResult:
         chosen = sorted({i.host for i in group}, key=order.index)
+        options = self.options
         extra = Variables(options.extra_vars, getattr(options.extra_vars, "origins", {}))
-        extra.merge(Variables({select: [i.key for i in group]}, {select: "fxkit rollout's batch"}))
+        batch_vars = {self.select: [i.key for i in group]}
+        extra.merge(Variables(batch_vars, {self.select: "fxkit rollout's batch"}))
         batch_options = replace(options, limit=":".join(chosen), extra_vars=extra)
-        batch = recorder.fresh()
-        batch.note(f"batch {number}/{len(groups)}: {', '.join(i.key for i in group)}", style="bold")
+        batch = self.recorder.fresh()
+        batch.note(f"batch {number}/{count}: {', '.join(i.key for i in group)}", style="bold")
         with batch:
-            results = Runner(book, hosts, batch_options, batch).run()
-        _read(results, group)
-        if results.interrupted:
-            return f"interrupted during batch {number}"
+            return Runner(self.book, self.hosts, batch_options, batch).run()
+
+    def judge(self, number: int, count: int, group: list[Instance]) -> str | None:
         failed = [i for i in group if i.status in FAILURES]
         percent = 100.0 * len(failed) / len(group)
-        if percent > limit:
-            names = ", ".join(f"{i.key} ({i.status})" for i in failed)
-            after = [
-                "later batches did not start" if number < len(groups) else "",
-                "earlier ones were left running" if number > 1 else "",
-            ]
-            return (
-                f"batch {number}/{len(groups)}: {len(failed)} of {len(group)} instances failed "
-                f"({percent:.0f}% > max_fail_percentage {limit:g}%): {names}"
-                + "".join(f"; {part}" for part in after if part)
-            )
-    return None
+        if percent <= self.limit:
+            return None
+        names = ", ".join(f"{i.key} ({i.status})" for i in failed)
+        after = [
+            "later batches did not start" if number < count else "",
+            "earlier ones were left running" if number > 1 else "",
+        ]
+        return (
+            f"batch {number}/{count}: {len(failed)} of {len(group)} instances failed "
+            f"({percent:.0f}% > max_fail_percentage {self.limit:g}%): {names}"
+            + "".join(f"; {part}" for part in after if part)
+        )
 
 
 def _read(results: PlaybookResult, group: Iterable[Instance]) -> None:
