@@ -23,7 +23,15 @@ from test_probe import ServeProbe, model  # noqa: F401 (the module's checkpoint 
 
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import FxkitError
-from fxkit.rollout.drain import Hook, Target, metrics_url, requests_running, wait_drained
+from fxkit.rollout.drain import (
+    Hook,
+    Target,
+    metrics_url,
+    requests_running,
+    smoke_command,
+    smoke_problem,
+    wait_drained,
+)
 from fxkit.rollout.revision import model_digest, parse_list, record_json, revision_id
 
 INPUTS = {"model": "/srv/m", "flags": [["--served-model-name", "m"]], "env": {"HF_TOKEN": "s3"}}
@@ -74,8 +82,8 @@ def test_the_record_keeps_no_environment_value() -> None:
     assert "s3" not in text
     body = json.loads(text)
     assert body["inputs"]["env"]["HF_TOKEN"].startswith("sha256:")
-    [kept] = parse_list(f"1700000000\t{text.replace(chr(10), '')}\nnoise\n")
-    assert kept.revision == "r-000000000001" and kept.created == 1700000000.0
+    [kept] = parse_list(f"1700000000\t2\t{text.replace(chr(10), '')}\nnoise\n")
+    assert kept.revision == "r-000000000001" and kept.created == 1700000000.0 and kept.runs
 
 
 def test_requests_running_is_the_sum_of_vllms_gauge() -> None:
@@ -126,6 +134,13 @@ def test_a_drain_waits_for_the_probes_running_requests(model: Path) -> None:  # 
             drained, seconds = wait_drained(conn, False, url, timeout=30)
         assert drained and seconds < 1
         post(probe.port, {**body, "max_tokens": 1})  # still serving after a drain
+        ready_url = f"http://127.0.0.1:{probe.port}/v1/models"
+        with LocalConnection("localhost") as conn:
+            answer = conn.run(smoke_command(ready_url, "llama", "it's a test")).stdout
+            wrong = conn.run(smoke_command(ready_url, "other", "hi")).stdout
+        assert smoke_problem(answer, "llama") == "", answer
+        assert smoke_problem(answer, "other").endswith("not other's")
+        assert smoke_problem(wrong, "other").startswith("not a completion: ")
     finally:
         code, _ = probe.stop()
     assert code == 0

@@ -26,10 +26,41 @@ from fxkit.engine.runner import RunOptions
 from fxkit.engine.variables import parse_extra_vars
 from fxkit.errors import masked_errors
 from fxkit.localfile import write_whole
-from fxkit.rollout import Hooks, planner, serving_hosts, table
+from fxkit.rollout import Hooks, Rollout, planner, serving_hosts, table
 from fxkit.rollout import rollout as run_rollout
 from fxkit.rollout.drain import Hook
 from fxkit.rollout.state import gather, history_table, status_table, to_json
+from fxkit.rollout.undo import undo as run_undo
+
+HOOK_OPTIONS = [
+    click.option(
+        "--deregister-hook",
+        metavar="COMMAND|URL",
+        help="Before an instance that changes revision is drained: a command run here ({host}, "
+        "{instance}, {address}, {port} in its words, FXKIT_HOOK_* in its environment) or a URL "
+        "to POST them to as JSON.",
+    ),
+    click.option(
+        "--register-hook",
+        metavar="COMMAND|URL",
+        help="Once an instance is ready on its new revision: as --deregister-hook.",
+    ),
+    click.option(
+        "--drain-timeout",
+        type=click.FloatRange(min=0),
+        default=60.0,
+        show_default=True,
+        help="Seconds to wait for an instance's running requests (vllm:num_requests_running) to "
+        "end before it is stopped anyway.",
+    ),
+    click.option(
+        "--smoke-prompt",
+        metavar="TEXT",
+        default="",
+        help="A replaced instance is ready once it also answers this prompt on /v1/completions "
+        "with a completion (vLLM's CompletionResponse shape); else its batch fails.",
+    ),
+]
 
 
 class RolloutGroup(click.Group):
@@ -45,7 +76,7 @@ class RolloutGroup(click.Group):
 @click.group(cls=RolloutGroup, context_settings={"max_content_width": 100})
 def rollout() -> None:
     """Roll serving instances out (`fxkit rollout [run] PLAYBOOK`), or show what the hosts run
-    (`status`) and keep (`history`)."""
+    (`status`) and keep (`history`), or go back to an earlier revision (`undo`)."""
 
 
 @rollout.command("run", context_settings={"max_content_width": 100})
@@ -62,26 +93,7 @@ def rollout() -> None:
     type=click.FloatRange(0, 100),
     help="Stop after a batch in which more instances failed (default: the play's, else 0).",
 )
-@click.option(
-    "--deregister-hook",
-    metavar="COMMAND|URL",
-    help="Before an instance that changes revision is drained: a command run here ({host}, "
-    "{instance}, {address}, {port} in its words, FXKIT_HOOK_* in its environment) or a URL "
-    "to POST them to as JSON.",
-)
-@click.option(
-    "--register-hook",
-    metavar="COMMAND|URL",
-    help="Once an instance is ready on its new revision: as --deregister-hook.",
-)
-@click.option(
-    "--drain-timeout",
-    type=click.FloatRange(min=0),
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait for an instance's running requests (vllm:num_requests_running) to "
-    "end before it is stopped anyway.",
-)
+@with_options(HOOK_OPTIONS)
 @click.option(
     "--report",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -96,6 +108,7 @@ def run(
     deregister_hook: str | None,
     register_hook: str | None,
     drain_timeout: float,
+    smoke_prompt: str,
     report: Path | None,
     **params: Any,
 ) -> None:
@@ -111,11 +124,7 @@ def run(
     Exit code: 0 when every instance it acted on is ready, 1 when one failed or the rollout
     stopped, 2 for a mistake in the command line or the files, 130 when interrupted.
     """
-    hooks = Hooks(
-        deregister=Hook(deregister_hook) if deregister_hook else None,
-        register=Hook(register_hook) if register_hook else None,
-        drain_timeout=drain_timeout,
-    )
+    hooks = _hooks(deregister_hook, register_hook, drain_timeout, smoke_prompt)
     options, recorder, log = options_from(params)
     batches = _serial(serial) if serial else None
     try:
@@ -132,6 +141,22 @@ def run(
     finally:
         if log:
             log.close()
+    _report(result, report)
+
+
+def _hooks(
+    deregister: str | None, register: str | None, drain_timeout: float, smoke_prompt: str
+) -> Hooks:
+    return Hooks(
+        deregister=Hook(deregister) if deregister else None,
+        register=Hook(register) if register else None,
+        drain_timeout=drain_timeout,
+        smoke_prompt=smoke_prompt,
+    )
+
+
+def _report(result: Rollout, report: Path | None) -> None:
+    """Print the table (and why it stopped), write the JSON report, exit with its code."""
     console = Console(highlight=False, soft_wrap=True)
     console.print(table(result))
     if result.stopped:
@@ -139,6 +164,64 @@ def run(
     if report:
         write_whole(report, json.dumps(result.to_json(), indent=2) + "\n")
     sys.exit(result.exit_code)
+
+
+@rollout.command("undo", context_settings={"max_content_width": 100})
+@click.argument("playbook", default="rollout")
+@click.option("--to", "to", metavar="REVISION", help="The revision (default: the previous one).")
+@click.option("--serial", metavar="N[,N]", help="Instances per batch, as for the rollout.")
+@click.option(
+    "--max-fail-percentage",
+    type=click.FloatRange(0, 100),
+    help="Stop (and roll the batch back) after a batch in which more instances failed.",
+)
+@with_options(HOOK_OPTIONS)
+@click.option(
+    "--report", type=click.Path(dir_okay=False, path_type=Path), help="Write the report as JSON."
+)
+@run_options
+def undo(
+    playbook: str,
+    to: str | None,
+    serial: str | None,
+    max_fail_percentage: float | None,
+    deregister_hook: str | None,
+    register_hook: str | None,
+    drain_timeout: float,
+    smoke_prompt: str,
+    report: Path | None,
+    **params: Any,
+) -> None:
+    """Return every instance to an earlier revision (`fxkit rollout history` lists them),
+    batch by batch, each drained first; a failed batch is rolled back.
+
+    \b
+    Example:
+      fxkit rollout undo -i inventory/mi308x.yml --serial 1
+      fxkit rollout undo -i inventory/mi308x.yml --to r-1a2b3c4d5e6f
+
+    Exit code: as for the rollout.
+    """
+    if params["check"]:
+        raise click.UsageError(
+            "undo has no check mode: fxkit rollout history shows what it would do"
+        )
+    options, recorder, log = options_from(params)
+    try:
+        result = run_undo(
+            playbook,
+            params["inventory"],
+            options,
+            recorder,
+            to=to,
+            serial=_serial(serial) if serial else None,
+            max_fail_percentage=max_fail_percentage,
+            hooks=_hooks(deregister_hook, register_hook, drain_timeout, smoke_prompt),
+        )
+    finally:
+        if log:
+            log.close()
+    _report(result, report)
 
 
 def _serial(text: str) -> list[int | str]:

@@ -4,7 +4,8 @@ Before an instance that changes revision is stopped, the deregister hook runs (t
 balancer stops sending it requests), then fxkit waits until the instance has no request
 running: vLLM's ``/metrics`` gauge ``vllm:num_requests_running`` (vLLM's
 docs/source/design/v1/metrics.md; serve-probe exposes the same) reads 0, or the drain timeout
-passes. Once the new instance is ready, the register hook runs.
+passes. Once the new instance is ready (and, with a smoke prompt, has answered one completion
+request of the right shape: :func:`smoke_problem`), the register hook runs.
 
 A hook is a command run on the controller or a URL fxkit POSTs to. The command's words may
 hold ``{host}``, ``{instance}``, ``{address}`` and ``{port}``; it also gets them as
@@ -133,3 +134,30 @@ def wait_drained(
         if waited >= timeout:
             return False, round(waited, 3)
         time.sleep(interval)
+
+
+def smoke_command(ready_url: str, served_name: str, prompt: str) -> str:
+    """POSTs one completion request to the instance (run on its host); prints the answer."""
+    url = quote(ready_url.rsplit("/v1/models", 1)[0] + "/v1/completions")
+    body = quote(json.dumps({"model": served_name, "prompt": prompt, "max_tokens": 1}))
+    return (
+        f"curl -fsS -m 30 -H 'Content-Type: application/json' -d {body} {url} 2>&1 || "
+        "python3 -c 'import sys, urllib.request as u; print(u.urlopen(u.Request(sys.argv[1], "
+        'sys.argv[2].encode(), {"Content-Type": "application/json"}), timeout=30)'
+        f".read().decode())' {url} {body}"
+    )
+
+
+def smoke_problem(answer: str, served_name: str) -> str:
+    """What is wrong with a completion answer ("" when it has the shape of vLLM's
+    ``CompletionResponse``: ``object`` text_completion, ``model``, ``choices[0].text``)."""
+    try:
+        data = json.loads(answer)
+        choice = data["choices"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return f"not a completion: {answer.strip()[-300:]!r}"
+    if data.get("object") != "text_completion" or data.get("model") != served_name:
+        return f"object {data.get('object')!r}, model {data.get('model')!r}: not {served_name}'s"
+    if not isinstance(choice.get("text"), str):
+        return "choices[0].text is not a string"
+    return ""

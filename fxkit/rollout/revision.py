@@ -106,7 +106,8 @@ def prune_command(folder: str, keep: int, env_dirs: tuple[str, ...]) -> str:
         f"used=$(cat -- {files} </dev/null 2>/dev/null | grep -E '^(export )?{ENV_VAR}=' "
         "| grep -o 'r-[0-9a-f]*'); "
         f"ls -t -- *.json 2>/dev/null | tail -n +{keep + 1} | while read -r f; do "
-        'r=${f%.json}; case " $(echo $used) " in *" $r "*) ;; *) rm -f -- "$f" && echo "$r";; '
+        'r=${f%.json}; case " $(echo $used) " in *" $r "*) ;; '
+        '*) rm -rf -- "$f" "$r.run" && echo "$r";; '
         "esac; done"
     )
 
@@ -116,15 +117,19 @@ class Kept:
     """A revision record as a host keeps it."""
 
     revision: str
-    created: float  # the host's clock: when the record was last written or touched
+    created: float  # the host's clock: when the record was written
     inputs: Mapping[str, Any]
+    #: The host keeps runs of it (instances ran it): ``fxkit rollout undo`` can return to it.
+    runs: bool = False
 
 
 def list_command(folder: str) -> str:
-    """Prints every record of ``folder``, newest first: its mtime, a tab, its JSON on one line."""
+    """Prints every record of ``folder``, newest first: its mtime, whether runs of it are kept
+    (1 or 0), its JSON on one line; tab-separated."""
     return (
         f"cd -- {quote(folder)} 2>/dev/null || exit 0; for f in $(ls -t -- *.json 2>/dev/null); "
-        'do printf \'%s\\t\' "$(stat -c %Y -- "$f")"; tr -d \'\\n\' < "$f"; echo; done'
+        'do r=${f%.json}; printf \'%s\\t%s\\t\' "$(stat -c %Y -- "$f")" '
+        '"$(ls -A -- "$r.run" 2>/dev/null | grep -c .)"; tr -d \'\\n\' < "$f"; echo; done'
     )
 
 
@@ -132,10 +137,11 @@ def parse_list(text: str) -> list[Kept]:
     """:func:`list_command`'s output; lines that are not records are skipped."""
     kept = []
     for line in text.splitlines():
-        stamp, _, raw = line.partition("\t")
+        stamp, _, rest = line.partition("\t")
+        runs, _, raw = rest.partition("\t")
         try:
             body = json.loads(raw)
-            kept.append(Kept(body["revision"], float(stamp), body.get("inputs", {})))
+            kept.append(Kept(body["revision"], float(stamp), body.get("inputs", {}), runs != "0"))
         except (ValueError, KeyError, TypeError):
             continue
     return kept

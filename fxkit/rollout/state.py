@@ -205,7 +205,12 @@ def to_json(states: list[InstanceState], histories: list[HostHistory]) -> dict[s
         ],
         "history": {
             h.host: [
-                {"revision": k.revision, "created": k.created, "used_by": h.used.get(k.revision)}
+                {
+                    "revision": k.revision,
+                    "created": k.created,
+                    "runs_kept": k.runs,
+                    "used_by": h.used.get(k.revision),
+                }
                 for k in h.kept
             ]
             for h in histories
