@@ -89,6 +89,12 @@ def rollout() -> None:
 )
 @click.option("--canary", is_flag=True, help="The first batch is one instance.")
 @click.option(
+    "--max-unavailable-per-node",
+    type=click.IntRange(min=1),
+    help="At most this many instances of one host in a batch (replaced at once); a batch "
+    "that would take more is cut into several. The fleet's limit is --serial.",
+)
+@click.option(
     "--max-fail-percentage",
     type=click.FloatRange(0, 100),
     help="Stop after a batch in which more instances failed (default: the play's, else 0).",
@@ -104,6 +110,7 @@ def run(
     playbook: str,
     serial: str | None,
     canary: bool,
+    max_unavailable_per_node: int | None,
     max_fail_percentage: float | None,
     deregister_hook: str | None,
     register_hook: str | None,
@@ -137,6 +144,7 @@ def run(
             max_fail_percentage=max_fail_percentage,
             canary=canary,
             hooks=hooks,
+            max_unavailable_per_node=max_unavailable_per_node,
         )
     finally:
         if log:

@@ -116,12 +116,31 @@ def instances_of(role: ServingRole[RoleVars], hosts: Iterable[HostVars]) -> list
     return [h[i] for i in range(depth) for h in per_host if i < len(h)]
 
 
-def batches(play: Play, instances: Sequence[Instance], canary: bool) -> list[list[Instance]]:
-    """``serial`` batches of instances; with ``canary`` the first is one instance."""
+def batches(
+    play: Play, instances: Sequence[Instance], canary: bool, per_node: int | None = None
+) -> list[list[Instance]]:
+    """``serial`` batches of instances; with ``canary`` the first is one instance; with
+    ``per_node`` a batch that would take more instances of one host is cut, in order, into
+    batches that take at most that many (a node's unavailable instances at once)."""
     if not canary:
-        return play.batches(instances)
-    first, rest = list(instances[:1]), instances[1:]
-    return [first, *play.batches(rest)] if first else []
+        groups = play.batches(instances)
+    else:
+        first, rest = list(instances[:1]), instances[1:]
+        groups = [first, *play.batches(rest)] if first else []
+    return [part for group in groups for part in _per_node(group, per_node)]
+
+
+def _per_node(group: list[Instance], limit: int | None) -> list[list[Instance]]:
+    if limit is None:
+        return [group]
+    parts: list[list[Instance]] = []
+    for item in group:
+        fits = next((p for p in parts if sum(i.host == item.host for i in p) < limit), None)
+        if fits is None:
+            parts.append([item])
+        else:
+            fits.append(item)
+    return parts
 
 
 def rollout(
@@ -134,6 +153,7 @@ def rollout(
     max_fail_percentage: float | None = None,
     canary: bool = False,
     hooks: Hooks | None = None,
+    max_unavailable_per_node: int | None = None,
 ) -> Rollout:
     """Roll the playbook's instances out (see :mod:`fxkit.rollout`). Each batch's run records
     with a :meth:`~Recorder.fresh` copy of ``recorder``: its listeners show and log it (see
@@ -156,7 +176,7 @@ def rollout(
     limit = max_fail_percentage if max_fail_percentage is not None else play.max_fail_percentage
     result = Rollout(instances, check=options.check, started=datetime.now(UTC))
     start = time.monotonic()
-    groups = batches(play, instances, canary)
+    groups = batches(play, instances, canary, max_unavailable_per_node)
     result.batches = [[i.key for i in group] for group in groups]
     for number, group in enumerate(groups, 1):
         for item in group:
