@@ -137,6 +137,11 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         found = rows(report)
         assert {r["status"] for r in found.values()} == {"ready"}, out
         assert all(r["drained"] and r["previous"] == r1 for r in found.values()), found
+        # Out of the balancer from its deregistration to its registration: at least the drain
+        # and the new instance's time to ready.
+        assert all(
+            r["not_serving_s"] >= r["drain_s"] + r["time_to_ready_s"] for r in found.values()
+        ), found
         after = status(lab, new)
         [r2] = {s["running"] for s in after.values()}
         assert r2 != r1 and all(s["health"] == "ready" for s in after.values())

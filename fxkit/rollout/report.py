@@ -53,6 +53,8 @@ class Instance:
     #: Seconds it took to drain once deregistered (None: not drained), and whether it did.
     drain_s: float | None = None
     drained: bool | None = None
+    #: Seconds from its deregistration until it was registered again (None: it was not both).
+    not_serving_s: float | None = None
 
     @property
     def key(self) -> str:
@@ -61,7 +63,8 @@ class Instance:
 
 @dataclass(frozen=True)
 class Hooks:
-    """The load balancer's hooks and how long a drain may take."""
+    """How an instance is replaced: the load balancer's hooks, how long a drain and a rollback
+    may take, and the smoke request."""
 
     deregister: Hook | None = None
     register: Hook | None = None

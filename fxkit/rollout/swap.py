@@ -4,6 +4,7 @@ fails."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from fxkit.connection import Connection
@@ -28,6 +29,8 @@ class Swap:
     folders: dict[str, str] = field(default_factory=dict)
     #: How each replaced instance ran before its batch.
     previous: dict[str, Previous] = field(default_factory=dict)
+    #: When each instance was deregistered (the controller's monotonic clock).
+    out_at: dict[str, float] = field(default_factory=dict)
 
     def changing(self, item: Instance) -> bool:
         """It serves now, and the batch gives it another revision."""
@@ -41,6 +44,7 @@ class Swap:
                 error = self.hooks.deregister.run("deregister", target(item))
                 if error:
                     return f"{item.key}: {error}"
+            self.out_at[item.key] = time.monotonic()
             with opened(self.runner, item.host, self.hostvars[item.host]) as (conn, become):
                 was = capture(conn, become, item.unit)
                 if was is not None:
@@ -52,12 +56,18 @@ class Swap:
                 )
         return None
 
+    def register(self, item: Instance) -> str:
+        """Run the register hook for ``item``; how long it was out of service."""
+        error = self.hooks.register.run("register", target(item)) if self.hooks.register else ""
+        if item.key in self.out_at:
+            item.not_serving_s = round(time.monotonic() - self.out_at.pop(item.key), 3)
+        return error
+
     def reregister(self, group: list[Instance]) -> str:
         """Register again the group's instances deregistered so far (they still run)."""
         errors = []
         for item in filter(self.changing, group):
-            if self.hooks.register:
-                errors.append(self.hooks.register.run("register", target(item)))
+            errors.append(self.register(item))
         told = "; ".join(e for e in errors if e)
         return f"; {told}" if told else ""
 
@@ -75,10 +85,9 @@ class Swap:
                     now = capture(conn, become, item.unit)
                     if now is not None:
                         keep(conn, become, self.folders[item.host], item.name, now)
-            if self.hooks.register:
-                error = self.hooks.register.run("register", target(item))
-                if error:
-                    return f"{item.key}: {error}"
+            error = self.register(item)
+            if error:
+                return f"{item.key}: {error}"
         for item in group:
             state = self.before.get(item.key)
             if item.status is InstanceStatus.UNCHANGED and state is not None:
@@ -119,10 +128,9 @@ class Swap:
             item.status, item.revision = InstanceStatus.ROLLED_BACK, was.revision
             item.msg = f"rolled back to {was.revision or 'its previous run'}; why: {why}"
             told.append(f"{item.key} to {was.revision or 'its previous run'}")
-            if self.hooks.register:
-                error = self.hooks.register.run("register", target(item))
-                if error:
-                    told.append(f"{item.key}: {error}")
+            error = self.register(item)
+            if error:
+                told.append(f"{item.key}: {error}")
         return told
 
 
