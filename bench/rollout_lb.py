@@ -11,7 +11,7 @@ request lost in a rollout counts).
 
 ``client``: ``--workers`` loops, each POSTing ``/v1/completions`` to ``--url`` and waiting for
 the answer, until ``--stop`` exists; then writes ``--out``: requests sent and failed, the first
-failures, and the latency of each request (seconds since the client's start, latency, ok).
+failures, and each request (its Unix time, its latency in seconds, whether it succeeded).
 
     python3 rollout_lb.py proxy --listen 127.0.0.1:9000 --backends /run/lb/backends
     python3 rollout_lb.py client --url http://127.0.0.1:9000 --model tiny --stop /run/lb/stop \\
@@ -106,7 +106,7 @@ def client(url: str, model: str, workers: int, stop: str, out: str) -> None:
 
     def loop() -> None:
         while not os.path.exists(stop):
-            sent = time.monotonic()
+            wall, sent = time.time(), time.monotonic()
             request = urllib.request.Request(
                 f"{url}/v1/completions", body, {"Content-Type": "application/json"}
             )
@@ -118,7 +118,7 @@ def client(url: str, model: str, workers: int, stop: str, out: str) -> None:
                 good = False
                 error = str(exc)
             with lock:
-                samples.append((round(sent - start, 4), round(time.monotonic() - sent, 4), good))
+                samples.append((round(wall, 4), round(time.monotonic() - sent, 4), good))
                 if error and len(failures) < 20:
                     failures.append(f"{sent - start:.2f} s: {error}")
 

@@ -68,7 +68,7 @@ def running(fx: dict[str, Any], inv: Path) -> dict[str, tuple[int, int, str, str
 def kept(fx: dict[str, Any], host: str) -> list[str]:
     """The revision records on ``host``, newest first."""
     with fx["fleet"].connect(host) as conn:
-        return conn.run(f"cd {REVISIONS} && ls -t | sed 's/.json$//'").stdout.split()
+        return conn.run(f"cd {REVISIONS} && ls -t -- *.json | sed 's/.json$//'").stdout.split()
 
 
 def env_revision(fx: dict[str, Any], host: str, name: str) -> str:
