@@ -9,11 +9,19 @@ in. It serves what a rollout checks, with uvicorn and starlette (vLLM's own serv
 - ``GET /v1/models``: vLLM's ``ModelList`` of one ``ModelCard`` (readiness), the fields of
   ``vllm/entrypoints/openai/engine/protocol.py`` at 0.20.1;
 - ``GET /metrics``: Prometheus text: ``fxkit_load_seconds``, ``fxkit_load_bytes``,
-  ``fxkit_load_tensors``, ``fxkit_load_end_time_seconds`` and ``fxkit_load_info{format=...}``.
+  ``fxkit_load_tensors``, ``fxkit_load_end_time_seconds`` and ``fxkit_load_info{format=...}``,
+  and vLLM's ``vllm:num_requests_running{model_name=...}`` (a gauge, vLLM's docs/source/design/
+  v1/metrics.md): the requests being answered, which a rollout's drain waits on;
+- ``POST /v1/completions``: an answer of vLLM's ``CompletionResponse`` shape (``id``,
+  ``object: text_completion``, ``model``, ``choices[].text`` and ``finish_reason``, ``usage``),
+  after ``PROBE_COMPLETION_SECONDS`` of its environment (default 0.05): the time a server
+  decodes, during which the request counts as running.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import socket
 import sys
@@ -33,6 +41,8 @@ if TYPE_CHECKING:
 
 LOAD_FORMATS = ("fxkit", "safetensors")
 OWNED_BY = "fxkit"
+#: The environment variable that says how long an answer takes (seconds).
+COMPLETION_SECONDS = "PROBE_COMPLETION_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,28 @@ def model_list(name: str, root: str) -> dict[str, Any]:
     return {"object": "list", "data": [card]}
 
 
+def completion(name: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """``POST /v1/completions``' answer: vLLM's ``CompletionResponse`` fields, one choice whose
+    text is ``max_tokens`` words (the prompt's first word, repeated)."""
+    word = (prompt.split() or ["probe"])[0]
+    prompt_tokens = len(prompt.split())
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": name,
+        "choices": [
+            {"index": 0, "text": " ".join([word] * max_tokens), "logprobs": None,
+             "finish_reason": "length", "stop_reason": None}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": max_tokens,
+            "total_tokens": prompt_tokens + max_tokens,
+        },
+    }  # fmt: skip
+
+
 def make_app(loaded: Loaded, served_name: str) -> Starlette:
     """The service: its routes and a metrics registry of its own."""
     from prometheus_client import (
@@ -144,6 +176,13 @@ def make_app(loaded: Loaded, served_name: str) -> Starlette:
         Gauge(f"fxkit_load_{name}", documentation, registry=registry).set(value)
     info = Info("fxkit_load", "How the weights were loaded.", registry=registry)
     info.info({"format": loaded.load_format, "model": served_name})
+    running = Gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        ["model_name"],
+        registry=registry,
+    ).labels(model_name=served_name)
+    delay = float(os.environ.get(COMPLETION_SECONDS, "0.05"))
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -154,10 +193,28 @@ def make_app(loaded: Loaded, served_name: str) -> Starlette:
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def completions(request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+            model, prompt = body["model"], str(body.get("prompt", ""))
+            max_tokens = int(body.get("max_tokens", 16))
+        except (ValueError, KeyError, TypeError):
+            return JSONResponse({"error": {"message": "bad request body"}}, status_code=400)
+        if model != served_name:
+            message = f"The model `{model}` does not exist."
+            return JSONResponse({"error": {"message": message}}, status_code=404)
+        running.inc()
+        try:
+            await asyncio.sleep(delay)
+            return JSONResponse(completion(served_name, prompt, max(1, min(max_tokens, 64))))
+        finally:
+            running.dec()
+
     routes = [
         Route("/health", health),
         Route("/v1/models", models),
         Route("/metrics", metrics),
+        Route("/v1/completions", completions, methods=["POST"]),
     ]
     return Starlette(routes=routes)
 

@@ -21,7 +21,7 @@ from fxkit.errors import PlaybookError
 from fxkit.inventory import Inventory
 from fxkit.ops.base import Status
 from fxkit.ops.instances import InstanceReady, InstanceReport, InstanceStarted
-from fxkit.rollout import Instance, _read, plan, rollout
+from fxkit.rollout import Instance, _read, batches, plan, rollout
 
 SERVING = """
 from pydantic import Field
@@ -180,3 +180,23 @@ def test_a_report_reads_back_only_as_its_own_kind() -> None:
     assert InstanceReady.read(started) is None
     assert InstanceReport.read({"rc": 0}) is None
     assert InstanceReport.read({**started, "rc": 1}) == InstanceReport(unit="u@a.service")
+
+
+def test_a_node_limit_cuts_a_batch_that_takes_too_many_of_one_host(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "site.yml": "- hosts: all\n  serial: 4\n  roles: [svc]\n",
+            "hosts.yml": "all:\n  hosts:\n    h1: {svc_count: '3'}\n    h2: {svc_count: '3'}\n",
+            "roles/svc/role.py": SERVING,
+        },
+    )
+    book = Playbook.load(tmp_path / "site.yml")
+    runner = Runner(book, Inventory.load(tmp_path / "hosts.yml"), RunOptions(), Recorder())
+    play, _, instances = plan(runner)
+    keys = [[i.key for i in group] for group in batches(play, instances, canary=False)]
+    assert keys == [["h1/i0", "h2/i0", "h1/i1", "h2/i1"], ["h1/i2", "h2/i2"]]
+    per_node = [[i.key for i in g] for g in batches(play, instances, False, per_node=1)]
+    assert per_node == [["h1/i0", "h2/i0"], ["h1/i1", "h2/i1"], ["h1/i2", "h2/i2"]]
+    canary = [[i.key for i in g] for g in batches(play, instances, True, per_node=1)]
+    assert canary == [["h1/i0"], ["h2/i0", "h1/i1"], ["h2/i1", "h1/i2"], ["h2/i2"]]

@@ -4,7 +4,8 @@ playbooks/rollout.yml's role (vllm_lmcache), a generated checkpoint staged from 
 the instances' server (vLLM cannot run here; the role's command is a variable). It checks the
 batches (canary first), readiness and the report (load times from each instance's /metrics),
 that a re-run restarts nothing, and that a bad model path fails its batch with the probe's own
-message and stops the rollout, the other instances left running.
+message and stops the rollout, its batch rolled back to the revision it ran, the other instances
+left running.
 
 The virtualenvs come from the wheelhouse of tests/lab_wheelhouse.py; the fleet is the one
 tests/test_role_vllm_lmcache_lab.py uses (its virtualenvs are reused when it ran first).
@@ -173,10 +174,15 @@ def test_rollout_end_to_end(lab: dict[str, Any]) -> None:
     assert code == 1, out
     found = rows(report)
     assert found["lab01/tp4-0"]["status"] == "unchanged"
-    assert found["lab02/tp4-0"]["status"] == "failed"
+    # Its batch is rolled back: it runs again as before (fxkit/rollout/rollback.py).
+    assert found["lab02/tp4-0"]["status"] == "rolled_back"
     assert "/srv/fast/missing" in found["lab02/tp4-0"]["msg"], found["lab02/tp4-0"]
+    assert found["lab02/tp4-0"]["revision"] == found["lab02/tp4-0"]["previous"] != ""
     assert [found[k]["status"] for k in ("lab01/tp4-1", "lab02/tp4-1")] == ["not_run"] * 2
     assert report["stopped"].startswith("batch 2/4: 1 of 1 instances failed")
+    assert report["stopped"].endswith(
+        "rolled back: lab02/tp4-0 to " + found["lab02/tp4-0"]["revision"]
+    )
     now = pids(lab)
     assert {k: now[k] for k in now if k != "lab02/tp4-0"} == {
         k: running[k] for k in running if k != "lab02/tp4-0"

@@ -21,7 +21,7 @@ import ipaddress
 import json
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from shlex import quote
 from typing import Annotated, Any, Literal, cast, get_args
@@ -44,9 +44,20 @@ from fxkit.engine.rolevars import (
 from fxkit.facts.commands import CommandOutput
 from fxkit.facts.python import VenvPackages
 from fxkit.facts.system import Mount, Mounts
-from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok
+from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok, skipped
 from fxkit.ops.files import file as write_file
+from fxkit.ops.instances import STATE_DIR
 from fxkit.ops.transfer import copy
+from fxkit.rollout.revision import (
+    ENV_VAR,
+    REVISIONS_DIR,
+    RevisionPlan,
+    model_digest,
+    prune_command,
+    record_json,
+    revision_id,
+    write_command,
+)
 
 #: Filesystems that hold no files of their own: never a place for LMCache's disk tier.
 PSEUDO_FS = frozenset(
@@ -366,6 +377,21 @@ class Vars(RoleVars):
         gt=0,
         description="seconds an instance may take from its start until `/v1/models` lists it "
         "(loading included)",
+    )
+    vllm_lmcache_revision_history: Whole = Field(
+        2,
+        ge=1,
+        le=100,
+        description="revisions each host keeps (`fxkit rollout history`); an older one is "
+        "removed only when no instance uses it",
+    )
+    vllm_lmcache_unit_options: dict[
+        Annotated[str, pattern(r"[A-Z][A-Za-z]*", "a [Service] setting such as Nice")], Word
+    ] = Field(
+        {},
+        description="more `[Service]` settings of the unit (systemd.exec(5)); a change is a new "
+        "revision, rolled out",
+        examples=[{"Nice": "5", "LimitCORE": "infinity"}],
     )
     vllm_lmcache_rollout_instances: list[str] | None = Field(
         None,
@@ -739,6 +765,7 @@ def unit_text(v: Vars) -> str:
             "TimeoutStopSec=60",
             "LimitMEMLOCK=infinity",
             "LimitNOFILE=1048576",
+            *(f"{key}={value}" for key, value in v.vllm_lmcache_unit_options.items()),
             "",
             "[Install]",
             "WantedBy=multi-user.target",
@@ -819,7 +846,9 @@ def apply(host: Host, v: Vars) -> None:
     for disk in local_disk_paths(v):
         host.directory(disk.rstrip("/"), mode="0750")
     host.unit(v.vllm_lmcache_unit, unit_text(v))
+    specs = stamp_revision(host, v, specs)
     start_instances(host, v, specs)
+    prune_revisions(host, v)
 
 
 def environment(host: Host, v: Vars) -> None:
@@ -978,3 +1007,88 @@ def start_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
         host.instance_ready(
             spec.unit, spec.ready_url, spec.served_name, timeout=v.vllm_lmcache_ready_timeout
         )
+
+
+# -- revisions (fxkit.rollout.revision) -------------------------------------------------------
+
+
+def revision_plan(v: Vars) -> RevisionPlan:
+    """What defines this deployment's instances: the venv's pins, the model, the flags, the
+    environment, LMCache's configuration and the unit. The bind address is left out (it differs
+    per host, nothing else does): the same variables give the same revision on every host."""
+    manifest = posixpath.join(v.vllm_lmcache_model, ".fxkit-stage.json")
+    venv_pins = {
+        "vllm": v.vllm_lmcache_vllm_version,
+        "torch": v.vllm_lmcache_torch_version,
+        "lmcache": v.vllm_lmcache_lmcache_version,
+        "lmcache_git": v.vllm_lmcache_lmcache_git_version,
+        "packages": list(v.vllm_lmcache_packages),
+        "fxkit": fxkit_wheel(v).name,
+    }
+    first = v.vllm_lmcache_layout[0]
+    flags = [(flag, value) for flag, var, value in _arguments(v, first, 0) if var != "FXKIT_HOST"]
+    inputs = {
+        "venv": venv_pins,
+        "model": v.vllm_lmcache_model,
+        "command": command(v),
+        "flags": [list(pair) for pair in flags[:2] + flags[3:]] + list(v.vllm_lmcache_extra_args),
+        "layout": [list(gpus) for gpus in v.vllm_lmcache_layout],
+        "base_port": v.vllm_lmcache_base_port,
+        "env": dict(v.vllm_lmcache_env),
+        "lmcache": lmcache_config(v) if v.vllm_lmcache_kv_connector else None,
+        "unit": unit_text(v),
+    }
+    return RevisionPlan(
+        folder=posixpath.join(REVISIONS_DIR, v.vllm_lmcache_deployment),
+        manifest=manifest if v.vllm_lmcache_model.startswith("/") else "",
+        inputs=inputs,
+        keep=v.vllm_lmcache_revision_history,
+        env_dirs=(deployment_dir(v, v.vllm_lmcache_config_dir), STATE_DIR),
+    )
+
+
+def stamp_revision(host: Host, v: Vars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
+    """The revision of this run (the model's digest read from its stage manifest on the host),
+    recorded on the host, and ``specs`` with it in their environment (``FXKIT_REVISION``)."""
+    rev = revision_plan(v)
+    found = host.fact(CommandOutput, f"cat -- {quote(rev.manifest)} 2>/dev/null || true")
+    digest = model_digest(found.stdout.encode()) if rev.manifest else ""
+    revision = revision_id(rev.inputs, digest)
+    host.task(f"revision {revision}").call(record_revision, rev.folder, revision, rev, digest)
+    return [replace(spec, env={**spec.env, ENV_VAR: revision}) for spec in specs]
+
+
+def record_revision(
+    ctx: OpContext, folder: str, revision: str, rev: RevisionPlan, digest: str
+) -> Result:
+    """The revision's record on the host, written once (its mtime: when it was first wanted)."""
+    path = f"{folder}/{revision}.json"
+    if ctx.read(f"test -e {quote(path)}").ok:
+        return ok(f"revision {revision} is recorded in {path}", revision=revision)
+    result = ctx.change(
+        write_command(folder, revision),
+        would=f"record revision {revision}",
+        done=f"recorded revision {revision} in {path}",
+        diff=f"revisions: + {revision}\n",
+        stdin=record_json(revision, rev.inputs, digest).encode(),
+    )
+    result.data["revision"] = revision
+    return result
+
+
+def prune_revisions(host: Host, v: Vars) -> None:
+    """The host keeps ``vllm_lmcache_revision_history`` revisions, and those in use."""
+    rev = revision_plan(v)
+    host.task(f"prune revisions in {rev.folder}").call(prune, rev)
+
+
+def prune(ctx: OpContext, rev: RevisionPlan) -> Result:
+    if ctx.check:
+        return skipped("check mode: revisions are pruned after a run")
+    done = ctx.read(prune_command(rev.folder, rev.keep, rev.env_dirs))
+    if not done.ok:
+        return failed(f"cannot prune {rev.folder}: {done.stderr.strip()[-300:]}")
+    removed = done.stdout.split()
+    if not removed:
+        return ok(f"{rev.folder}: nothing to prune (keeps {rev.keep})")
+    return changed(f"removed revision(s) {', '.join(removed)} (keeps {rev.keep})", removed=removed)

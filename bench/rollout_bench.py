@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""A rollout of a new revision under traffic, measured: requests failed and their latency during
+the rollout against before it, per instance the time out of service and to ready, the fleet's
+rollout duration.
+
+A fresh lab fleet (2 hosts by default) each with 4 serve-probe instances of one GPU each on a
+5-GPU layout (1 slot free), from roles/vllm_lmcache and the lab wheelhouse of
+tests/lab_wheelhouse.py, serving a generated checkpoint (each answer takes
+``PROBE_COMPLETION_SECONDS`` = 0.2 s). On each host bench/rollout_lb.py balances round-robin over
+its instances and a closed-loop client (4 workers) sends through it: lab hosts cannot reach each
+other, nor the controller their instances. The rollout changes the unit alone (a new revision),
+``--serial 1``, with bench/rollout_lb_hook.py as its register and deregister hooks.
+
+    sudo .venv/bin/python bench/rollout_bench.py --json docs/bench/rollout.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fxkit import paths
+from fxkit.lab import Fleet
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import lab_wheelhouse  # type: ignore[import-not-found]  # noqa: E402  (the lab tests' wheels)
+
+FXKIT = Path(sys.executable).with_name("fxkit")
+LB = "/root/lb"
+MODEL, NFS = "/srv/fast/tiny", "/srv/nfs/tiny"
+NFS_ROLE = """
+from pathlib import Path
+
+
+def apply(host, v):
+    host.directory(v.nfs_path, mode="0755")
+    for file in sorted(Path(v.nfs_checkpoint).iterdir()):
+        host.copy(str(file), f"{v.nfs_path}/{file.name}", mode="0644")
+"""
+
+
+def sh(*argv: str, timeout: float = 1800) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{argv[:3]} exited {done.returncode}: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def prepare(fleet: Fleet, folder: Path, hosts: list[str]) -> Path:
+    """The playbook, the checkpoint and the inventory; returns the inventory."""
+    house = lab_wheelhouse.build(folder / "wheels")
+    sh(str(FXKIT), "make-checkpoint", str(folder / "ckpt"), "--size", "48MB", "--shards", "2")
+    (folder / "roles" / "lab_nfs").mkdir(parents=True)
+    (folder / "roles" / "lab_nfs" / "role.py").write_text(NFS_ROLE)
+    book = yaml.safe_load(paths.builtin("playbooks").joinpath("rollout.yml").read_text())
+    play = {"name": "NFS stand-in", "hosts": "gpu_nodes", "roles": ["lab_nfs"]}
+    (folder / "rollout.yml").write_text(yaml.safe_dump([play, *book]))
+    data = yaml.safe_load(fleet.inventory.read_text())
+    data["all"]["vars"] = {
+        **data["all"].get("vars", {}),
+        "vllm_lmcache_deployment": "bench",
+        "vllm_lmcache_vllm_version": False,
+        "vllm_lmcache_torch_version": "2.13.0+cpu",
+        "vllm_lmcache_lmcache_version": False,
+        "vllm_lmcache_server": "serve-probe",
+        "vllm_lmcache_python": "/usr/bin/python3",
+        "vllm_lmcache_wheelhouse": str(house),
+        "vllm_lmcache_packages": ["uvicorn", "starlette", "prometheus_client"],
+        "vllm_lmcache_model": MODEL,
+        "vllm_lmcache_model_source": NFS,
+        "vllm_lmcache_served_name": "tiny",
+        "vllm_lmcache_layout": [[0], [1], [2], [3]],
+        "vllm_lmcache_gpus": 5,
+        "vllm_lmcache_bind_host": "{{ ansible_host }}",
+        "vllm_lmcache_kv_connector": None,
+        "vllm_lmcache_ready_timeout": 600,
+        "vllm_lmcache_env": {"PROBE_COMPLETION_SECONDS": "0.2"},
+        "nfs_path": NFS,
+        "nfs_checkpoint": str(folder / "ckpt"),
+    }
+    data["all"]["children"]["gpu_nodes"] = {"hosts": {h: {} for h in hosts}}
+    inv = folder / "inventory.yml"
+    inv.write_text(yaml.safe_dump(data))
+    return inv
+
+
+def rollout(folder: Path, inv: Path, *args: str) -> dict[str, Any]:
+    report = folder / "report.json"
+    hook = f"{sys.executable} {ROOT / 'bench/rollout_lb_hook.py'} -i {inv} --file {LB}/backends"
+    sh(str(FXKIT), "rollout", str(folder / "rollout.yml"), "-i", str(inv), "--report",
+       str(report), "--deregister-hook", f"{hook} {{host}} {{address}}:{{port}}",
+       "--register-hook", f"{hook} {{host}} {{address}}:{{port}}", *args)  # fmt: skip
+    result: dict[str, Any] = json.loads(report.read_text())
+    return result
+
+
+def traffic(fleet: Fleet, hosts: list[str], workers: int) -> None:
+    script = (ROOT / "bench/rollout_lb.py").read_bytes()
+    for host in hosts:
+        address = fleet.address(host)
+        backends = "".join(f"{address}:{8000 + i}\n" for i in range(4))
+        with fleet.connect(host) as conn:
+            conn.run(f"mkdir -p {LB} && rm -f {LB}/stop {LB}/client.json")
+            conn.put(f"{LB}/rollout_lb.py", script)
+            conn.put(f"{LB}/backends", backends.encode())
+            lb = f"python3 {LB}/rollout_lb.py"
+            conn.run(
+                f"setsid {lb} proxy --listen 127.0.0.1:9000 --backends {LB}/backends "
+                f"</dev/null >{LB}/proxy.log 2>&1 & sleep 0.5; setsid {lb} client --url "
+                f"http://127.0.0.1:9000 --model tiny --workers {workers} --stop {LB}/stop "
+                f"--out {LB}/client.json </dev/null >{LB}/client.log 2>&1 &"
+            )
+
+
+def collect(fleet: Fleet, hosts: list[str]) -> list[dict[str, Any]]:
+    found = []
+    for host in hosts:
+        with fleet.connect(host) as conn:
+            conn.run(f"touch {LB}/stop")
+            deadline = time.monotonic() + 120
+            while (raw := conn.get(f"{LB}/client.json")) is None:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{host}: the client wrote no counts")
+                time.sleep(0.5)
+        found.append(json.loads(raw))
+    return found
+
+
+def latency(samples: list[list[Any]], start: float, end: float) -> dict[str, Any]:
+    within = [s[1] for s in samples if start <= s[0] < end]
+    failed = sum(1 for s in samples if start <= s[0] < end and not s[2])
+    if not within:
+        return {"requests": 0, "failed": 0}
+    cut = statistics.quantiles(within, n=100) if len(within) > 1 else [within[0]] * 99
+    return {
+        "requests": len(within),
+        "failed": failed,
+        "p50_ms": round(1000 * cut[49], 1),
+        "p99_ms": round(1000 * cut[98], 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--before", type=float, default=20.0, help="seconds of traffic first")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    hosts = [f"lab{i:02d}" for i in range(1, args.hosts + 1)]
+    with tempfile.TemporaryDirectory(prefix="fxkit-rollout-bench-") as tmp:
+        folder = Path(tmp)
+        fleet = Fleet(folder / "lab", prefix="127.231.7")
+        fleet.up(args.hosts)
+        try:
+            inv = prepare(fleet, folder, hosts)
+            first = rollout(folder, inv, "--serial", "100%")
+            assert first["exit_code"] == 0, first["stopped"]
+            traffic(fleet, hosts, args.workers)
+            time.sleep(args.before)
+            data = yaml.safe_load(inv.read_text())
+            data["all"]["vars"]["vllm_lmcache_unit_options"] = {"Nice": "1"}
+            inv.write_text(yaml.safe_dump(data))
+            start = time.time()
+            report = rollout(folder, inv, "--serial", "1")
+            end = time.time()
+            time.sleep(args.before / 2)
+            counts = collect(fleet, hosts)
+        finally:
+            fleet.down()
+    samples = [s for c in counts for s in c["samples"]]
+    result = {
+        "hosts": args.hosts,
+        "instances": len(report["instances"]),
+        "exit_code": report["exit_code"],
+        "rollout_s": round(end - start, 1),
+        "sent": sum(c["sent"] for c in counts),
+        "failed": sum(c["failed"] for c in counts),
+        "failures": [f for c in counts for f in c["failures"]][:10],
+        "before": latency(samples, start - args.before, start),
+        "during": latency(samples, start, end),
+        "per_instance": {
+            f"{i['host']}/{i['name']}": {
+                "drain_s": i["drain_s"],
+                "time_to_ready_s": i["time_to_ready_s"],
+                "not_serving_s": i["not_serving_s"],
+            }
+            for i in report["instances"]
+        },
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Running the batches: each one run of the playbook with the role's ``SELECT`` variable naming
+its instances, how each instance went read from the run's results, and the rollout's stop rule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from fxkit.engine.playbook import Playbook
+from fxkit.engine.record import Outcome, PlaybookResult, Recorder, TaskResult
+from fxkit.engine.runner import Runner, RunOptions
+from fxkit.inventory import Inventory
+from fxkit.ops.base import Status
+from fxkit.ops.instances import InstanceReady, InstanceReport, InstanceStarted
+from fxkit.rollout.report import FAILURES, Instance, InstanceStatus
+from fxkit.rollout.swap import Swap
+from fxkit.varfiles import Variables
+
+R = TypeVar("R", bound=InstanceReport)
+
+
+@dataclass
+class Batches:
+    """Runs the batches in turn, each with the role's ``select`` variable naming its
+    instances."""
+
+    book: Playbook
+    hosts: Inventory
+    options: RunOptions
+    recorder: Recorder
+    limit: float
+    select: str
+    drain: Swap | None = None
+
+    def all(self, groups: list[list[Instance]]) -> str | None:
+        """Why the rollout stopped (None: it did not)."""
+        order = [i.host for group in groups for i in group]
+        for number, group in enumerate(groups, 1):
+            where = f"batch {number}/{len(groups)}"
+            try:
+                stopped = self.drain.out(group) if self.drain else None
+            except KeyboardInterrupt:
+                told = self.drain.reregister(group) if self.drain else ""
+                return f"interrupted before batch {number} started (nothing replaced){told}"
+            if stopped:
+                return f"{where}: {stopped}; the batch did not start"
+            try:
+                interrupted = self.step(number, len(groups), group, order)
+            except KeyboardInterrupt:
+                interrupted = True
+                for item in group:
+                    if item.status is InstanceStatus.NOT_RUN:
+                        item.status, item.msg = InstanceStatus.FAILED, "interrupted"
+            if interrupted:
+                return f"interrupted during batch {number}" + self.undo(group, True)
+            stopped = self.drain.back(group) if self.drain else None
+            if stopped:
+                return f"{where}: {stopped}"
+            stopped = self.judge(number, len(groups), group)
+            if stopped:
+                return stopped + self.undo(group, False)
+        return None
+
+    def undo(self, group: list[Instance], interrupted: bool) -> str:
+        """Roll the group back; the report's words for it."""
+        told = self.drain.roll_back(group, interrupted) if self.drain else []
+        return f"; rolled back: {', '.join(told)}" if told else ""
+
+    def step(self, number: int, count: int, group: list[Instance], order: list[str]) -> bool:
+        """Run the group's batch and read how each instance went; whether it was interrupted."""
+        results = self.one(number, count, group, order)
+        _read(results, group)
+        return results.interrupted
+
+    def one(
+        self, number: int, count: int, group: list[Instance], order: list[str]
+    ) -> PlaybookResult:
+        chosen = sorted({i.host for i in group}, key=order.index)
+        options = self.options
+        extra = Variables(options.extra_vars, getattr(options.extra_vars, "origins", {}))
+        batch_vars = {self.select: [i.key for i in group]}
+        extra.merge(Variables(batch_vars, {self.select: "fxkit rollout's batch"}))
+        batch_options = replace(options, limit=":".join(chosen), extra_vars=extra)
+        batch = self.recorder.fresh()
+        batch.note(f"batch {number}/{count}: {', '.join(i.key for i in group)}", style="bold")
+        with batch:
+            return Runner(self.book, self.hosts, batch_options, batch).run()
+
+    def judge(self, number: int, count: int, group: list[Instance]) -> str | None:
+        failed = [i for i in group if i.status in FAILURES]
+        percent = 100.0 * len(failed) / len(group)
+        if percent <= self.limit:
+            return None
+        names = ", ".join(f"{i.key} ({i.status})" for i in failed)
+        after = [
+            "later batches did not start" if number < count else "",
+            "earlier ones were left running" if number > 1 else "",
+        ]
+        return (
+            f"batch {number}/{count}: {len(failed)} of {len(group)} instances failed "
+            f"({percent:.0f}% > max_fail_percentage {self.limit:g}%): {names}"
+            + "".join(f"; {part}" for part in after if part)
+        )
+
+
+def _read(results: PlaybookResult, group: Iterable[Instance]) -> None:
+    """Each instance's status, load time and time to ready, from the reports of its instance
+    operations among its host's tasks."""
+    for item in group:
+        host = results.hosts.get(item.host)
+        if host is None:
+            item.status, item.msg = InstanceStatus.FAILED, "its host did not run"
+            continue
+        mine = [t for t in host.tasks if _unit(t) == item.unit]
+        started, ready = _first(mine, InstanceStarted), _first(mine, InstanceReady)
+        failure = next((t for t in mine if t.status is Status.FAILED), None)
+        item.restarted = started is not None and started[0].status is Status.CHANGED
+        if host.outcome is Outcome.UNREACHABLE:
+            item.status, item.msg = InstanceStatus.UNREACHABLE, _last_failure(host.tasks)
+        elif failure is not None:
+            item.status, item.msg = InstanceStatus.FAILED, failure.msg
+        elif results.check and started is not None:
+            item.status = InstanceStatus.WOULD_START if item.restarted else InstanceStatus.UNCHANGED
+            item.msg = started[0].msg
+        elif ready is not None:
+            task, report = ready
+            item.status = InstanceStatus.READY if item.restarted else InstanceStatus.UNCHANGED
+            item.load_s = report.load_s
+            item.time_to_ready_s = report.time_to_ready_s if item.restarted else None
+            item.msg = task.msg
+        else:
+            item.status, item.msg = InstanceStatus.FAILED, _last_failure(host.tasks)
+
+
+def _unit(task: TaskResult) -> str | None:
+    """The instance a task's result reports on (None: not an instance operation's)."""
+    report = InstanceReport.read(task.data)
+    return report.unit if report else None
+
+
+def _first(tasks: Iterable[TaskResult], kind: type[R]) -> tuple[TaskResult, R] | None:
+    """The first task whose result is a ``kind`` report, with that report."""
+    for task in tasks:
+        report = kind.read(task.data)
+        if report is not None:
+            return task, report
+    return None
+
+
+def _last_failure(tasks: list[TaskResult]) -> str:
+    failures = [t for t in tasks if t.status in (Status.FAILED, Status.UNREACHABLE)]
+    if not failures:
+        return "the host stopped before this instance"
+    last = failures[-1]
+    return f"{last.operation}: {last.msg}"

@@ -1,0 +1,113 @@
+"""``fxkit rollout undo [--to REVISION]``: the whole deployment back to an earlier revision, in
+batches, by the rollout's rules (drain and hooks, ``max_fail_percentage``, rollback of a failed
+batch).
+
+Each instance starts again exactly as it ran on that revision: the run kept on its host when
+the revision was replaced or became ready (:func:`fxkit.rollout.rollback.keep`). Without
+``--to`` the revision is the newest one the first host keeps runs of, other than the one its
+instances run.
+The variables still want the newer revision: ``fxkit rollout status`` shows the difference, and
+the next ``fxkit rollout`` brings it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from fxkit.engine.record import Recorder
+from fxkit.engine.runner import RunOptions
+from fxkit.errors import FxkitError, masked_errors
+from fxkit.rollout import batches, folders, instances_of, planner, serving_hosts
+from fxkit.rollout.batches import Batches
+from fxkit.rollout.report import Hooks, Instance, InstanceStatus, Rollout
+from fxkit.rollout.rollback import load, restore
+from fxkit.rollout.state import HostHistory, InstanceState, gather, opened
+from fxkit.rollout.swap import Swap
+
+
+@dataclass
+class UndoBatches(Batches):
+    """Batches that start each instance as its target revision ran, instead of a playbook."""
+
+    def step(self, number: int, count: int, group: list[Instance], order: list[str]) -> bool:
+        assert self.drain is not None
+        swap = self.drain
+        self.recorder.note(f"batch {number}/{count}: {', '.join(i.key for i in group)}")
+        for item in group:
+            state = swap.before[item.key]
+            if not swap.changing(item):
+                item.status, item.revision = InstanceStatus.UNCHANGED, state.running
+                continue
+            with opened(swap.runner, item.host, swap.hostvars[item.host]) as (conn, become):
+                run = load(conn, become, swap.folders[item.host], state.wanted, item.name)
+                if run is None:
+                    item.status = InstanceStatus.FAILED
+                    item.msg = f"{item.host} keeps no run of {state.wanted} for {item.name}"
+                    continue
+                done = restore(
+                    conn, become, item.unit, run, item.ready_url, item.served_name,
+                    swap.hooks.ready_timeout,
+                )  # fmt: skip
+            item.restarted = True
+            item.status = InstanceStatus.FAILED if done.failed else InstanceStatus.READY
+            item.msg = done.msg
+            item.time_to_ready_s = done.data.get("time_to_ready_s")
+        return False
+
+
+def undo(
+    playbook: str | Path,
+    inventory: str | Path | Sequence[str | Path],
+    options: RunOptions,
+    recorder: Recorder,
+    *,
+    to: str | None = None,
+    serial: list[int | str] | None = None,
+    max_fail_percentage: float | None = None,
+    hooks: Hooks | None = None,
+) -> Rollout:
+    """Return every instance of the playbook's serving role to revision ``to`` (default: the
+    previous one), batch by batch (see the module's docstring)."""
+    book, hosts, runner = planner(playbook, inventory, options, recorder)
+    with masked_errors(runner.recorder.redact):
+        play, role, hostvars = serving_hosts(runner)
+        instances = instances_of(role, hostvars.values())
+        states, histories = gather(runner, role, hostvars)
+    target = to or _previous(states, histories)
+    before: dict[str, InstanceState] = {
+        f"{s.host}/{s.name}": replace(s, wanted=target) for s in states
+    }
+    if serial is not None:
+        play = play.model_copy(update={"serial": serial})
+    limit = max_fail_percentage if max_fail_percentage is not None else play.max_fail_percentage
+    result = Rollout(instances, started=datetime.now(UTC))
+    groups = batches(play, instances, canary=False)
+    result.batches = [[i.key for i in group] for group in groups]
+    for number, group in enumerate(groups, 1):
+        for item in group:
+            item.batch, item.previous = number, before[item.key].running
+    run = UndoBatches(book, hosts, options, recorder, limit or 0.0, role.SELECT)
+    run.drain = Swap(runner, hostvars, before, hooks or Hooks(), folders(role, hostvars))
+    try:
+        result.stopped = run.all(groups)
+    except KeyboardInterrupt:
+        result.stopped = "interrupted"
+    result.interrupted = (result.stopped or "").startswith("interrupted")
+    return result
+
+
+def _previous(states: list[InstanceState], histories: Sequence[HostHistory]) -> str:
+    """The newest revision the first host keeps runs of, other than those its instances run
+    (a revision that never became ready has none)."""
+    for history in histories:
+        running = {s.running for s in states if s.host == history.host}
+        for kept in history.kept:
+            if kept.runs and kept.revision not in running:
+                return kept.revision
+    raise FxkitError(
+        "no earlier revision is kept on the hosts",
+        hint="fxkit rollout history lists what each host keeps; give --to REVISION",
+    )
