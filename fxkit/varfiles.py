@@ -59,3 +59,10 @@ def require_mapping(value: Any, where: str, error: type[FxkitError] = FxkitError
             hint="write key: value pairs",
         )
     return value
+
+
+def truthy(value: Any) -> bool:
+    """An inventory boolean: YAML gives bool, INI gives strings like 'yes' or 'True'."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)

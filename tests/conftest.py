@@ -24,13 +24,23 @@ session ends. Tests are skipped, with the reason, where the lab cannot run (not 
 from __future__ import annotations
 
 import random
+import sys
+import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from fxkit.connection.base import Connection
 from fxkit.lab import SUDO_USER, AddressInUse, Fleet, LabError, check_requirements
 from fxkit.lab.resources import Limits
+
+# ``from tests.X import ...`` means this folder: cufile-python (a dependency of LMCache, the kv
+# extra) installs a top-level package named ``tests``, which would win over this folder (a
+# namespace package, which any regular package of the same name beats).
+_tests = types.ModuleType("tests")
+_tests.__path__ = [str(Path(__file__).resolve().parent)]
+sys.modules["tests"] = _tests
 
 
 @pytest.fixture(scope="session", autouse=True)

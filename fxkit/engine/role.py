@@ -55,11 +55,11 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 from fxkit import ops, paths
 from fxkit.engine.rolevars import FleetVars, RoleVars
 from fxkit.engine.serving import ServingRole, serving_role
-from fxkit.engine.variables import HostVars, truthy
+from fxkit.engine.variables import HostVars
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError
 from fxkit.ops.base import OpContext, Operation, Result, Status
 from fxkit.ops.files import Mode, Owner
-from fxkit.varfiles import load_vars_file
+from fxkit.varfiles import load_vars_file, truthy
 
 if TYPE_CHECKING:
     from fxkit.engine.record import Recorder

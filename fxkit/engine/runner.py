@@ -45,11 +45,12 @@ from fxkit.engine.role import (
 )
 from fxkit.engine.rolevars import FleetVars, RoleVars, check_vars
 from fxkit.engine.runlock import LOCK_WAIT, RunLock, RunLockError, holder
-from fxkit.engine.variables import HostVars, Layer, truthy
+from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import ConnectionFailed, FxkitError, PlaybookError, VarError, masked_errors
 from fxkit.facts.base import FactCache
 from fxkit.inventory import Inventory, InventoryHost, lab_only
 from fxkit.ops.base import OpContext, failed
+from fxkit.varfiles import truthy
 
 Connector = Callable[[str, Mapping[str, Any], ConnectOptions], Connection]
 

@@ -544,13 +544,6 @@ def _template_error(
     return TemplateError(f"{type(exc).__name__} for host {host}: {message}", where=where, hint=hint)
 
 
-def truthy(value: Any) -> bool:
-    """An inventory boolean: YAML gives bool, INI gives strings like 'yes' or 'True'."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
-
 def parse_extra_vars(items: Iterable[str], base: Path | None = None) -> Variables:
     """Merge ``-e`` values, later ones winning: ``k=v k2=v2``, a JSON/YAML mapping, ``@file``;
     each set at ``path:line`` of its file, or at ``-e #N on the command line``.

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from fxkit.connection import Connection, ConnectOptions, connect
 from fxkit.engine.role import RoleLoader, roles_path
 from fxkit.engine.runner import ctrl_c, load_inventory
-from fxkit.engine.variables import HostVars, Layer, environment, truthy
+from fxkit.engine.variables import HostVars, Layer, environment
 from fxkit.errors import ConnectionFailed, FxkitError, masked_errors
 from fxkit.facts.base import FactCache
 from fxkit.gate import outliers, platforms
@@ -58,6 +58,7 @@ from fxkit.gate.verdicts import (
 from fxkit.inventory import lab_only
 from fxkit.inventory.model import Inventory, InventoryHost
 from fxkit.redaction import Masker
+from fxkit.varfiles import truthy
 
 #: Called after each check is judged on a host (for progress).
 Progress = Callable[[str, CheckResult], None]

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fxkit.engine.variables import truthy
 from fxkit.errors import FxkitError
 from fxkit.inventory.model import InventoryHost
+from fxkit.varfiles import truthy
 
 
 def outside(hosts: Iterable[InventoryHost]) -> list[str]:

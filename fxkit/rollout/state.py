@@ -22,7 +22,7 @@ from fxkit.connection import Connection
 from fxkit.engine.rolevars import RoleVars
 from fxkit.engine.runner import Runner
 from fxkit.engine.serving import ServingRole
-from fxkit.engine.variables import HostVars, truthy
+from fxkit.engine.variables import HostVars
 from fxkit.errors import PlaybookError
 from fxkit.ops.instances import STATE_DIR, Record
 from fxkit.rollout.revision import (
@@ -34,6 +34,7 @@ from fxkit.rollout.revision import (
     revision_id,
     running_command,
 )
+from fxkit.varfiles import truthy
 
 
 @dataclass
