@@ -21,7 +21,7 @@ from fxkit.errors import FxkitError
 from fxkit.inventory import Inventory
 from fxkit.lab import node
 from fxkit.lab import profile as profiles
-from fxkit.lab.fleet import Fleet, LabError
+from fxkit.lab.fleet import Fleet, LabError, check_requirements
 from fxkit.lab.resources import Limits
 
 #: The profile of a host in these groups (the groups of inventory/mi308x.yml and site.yml).
@@ -121,6 +121,7 @@ def up_like(
     """``fxkit lab up --like``: the hosts of ``sources`` (cut by ``limit``) up, each with its
     profile, the lab mirror built, the new hosts shaped as their nodes; the names started."""
     shaped = shape(sources, limit, mapping, fault_options)
+    check_requirements()  # before the mirror is built
     fleet.dir.mkdir(parents=True, exist_ok=True)
     overlay, keyring = node.lab_mirror(fleet)
     new = fleet.up_like(
