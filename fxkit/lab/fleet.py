@@ -345,11 +345,6 @@ class Fleet:
     def host_dir(self, name: str) -> Path:
         return self.dir / "hosts" / name
 
-    @property
-    def profile_layer(self) -> Path:
-        """What host-init mounts into the hosts of the fleet's profile (fxkit.lab.profile)."""
-        return self.layer(str(self.profile))
-
     def layer(self, profile: str) -> Path:
         """What host-init mounts into the hosts of ``profile`` (fxkit.lab.profile)."""
         return self.dir / "profiles" / profile
