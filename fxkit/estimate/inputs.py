@@ -69,6 +69,12 @@ FIELDS = [
           "per chunk read: the top of NVMe's 10-100 us (MISSION.md); NVMe-oF adds a little"),
     Field("store.chunk_tokens", "tokens", "256", ("1", "1Mi"),
           "LMCache's chunk_size default (FACTS.md)"),
+    Field("store.shared_bandwidth", "bandwidth", "12.5 GB/s", ("1 MB/s", "1 PB/s"),
+          "assumption: concurrent requests' reloads, in flight together, reach one 100GbE "
+          "port's line rate (MISSION.md's test platform); a lone reload reads at read_bandwidth"),
+    Field("workload.step_tokens", "tokens", "8192", ("1", "1Gi"),
+          "assumption: vLLM's --max-num-batched-tokens, the token budget of a step (chunked "
+          "prefill); set the server's"),
     Field("store.reads_in_flight", "count", "1", ("1", "65536"),
           "assumption: chunk reads one after another"),
     Field("load.nfs_bandwidth", "bandwidth", "0.1 GB/s", ("1 MB/s", "1 PB/s"),
