@@ -13,6 +13,8 @@ token comes at the end of the step that runs its last prefill chunk.
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -53,33 +55,33 @@ def serve(
     ready: list[float] | None = None,
 ) -> Served:
     """Serve ``requests`` prompts of ``prompt`` tokens, the first ``cached`` of each already in
-    (reloaded: ``ready`` says when; None: nothing cached, all recomputed)."""
+    (reloaded: ``ready`` says when; None: nothing cached, all recomputed). Requests are served in
+    arrival order, so the steps are taken a request at a time: the head request's prefill takes
+    ``ceil(left / (budget - decodes))`` steps, each also running one decode token of every
+    request before it (at most ``budget - 1``: a step always prefills), and the spare tokens
+    of its last step go to the requests after it that are ready."""
     if budget < 1 or requests < 1:
         raise ValueError("the token budget and the requests must be at least 1")
     ready = ready or [0.0] * requests
-    done = [cached] * requests  # tokens of each prompt in the cache
-    first: list[float | None] = [None] * requests
-    now = 0.0
-    while any(t is None for t in first):
-        flops, left = 0.0, budget
-        for k in range(requests):  # decodes first: one token each
-            if first[k] is not None and left:
-                flops += compute.flops(prompt, prompt + 1)
-                left -= 1
-        finishing = []
-        for k in range(requests):  # then prefill chunks, first come first served
-            if first[k] is not None or ready[k] > now or not left:
-                continue
-            take = min(left, prompt - done[k])
-            flops += compute.flops(done[k], done[k] + take)
-            done[k] += take
-            left -= take
-            if done[k] == prompt:
-                finishing.append(k)
-        if flops == 0.0:  # nothing to run: wait for the next context to come in
-            now = min(r for k, r in enumerate(ready) if first[k] is None and r > now)
-            continue
-        now += flops / compute.flops_per_s
-        for k in finishing:
-            first[k] = now
-    return Served(tuple(t for t in first if t is not None))
+    flops = functools.cache(compute.flops)
+    decode = flops(prompt, prompt + 1)
+    first: list[float] = []
+    now, head = 0.0, cached  # head: tokens in of the first request not yet finished
+    while len(first) < requests:
+        k = len(first)
+        now = max(now, ready[k])
+        decodes = min(k, budget - 1)
+        per_step = budget - decodes
+        steps = math.ceil((prompt - head) / per_step)
+        work = flops(head, prompt) + steps * decodes * decode
+        spare, finished, head = steps * per_step - (prompt - head), 1, cached
+        while spare and k + finished < requests and ready[k + finished] <= now:
+            take = min(spare, prompt - head)
+            work += flops(head, head + take)
+            spare, head = spare - take, head + take
+            if head < prompt:
+                break
+            finished, head = finished + 1, cached
+        now += work / compute.flops_per_s
+        first += [now] * finished
+    return Served(tuple(first))

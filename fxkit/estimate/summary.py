@@ -169,7 +169,8 @@ def _served_rows(
     """``n`` requests at once as vLLM schedules them (fxkit/estimate/serving.py): every context
     recomputed, or every context reloaded from the tier while the GPU computes."""
     budget, prompt = inputs.whole("workload.step_tokens"), context + new
-    shared = max(inputs.number("store.shared_bandwidth"), tier.bandwidth)
+    # n reloads in flight: n x a lone reload's bandwidth, up to the shared figure
+    shared = min(max(inputs.number("store.shared_bandwidth"), tier.bandwidth), n * tier.bandwidth)
     chunks = math.ceil(context / tier.chunk_tokens)
     ready = serving.reloads_ready(n, compute.layout.request(context), chunks, shared,
                                   tier.latency, tier.in_flight)  # fmt: skip
