@@ -19,6 +19,7 @@ from fxkit.estimate.errors import EstimateError
 from fxkit.estimate.inputs import FIELDS
 from fxkit.estimate.render import text
 from fxkit.estimate.summary import estimate
+from fxkit.kvbench import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "estimate" / "qwen3-coder-480b-tp8.yml"
@@ -210,3 +211,34 @@ def test_set_items_are_checked(item: str, says: str) -> None:
         values, _ = collect(EXAMPLE, sets=(item,))
         estimate(values)
     assert says in str(caught.value)
+
+
+@pytest.mark.skipif(missing() is not None, reason=str(missing()))
+def test_bench_kv_results_set_the_store_read(tmp_path: Path) -> None:
+    """A real ``fxkit bench kv --json`` run (LMCache 0.5.6's backend, a small sweep here): its
+    best GB/s, the threads and the chunk that reached it become the KV store's inputs."""
+    report = tmp_path / "kv.json"
+    model = ROOT / "tests" / "data" / "model_configs" / "mistral-7b-v0.1.json"
+    args = ["bench", "kv", str(tmp_path), "--model", str(model), "--size", "16 MiB",
+            "--chunk-size", "64", "--threads", "1,2", "--odirect", "off", "--rounds", "1",
+            "--json", str(report)]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(report.read_text())["summary"]
+    out = run_json(str(EXAMPLE), "--from-results", str(report))
+    inputs = out["inputs"]
+    assert inputs["store.read_bandwidth"]["value"] == pytest.approx(summary["best_gbps"] * 1e9)
+    threads = summary["role_vars"]["vllm_lmcache_disk_io_threads"]
+    assert inputs["store.reads_in_flight"]["value"] == threads
+    assert inputs["store.chunk_tokens"]["value"] == 64
+    assert summary["best"] in inputs["store.read_bandwidth"]["from"]
+    assert out["results"][0]["kind"] == "bench kv" and not out["results"][0]["skipped"]
+
+
+def test_a_bench_kv_report_without_a_best_read_is_skipped(tmp_path: Path) -> None:
+    failed = tmp_path / "kv.json"
+    failed.write_text(json.dumps({"kind": "fxkit-bench-kv", "summary": {
+        "error": "no LMCache run succeeded"}, "chunk": {"dims": [2, 62, 256, 128]}}))  # fmt: skip
+    out = run_json(str(EXAMPLE), "--from-results", str(failed))
+    assert out["inputs"]["store.read_bandwidth"]["value"] == pytest.approx(5e9)  # the example's
+    assert out["results"][0]["skipped"] == ["no best_gbps ('no LMCache run succeeded')"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fxkit.estimate import cost, kv, load, offload, weights
+from fxkit.estimate import cost, kv, load, offload, serving, weights
 from fxkit.estimate.model import read_config
 
 CONFIGS = Path(__file__).parent / "data" / "model_configs"
@@ -126,3 +126,32 @@ def test_cost_by_hand() -> None:
     assert c.external == pytest.approx(1.5 * 2014)
     assert c.in_gpu_memory == pytest.approx(1.5 * 14000)
     assert c.ratio == pytest.approx(14000 / 2014)
+
+
+def test_served_in_steps_by_hand() -> None:
+    """Two requests of 1,000 tokens, a budget of 600 per step (fxkit/estimate/serving.py):
+    step 1 prefills 0..600 of the first; step 2 its 600..1000 and 0..200 of the second (the
+    spare tokens); step 3 one decode token of the first and 200..799 of the second; step 4 a
+    decode and 799..1000. The first token of each comes at the end of steps 2 and 4."""
+    compute = offload.Compute(kv.KVLayout(LLAMA, tp=8, kv_bytes=2), 1000, flops_per_s=1e12)
+    f, decode = compute.flops, compute.flops(1000, 1001)
+    served = serving.serve(compute, requests=2, cached=0, prompt=1000, budget=600)
+    first = (f(0, 1000) + f(0, 200)) / 1e12
+    second = first + (f(200, 1000) + 2 * decode) / 1e12
+    assert served.ttft == pytest.approx((first, second))
+    assert served.mean == pytest.approx((first + second) / 2)
+
+
+def test_reloads_queue_at_the_tier_and_overlap_compute() -> None:
+    """A slow tier: each request starts when its context is in, the GPU idle between, so the
+    k-th first token is k x the reload plus its suffix (decodes of the earlier ones aside)."""
+    compute = offload.Compute(kv.KVLayout(LLAMA, tp=8, kv_bytes=2), 1000, flops_per_s=1e15)
+    ready = serving.reloads_ready(3, nbytes=1e9, chunks=4, bandwidth=1e8, latency=0.01,
+                                  in_flight=2)  # fmt: skip
+    assert ready == pytest.approx([10.02, 20.04, 30.06])
+    served = serving.serve(compute, requests=3, cached=900, prompt=1000, budget=8192, ready=ready)
+    suffix = compute.seconds(900, 1000)
+    assert served.ttft[0] == pytest.approx(10.02 + suffix)
+    assert served.ttft[2] == pytest.approx(30.06 + suffix, rel=1e-3)
+    with pytest.raises(ValueError, match="at least 1"):
+        serving.serve(compute, requests=1, cached=0, prompt=10, budget=0)

@@ -144,7 +144,7 @@ def test_a_run_with_no_completed_request_is_an_error() -> None:
 
 CHECK_IDS = {
     "g2": ["load_time_nfs", "load_time_fxkit", "load_speedup", "ttft_median", "ttft_p99",
-           "output_throughput"],
+           "output_throughput", "kv_read_bandwidth", "kv_read_x_fio"],
     "g3": ["ttft_reduction", "throughput_gain"],
     "g4": ["soak_workload_errors", "nvme_errors", "rdma_errors", "gpu_errors",
            "latency_degradation"],

@@ -1,7 +1,11 @@
-"""``--from-results``: measured figures from ``fxkit bench load --json`` or gate results JSON.
+"""``--from-results``: measured figures from ``fxkit bench load --json``, ``fxkit bench kv
+--json`` or gate results JSON.
 
-A benchmark's ``summaries`` give the NFS baseline's and fxkit's median GB/s (decimal) as
-``load.nfs_bandwidth`` and ``load.store_bandwidth``. A gate result (schema
+A load benchmark's ``summaries`` give the NFS baseline's and fxkit's median GB/s (decimal) as
+``load.nfs_bandwidth`` and ``load.store_bandwidth``. A KV benchmark (``kind``
+``fxkit-bench-kv``) gives LMCache's best cold read as ``store.read_bandwidth``, with the setting
+that reached it: its ``disk_io_threads`` as ``store.reads_in_flight`` and its chunk's tokens as
+``store.chunk_tokens``. A gate result (schema
 ``fxkit-gate-result/1``) gives the checks in :data:`GATE_CHECKS`, the median across hosts of
 those with a number and a status other than ERROR or SKIP (for the checks in
 :data:`GATE_MEASURED`, a figure of their measurement). Each file says which figures it gave and
@@ -26,6 +30,7 @@ GATE_CHECKS = {
     "storage_read_bandwidth": "store.read_bandwidth",  # g1: fio seq 1 MiB QD32 O_DIRECT read
     "storage_read_latency": "store.latency",  # g1: mean completion latency
     "storage_fleet_read_bandwidth": "load.store_shared_bandwidth",  # g1: all nodes at once
+    "kv_read_bandwidth": "store.read_bandwidth",  # g2: LMCache's cold read (fxkit bench kv)
     "load_time_nfs": "measured.load_time_nfs",  # g2
     "load_time_fxkit": "measured.load_time_fxkit",
     "ttft_median": "measured.ttft",
@@ -35,6 +40,9 @@ GATE_CHECKS = {
 #: Gate check id -> (the figure of its measurement's data, its unit), where the check's value is
 #: not the figure the input takes (g1's fleet read is judged in percent of the line rate).
 GATE_MEASURED = {"storage_fleet_read_bandwidth": ("aggregate_gbps", "GB/s")}
+
+#: ``fxkit bench kv --json``'s ``kind``.
+KV_KIND = "fxkit-bench-kv"
 
 #: Benchmark method -> the input its median bandwidth sets.
 BENCH_METHODS = {"baseline": "load.nfs_bandwidth", "fxkit": "load.store_bandwidth"}
@@ -57,12 +65,14 @@ def apply(path: Path, inputs: Inputs) -> Used:
     )
     if isinstance(data, dict) and data.get("schema") == SCHEMA:
         return _gate(path, data, inputs)
+    if isinstance(data, dict) and data.get("kind") == KV_KIND:
+        return _kv(path, data, inputs)
     if isinstance(data, dict) and isinstance(data.get("summaries"), list):
         return _bench(path, data, inputs)
     raise EstimateError(
         "not a results file fxkit knows",
         where=str(path),
-        hint=f"give fxkit bench load --json output or a gate result ({SCHEMA})",
+        hint=f"give fxkit bench load --json or bench kv --json output, or a gate result ({SCHEMA})",
     )
 
 
@@ -77,6 +87,42 @@ def _bench(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
         inputs.set(key, f"{gbps!r} GB/s", f"{path} ({method} gbps_median)")
         used.figures.append((key, f"{gbps:.4g} GB/s", f"{method} gbps_median"))
     return used
+
+
+def _kv(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:
+    """LMCache's best setting: its GB/s, its threads, the chunk it read."""
+    used = Used(path, "bench kv")
+    summary = _mapping(data.get("summary"))
+    dims = _mapping(data.get("chunk")).get("dims")
+    figures = {  # input -> (the figure, its unit, what it is)
+        "store.read_bandwidth": (summary.get("best_gbps"), " GB/s", "best_gbps"),
+        "store.reads_in_flight": (
+            _mapping(summary.get("role_vars")).get("vllm_lmcache_disk_io_threads"),
+            "",
+            "best disk_io_threads",
+        ),
+        "store.chunk_tokens": (dims[2] if isinstance(dims, list) and len(dims) > 2 else None,
+                               "", "chunk tokens"),
+    }  # fmt: skip
+    if not _positive(summary.get("best_gbps")):
+        used.skipped.append(f"no best_gbps ({short(summary.get('error'))})")
+        return used
+    where = f"{path} ({summary.get('best')})"
+    for key, (figure, unit, what) in figures.items():
+        if not _positive(figure):
+            used.skipped.append(f"{what}: {short(figure)}")
+            continue
+        inputs.set(key, f"{figure!r}{unit}", where)
+        used.figures.append((key, f"{figure:.4g}{unit}", what))
+    return used
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 def _gate(path: Path, data: dict[str, Any], inputs: Inputs) -> Used:

@@ -63,12 +63,18 @@ FIELDS = [
           "assumption: share of returning contexts the external tier still holds"),
     Field("workload.max_tokens", "tokens", "1Mi", ("1", "1Gi"),
           "the longest context the break-even search tries"),
+    Field("workload.step_tokens", "tokens", "8192", ("1", "1Gi"),
+          "assumption: vLLM's --max-num-batched-tokens, the token budget of a step (chunked "
+          "prefill); set the server's"),
     Field("store.read_bandwidth", "bandwidth", "5.23 GB/s", ("1 MB/s", "1 PB/s"),
           "LMCache cold read with the parallel-read patch (report R1; FACTS.md)"),
     Field("store.latency", "time", "0.1 ms", ("0 s", "1 min"),
           "per chunk read: the top of NVMe's 10-100 us (MISSION.md); NVMe-oF adds a little"),
     Field("store.chunk_tokens", "tokens", "256", ("1", "1Mi"),
           "LMCache's chunk_size default (FACTS.md)"),
+    Field("store.shared_bandwidth", "bandwidth", "12.5 GB/s", ("1 MB/s", "1 PB/s"),
+          "assumption: concurrent requests' reloads, in flight together, reach one 100GbE "
+          "port's line rate (MISSION.md's test platform); a lone reload reads at read_bandwidth"),
     Field("store.reads_in_flight", "count", "1", ("1", "65536"),
           "assumption: chunk reads one after another"),
     Field("load.nfs_bandwidth", "bandwidth", "0.1 GB/s", ("1 MB/s", "1 PB/s"),

@@ -3,11 +3,12 @@ sections of rows (a key, a label, a value in a base unit) and a few verdicts."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxkit.estimate import cost, kv, load, offload, weights
+from fxkit.estimate import cost, kv, load, offload, serving, weights
 from fxkit.estimate.errors import EstimateError
 from fxkit.estimate.inputs import TIER_PRICES, Inputs
 from fxkit.estimate.model import DTYPE_BYTES, ModelShape, read_config
@@ -162,6 +163,28 @@ def _kv_rows(layout: kv.KVLayout, cap: kv.Capacity, context: int) -> list[Row]:
     ]
 
 
+def _served_rows(
+    inputs: Inputs, compute: offload.Compute, tier: offload.Tier, n: int, context: int, new: int
+) -> list[Row]:
+    """``n`` requests at once as vLLM schedules them (fxkit/estimate/serving.py): every context
+    recomputed, or every context reloaded from the tier while the GPU computes."""
+    budget, prompt = inputs.whole("workload.step_tokens"), context + new
+    # n reloads in flight: n x a lone reload's bandwidth, up to the shared figure
+    shared = min(max(inputs.number("store.shared_bandwidth"), tier.bandwidth), n * tier.bandwidth)
+    chunks = math.ceil(context / tier.chunk_tokens)
+    ready = serving.reloads_ready(n, compute.layout.request(context), chunks, shared,
+                                  tier.latency, tier.in_flight)  # fmt: skip
+    without = serving.serve(compute, requests=n, cached=0, prompt=prompt, budget=budget)
+    with_ = serving.serve(compute, requests=n, cached=context, prompt=prompt, budget=budget,
+                          ready=ready)  # fmt: skip
+    return [
+        Row("served_without", f"mean TTFT, {n} at once as vLLM schedules them, recomputed",
+            without.mean, "s"),
+        Row("served_with", f"mean TTFT, {n} at once as vLLM schedules them, reloaded",
+            with_.mean, "s"),
+    ]  # fmt: skip
+
+
 def _offload_rows(
     inputs: Inputs, compute: offload.Compute, tier: offload.Tier, cap: kv.Capacity, context: int
 ) -> list[Row]:
@@ -192,6 +215,7 @@ def _offload_rows(
             offload.burst(times.without_offload, cap.concurrency), "s"),
         Row("burst_with", f"mean TTFT, {cap.concurrency} at once, with",
             offload.burst(times.with_offload, cap.concurrency), "s"),
+        *_served_rows(inputs, compute, tier, cap.concurrency, context, new),
     ]  # fmt: skip
     measured = inputs.optional("measured.ttft")
     if measured is not None:
