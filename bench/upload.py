@@ -6,9 +6,9 @@ maps it and written with ``put()`` as every file operation writes (the sha256 se
 content, the temp file's size and sha256 checked on the host, rename); ``fxkit-copy``: the
 operation ``host.copy()`` itself (the host's file stat'ed first, then the same write); scp and
 sftp (OpenSSH's, one process per host, the same key and known_hosts). Each round runs the
-tools in a rotating order; every upload is timed from connecting to the last host done, then checked (sha256 on
-every host) and removed (the lab hosts keep /tmp in memory). Reported: the median seconds, MB/s,
-and the ratio of fxkit to scp and to sftp.
+tools in a rotating order; every upload is timed from connecting to the last host done, then
+checked (sha256 on every host) and removed (the lab hosts keep /tmp in memory). Reported: the
+median seconds, MB/s, and the ratio of fxkit to scp and to sftp.
 
     .venv/bin/python bench/upload.py --sizes 10M,100M,1G --hosts 1,8 --runs 3
 
