@@ -54,9 +54,9 @@ remote one is streamed by ``cat``, the files copied at once over SSH connections
 written with O_DIRECT where the store takes it (the buffer goes to the store without a copy
 into the page cache, and no dirty pages pile up whose writeback would stall the copy), the
 file's last bytes through the page cache. The hash is the CPU's main cost: BLAKE3 runs at
-about 4 GB/s per core here, sha256 at 1.2-1.4, and both release the GIL while they hash a chunk, so each of the
-``jobs`` files copied at once hashes on a core of its own (docs/BENCHMARKS.md, "Model
-staging").
+about 4 GB/s per core here, sha256 at 1.2-1.4, and both release the GIL while they hash a
+chunk, so each of the ``jobs`` files copied at once hashes on a core of its own
+(docs/BENCHMARKS.md, "Model staging").
 """
 
 from __future__ import annotations
