@@ -19,6 +19,7 @@ from typing import ClassVar, cast
 import paramiko
 import pytest
 
+from fxkit.connection import ConnectOptions
 from fxkit.connection.ssh import SSHConnection
 from fxkit.lab import Fleet
 from fxkit.staging import SSHSource
@@ -138,6 +139,26 @@ def test_streams_are_spread_over_several_connections(fleet: Fleet, tmp_path: Pat
         summary = stage_source(source, tmp_path / "dest", jobs=4)
     assert summary.copied == 4 and digests(tmp_path / "dest") == remote_digests(fleet)
     assert not any(t.is_active() for t in transports)  # both closed with the source
+
+
+def test_a_further_connection_the_host_refuses_is_given_up(fleet: Fleet, tmp_path: Path) -> None:
+    """A second connection that cannot be opened (here: nothing listens on its port) costs no
+    file: its stream goes over the first connection, and no further one is tried."""
+    tried: list[SSHConnection] = []
+
+    def refused() -> SSHConnection:
+        options = ConnectOptions(known_hosts=str(fleet.known_hosts), connect_retries=0)
+        tried.append(cast(SSHConnection, fleet.connect("lab01", options, ansible_port=1)))
+        return tried[-1]
+
+    source = SSHSource(cast(SSHConnection, fleet.connect("lab01")), MODEL, refused, 4)
+    with source:
+        with source.streams.stream("echo a") as a, source.streams.stream("echo b") as b:
+            assert b.get_transport() is a.get_transport() and len(tried) == 1
+            assert b.makefile("rb").read() == b"b\n" and a.makefile("rb").read() == b"a\n"
+        summary = stage_source(source, tmp_path / "dest", jobs=4)
+    assert summary.copied == 4 and digests(tmp_path / "dest") == remote_digests(fleet)
+    assert source.streams.connections == 1 and len(tried) == 1
 
 
 def test_an_unknown_host_key_is_refused_unless_accepted(fleet: Fleet, tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ connection's one transport thread; channels of one connection share it. A bulk r
 connection tops out at what that thread does: 0.5-0.7x OpenSSH's scp of the same files here
 (docs/BENCHMARKS.md, "Model staging"). :class:`Streams` opens a stream on the connection with
 the fewest streams open, and a further connection to the same host (host keys checked as for
-the first) while every one has a stream, up to ``size`` connections.
+the first) while every one has a stream, up to ``size`` connections. A further connection the
+host refuses (sshd's MaxStartups, a per-user limit) is given up: its stream and all after it go
+over the connections already open.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from fxkit.errors import ConnectionFailed
 
 if TYPE_CHECKING:
     import paramiko
@@ -52,7 +56,13 @@ class Streams:
         the block ends."""
         slot = self._pick()
         try:
-            chan = slot.conn.stream(command, window)
+            try:
+                chan = slot.conn.stream(command, window)
+            except ConnectionFailed:
+                if slot is self._slots[0]:
+                    raise
+                slot = self._give_up(slot)
+                chan = slot.conn.stream(command, window)
             try:
                 yield chan
             finally:
@@ -60,6 +70,17 @@ class Streams:
         finally:
             with self._lock:
                 slot.streams -= 1
+
+    def _give_up(self, refused: _Slot) -> _Slot:
+        """Drop a further connection that did not open; the slot to use instead."""
+        refused.conn.close()
+        with self._lock:
+            if refused in self._slots:  # another stream on it may have dropped it already
+                self._slots.remove(refused)
+            self.size = len(self._slots)
+            slot = min(self._slots, key=lambda s: s.streams)
+            slot.streams += 1
+            return slot
 
     @property
     def connections(self) -> int:
