@@ -141,18 +141,18 @@ def copy(
     want_mode = parse_mode(mode)
     expected = check_sha256(sha256) if sha256 is not None else None
     with local_file(src) as data:
-        info = ctx.fresh(FileStat, dest)
         # The controller hashes its file once: up front where the digest is needed before any
         # byte goes out (a digest to meet, a host file to compare with, a diff to show, check
         # mode), and then passed through to the stream; otherwise while the stream sends it.
-        digest = None
-        if expected is not None or info.exists or ctx.check or ctx.diff:
-            digest = hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256(data).hexdigest() if expected is not None else None
         if expected is not None and digest != expected:
             return failed(
                 f"{src} on the controller has sha256 {digest}, not the expected {expected}: "
                 f"nothing copied to {dest}; fetch the artifact again or fix the digest"
             )
+        info = ctx.fresh(FileStat, dest)
+        if digest is None and (info.exists or ctx.check or ctx.diff):
+            digest = hashlib.sha256(data).hexdigest()
         done = _as_wanted(ctx, dest, info, digest, mode, owner, group)
         if done is not None:
             return done
