@@ -22,6 +22,14 @@ that is not the limit: the copy is measured against the source's reads) or, with
     sudo .venv/bin/python bench/stage.py --loop --size 3GiB --rounds 3 --json docs/bench/stage.json
     sudo .venv/bin/python bench/stage.py --loop --before ../main/.venv/bin/fxkit  # before/after
 
+With ``--ssh`` the source is on a lab host instead (a fleet of one started for the run and
+stopped after, the checkpoint written there from /dev/urandom) and ``fxkit stage lab01:PATH`` is
+timed against ``scp -r`` of the same folder (OpenSSH, the same key and known_hosts), into a
+tmpfs here, each from a cold cache as above; round 1 checks both copies against the lab host's
+sha256 of every file:
+
+    sudo .venv/bin/python bench/stage.py --ssh --size 1GiB --before ../main/.venv/bin/fxkit
+
 Needs root (loop devices, drop_caches), fio and rsync.
 """
 
@@ -47,6 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fxkit.cli.loader import parse_size  # noqa: E402
+from fxkit.lab import Fleet  # noqa: E402
 from fxkit.loadbench.bench import FioSetting, fio_job, fio_read  # noqa: E402
 
 FXKIT = Path(sys.executable).with_name("fxkit")
@@ -72,6 +81,73 @@ def methods(dest: Path, src: Path, before: Path | None = None) -> dict[str, list
         "fxkit-sha256": [str(FXKIT), "stage", str(src), out, "-q", "--json", "--checksum=sha256"],
         "fxkit-verify": [str(FXKIT), "stage", str(src), out, "-q", "--json", "--verify"],
     }
+
+
+def ssh_methods(fleet: Fleet, remote: str, dest: Path, config: Path, before: Path | None) -> dict:
+    """fxkit (and ``before``) staging ``lab01:remote`` with ``config`` (an ssh config naming the
+    lab host), and scp of the same folder, into ``dest``."""
+    out, spec = str(dest / "model"), f"lab01:{remote}"
+    hv = fleet.hostvars("lab01")
+    scp = ["scp", "-r", "-q", "-o", "BatchMode=yes", "-i", str(hv["ansible_ssh_private_key_file"]),
+           "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-P", str(fleet.port)]  # fmt: skip
+    stage = ["stage", spec, out, "-q", "--json", "--ssh-config", str(config)]
+    return {
+        **({"fxkit-before": [str(before), *stage]} if before else {}),
+        "scp": [*scp, f"root@{fleet.address('lab01')}:{remote}", out],
+        "fxkit": [str(FXKIT), *stage],
+    }
+
+
+def run_ssh(work: Path, dest: Path, args: argparse.Namespace, only: list[str]) -> dict:
+    """The ``--ssh`` rounds: fxkit against scp from a lab host (see above)."""
+    fleet = Fleet(work / "lab", "127.89.6")
+    fleet.up(1)
+    try:
+        remote, size = "/srv/fxstage-bench/model", parse_size(args.size)
+        config = work / "ssh_config"
+        config.write_text(
+            f"Host lab01\n    HostName {fleet.address('lab01')}\n    Port {fleet.port}\n"
+            f"    User root\n    IdentityFile {fleet.client_key}\n"
+            f"    UserKnownHostsFile {fleet.known_hosts}\n"
+        )
+        os.environ["FXKIT_KNOWN_HOSTS"] = str(work / "own_known_hosts")
+        per = size // args.shards
+        make = f"rm -rf {remote} && mkdir -p {remote} && cd {remote} && " + " && ".join(
+            f"head -c {per} /dev/urandom > model-{i:05d}-of-{args.shards:05d}.safetensors"
+            for i in range(1, args.shards + 1)
+        )
+        with fleet.connect("lab01") as conn:
+            assert conn.run(make, timeout=600).ok
+            listed = conn.run(f"cd {remote} && sha256sum *").stdout.split()
+        expected = dict(zip(listed[1::2], listed[0::2], strict=True))
+        commands = ssh_methods(fleet, remote, dest, config, args.before)
+        gbps: dict[str, list[float]] = {m: [] for m in only}
+        cpu: dict[str, list[float]] = {m: [] for m in only}
+        for rnd in range(args.rounds):
+            for name in only[rnd % len(only) :] + only[: rnd % len(only)]:
+                seconds, usr, sys_ = copy(commands[name], dest)
+                gbps[name].append(per * args.shards / seconds / 1e9)
+                cpu[name].append(usr + sys_)
+                if rnd == 0:
+                    assert digest(dest / "model") == expected, f"{name} copied other bytes"
+                print(f"round {rnd + 1} {name:13} {gbps[name][-1]:.3f} GB/s CPU {usr + sys_:.2f} s",
+                      flush=True)  # fmt: skip
+        empty(dest)
+    finally:
+        fleet.down()
+    summary = {
+        m: {
+            "gbps_median": round(statistics.median(v), 3),
+            "vs_scp": round(
+                statistics.median(x / y for x, y in zip(v, gbps["scp"], strict=True)), 3
+            ),
+            "cpu_s_median": round(statistics.median(cpu[m]), 2),
+        }
+        for m, v in gbps.items()
+    }
+    targets = {"fxkit >= 0.9x scp (SSH source)": summary["fxkit"]["vs_scp"] >= 0.9}
+    return {"bytes": per * args.shards, "rounds": args.rounds, "runs_gbps": gbps,
+            "runs_cpu_s": cpu, "summary": summary, "targets": targets}  # fmt: skip
 
 
 def sh(*argv: str) -> str:
@@ -257,6 +333,7 @@ def main() -> None:
     parser.add_argument("--src", type=Path, help="a checkpoint folder (default: made by --loop)")
     parser.add_argument("--dest", type=Path, help="an empty folder on the destination store")
     parser.add_argument("--loop", action="store_true", help="make isolated storage (see above)")
+    parser.add_argument("--ssh", action="store_true", help="the source on a lab host, against scp")
     parser.add_argument("--dest-on", choices=("tmpfs", "loop"), default="tmpfs")
     parser.add_argument("--size", default="3GiB", help="checkpoint size with --loop")
     parser.add_argument("--shards", type=int, default=4)
@@ -271,6 +348,23 @@ def main() -> None:
     for tool in ("fio", "rsync"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not installed (scripts/install-system-deps.sh installs it)")
+    if args.ssh:
+        work = Path(tempfile.mkdtemp(prefix="fxstage-", dir="/tmp"))
+        try:
+            with tmpfs(work / "dest", parse_size(args.size) * 2 + (256 << 20)) as dest:
+                only = ["scp", "fxkit"] + (["fxkit-before"] if args.before else [])
+                report = run_ssh(work, dest, args, only)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        report.update(
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            command=" ".join(sys.argv),
+            load=Path("/proc/loadavg").read_text().split()[:3],
+        )
+        print(json.dumps(report, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        return
     with ExitStack() as stack:
         src, dest = args.src, args.dest
         if args.loop:

@@ -3,11 +3,12 @@
 One file (random bytes) goes to 1 and to 8 lab hosts at once: fxkit with one connection per
 host from one process (threads, as ``fxkit play`` runs hosts), the file mapped as ``host.copy()``
 maps it and written with ``put()`` as every file operation writes (the sha256 sent after the
-content, the temp file's size and sha256 checked on the host, rename); scp and sftp (OpenSSH's,
-one process per host, the same key and known_hosts). Each round runs the tools in a rotating
-order; every upload is timed from connecting to the last host done, then checked (sha256 on
-every host) and removed (the lab hosts keep /tmp in memory). Reported: the median seconds, MB/s,
-and the ratio of fxkit to scp and to sftp.
+content, the temp file's size and sha256 checked on the host, rename); ``fxkit-copy``: the
+operation ``host.copy()`` itself (the host's file stat'ed first, then the same write); scp and
+sftp (OpenSSH's, one process per host, the same key and known_hosts). Each round runs the
+tools in a rotating order; every upload is timed from connecting to the last host done, then
+checked (sha256 on every host) and removed (the lab hosts keep /tmp in memory). Reported: the
+median seconds, MB/s, and the ratio of fxkit to scp and to sftp.
 
     .venv/bin/python bench/upload.py --sizes 10M,100M,1G --hosts 1,8 --runs 3
 
@@ -34,10 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fxkit.connection import ConnectOptions  # noqa: E402
+from fxkit.facts.base import FactCache  # noqa: E402
 from fxkit.lab import Fleet  # noqa: E402
-from fxkit.ops.transfer import local_file  # noqa: E402
+from fxkit.ops.base import OpContext  # noqa: E402
+from fxkit.ops.transfer import copy, local_file  # noqa: E402
 
-TOOLS = ("fxkit", "scp", "sftp")
+TOOLS = ("fxkit", "fxkit-copy", "scp", "sftp")
 DEST = "/tmp/fxkit-upload-bench"
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -67,6 +70,18 @@ def upload_fxkit(fleet: Fleet, names: list[str], src: Path) -> None:
                 conn.put(DEST, data)
 
         _parallel(one, names)
+
+
+def upload_fxkit_copy(fleet: Fleet, names: list[str], src: Path) -> None:
+    options = ConnectOptions(known_hosts=str(fleet.known_hosts))
+
+    def one(name: str) -> None:
+        with fleet.connect(name, options) as conn:
+            result = copy(OpContext(conn, FactCache(conn)), src, DEST)
+            if not result.changed:
+                raise RuntimeError(f"{name}: host.copy() did not copy: {result.msg}")
+
+    _parallel(one, names)
 
 
 def _openssh(fleet: Fleet, name: str) -> list[str]:
@@ -113,7 +128,12 @@ def _parallel(work: Callable[[str], None], names: list[str]) -> None:
             future.result()
 
 
-UPLOADS = {"fxkit": upload_fxkit, "scp": upload_scp, "sftp": upload_sftp}
+UPLOADS = {
+    "fxkit": upload_fxkit,
+    "fxkit-copy": upload_fxkit_copy,
+    "scp": upload_scp,
+    "sftp": upload_sftp,
+}
 
 
 def check_and_clean(fleet: Fleet, names: list[str], digest: str) -> None:
@@ -158,7 +178,7 @@ def run(args: argparse.Namespace) -> dict:
                         rows.setdefault((size, count, tool), []).append((seconds, cpu))
                         print(
                             f"round {round_ + 1}: {size / 2**20:6.0f} MiB x {count} hosts "
-                            f"{tool:5s} {seconds:7.2f} s, controller CPU {cpu:6.2f} s",
+                            f"{tool:10s} {seconds:7.2f} s, controller CPU {cpu:6.2f} s",
                             flush=True,
                         )
     finally:
@@ -205,20 +225,29 @@ def report(
 
 
 def table(result: dict) -> str:
+    used = [t for t in TOOLS if any(r["tool"] == t for r in result["results"])]
+    ours = [t for t in used if t.startswith("fxkit")]
+    ratios = [f"{t} / {base}" for t in ours for base in ("scp", "sftp") if base in used]
     lines = [
-        "| size | hosts | fxkit s | scp s | sftp s | fxkit / scp | fxkit / sftp "
-        "| controller CPU s: fxkit / scp / sftp |",
-        "|---|---|---|---|---|---|---|---|",
+        "| size | hosts | "
+        + " | ".join([*(f"{t} s" for t in used), *ratios, f"controller CPU s: {' / '.join(used)}"])
+        + " |",
+        "|---|---|" + "---|" * (len(used) + len(ratios) + 1),
     ]
     cells: dict[tuple[int, int], dict[str, dict]] = {}
     for row in result["results"]:
         cells.setdefault((row["size_bytes"], row["hosts"]), {})[row["tool"]] = row
     for (size, hosts), tools in sorted(cells.items()):
-        seconds = [f"{tools[t]['median_s']:.2f}" if t in tools else "-" for t in TOOLS]
-        ratios = [tools.get("fxkit", {}).get(f"ratio_to_{base}") for base in ("scp", "sftp")]
+        seconds = [f"{tools[t]['median_s']:.2f}" if t in tools else "-" for t in used]
+        found = [
+            tools.get(t, {}).get(f"ratio_to_{base}")
+            for t in ours
+            for base in ("scp", "sftp")
+            if base in used
+        ]
         label = f"{size / 2**30:g} GiB" if size >= 2**30 else f"{size / 2**20:g} MiB"
-        cpu = " / ".join(f"{tools[t]['median_cpu_s']:.2f}" if t in tools else "-" for t in TOOLS)
-        cols = [label, str(hosts), *seconds, *(f"{r:.2f}x" if r else "-" for r in ratios), cpu]
+        cpu = " / ".join(f"{tools[t]['median_cpu_s']:.2f}" if t in tools else "-" for t in used)
+        cols = [label, str(hosts), *seconds, *(f"{r:.2f}x" if r else "-" for r in found), cpu]
         lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
@@ -228,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10M,100M,1G", help="file sizes: 10M,100M,1G")
     parser.add_argument("--hosts", default="1,8", help="host counts: 1,8")
     parser.add_argument("--runs", type=int, default=3, help="rounds (median)")
-    parser.add_argument("--tools", default=",".join(TOOLS), help="subset of fxkit,scp,sftp")
+    parser.add_argument("--tools", default=",".join(TOOLS), help="subset of " + ",".join(TOOLS))
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "upload.json")
     parser.add_argument("--lab-dir", type=Path, default=REPO / ".cache" / "bench-upload-lab")
     parser.add_argument("--data-dir", type=Path, default=REPO / ".cache" / "bench-upload-data")

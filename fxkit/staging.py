@@ -49,13 +49,14 @@ needs every byte there anyway. Each file is a pipeline (double buffering): its n
 read by threads of their own while the copy hashes the last one and writes it, so the disk is
 never idle while the CPU hashes. A local file is read through the page cache with two reads in
 flight (the kernel's readahead at work; each range dropped from the cache once copied out); a
-remote one is streamed by ``cat`` over the SSH connection. Whole 4 KiB blocks are written with
-O_DIRECT where the store takes it (the buffer goes to the store without a copy into the page
-cache, and no dirty pages pile up whose writeback would stall the copy), the file's last bytes
-through the page cache. The hash is the CPU's main cost: BLAKE3 runs at about 4 GB/s per core
-here, sha256 at 1.2-1.4, and both release the GIL while they hash a chunk, so each of the
-``jobs`` files copied at once hashes on a core of its own (docs/BENCHMARKS.md, "Model
-staging").
+remote one is streamed by ``cat``, the files copied at once over SSH connections of their own
+(up to 4: one paramiko connection moves its packets on one thread). Whole 4 KiB blocks are
+written with O_DIRECT where the store takes it (the buffer goes to the store without a copy
+into the page cache, and no dirty pages pile up whose writeback would stall the copy), the
+file's last bytes through the page cache. The hash is the CPU's main cost: BLAKE3 runs at
+about 4 GB/s per core here, sha256 at 1.2-1.4, and both release the GIL while they hash a
+chunk, so each of the ``jobs`` files copied at once hashes on a core of its own
+(docs/BENCHMARKS.md, "Model staging").
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import blake3
 
+from fxkit.connection.parallel import Streams
 from fxkit.staging_dest import (
     LOCK,
     PARTIAL_SUFFIX,
@@ -402,11 +404,20 @@ class SSHSource(Source):
     """A folder on another host, through fxkit's SSH connection (host keys verified as for
     every fxkit connection): listed and stat'ed over SFTP (a session per thread), each file
     streamed by ``cat`` on an exec channel of its own (160 MB/s from a lab host, against 65
-    MB/s for paramiko's pipelined SFTP reads, which cost four times the CPU)."""
+    MB/s for paramiko's pipelined SFTP reads, which cost four times the CPU). The streams are
+    spread over up to ``connections`` SSH connections (``more`` makes the further ones): one
+    paramiko connection moves all its packets on one thread (:mod:`fxkit.connection.parallel`)."""
 
-    def __init__(self, connection: SSHConnection, root: str):
+    def __init__(
+        self,
+        connection: SSHConnection,
+        root: str,
+        more: Callable[[], SSHConnection] | None = None,
+        connections: int = JOBS,
+    ):
         super().__init__()
         self.conn = connection
+        self.streams = Streams(connection, more or (lambda: connection), connections if more else 1)
         self.root = root.rstrip("/") or "/"
         self.where = f"{connection.name}:{self.root}"
         self._local = threading.local()
@@ -503,12 +514,9 @@ class SSHSource(Source):
 
     @contextmanager
     def open(self, path: str) -> Iterator[Reader]:
-        chan = self.conn.stream(self._read_command(path))
-        chan.settimeout(_STREAM_TIMEOUT)
-        try:
+        with self.streams.stream(self._read_command(path)) as chan:
+            chan.settimeout(_STREAM_TIMEOUT)
             yield _StreamReader(chan)
-        finally:
-            chan.close()
 
     def _read_command(self, path: str) -> str:
         """A shell command that opens the file, checks where the file opened is (its
@@ -527,6 +535,7 @@ class SSHSource(Source):
         for client in self._sessions:
             client.close()
         self._sessions.clear()
+        self.streams.close()
         self.conn.close()
 
 
@@ -580,21 +589,29 @@ def parse_source(spec: str) -> tuple[str | None, str | None, str]:
 
 
 def open_source(
-    spec: str, options: ConnectOptions | None = None, key_file: str | None = None
+    spec: str,
+    options: ConnectOptions | None = None,
+    key_file: str | None = None,
+    connections: int = JOBS,
 ) -> Source:
     """The source named by ``spec`` (see :func:`parse_source`); remote hosts are resolved as
-    fxkit resolves inventory hosts (ssh config, known_hosts; ``options`` as the CLI gives)."""
+    fxkit resolves inventory hosts (ssh config, known_hosts; ``options`` as the CLI gives) and
+    read over up to ``connections`` SSH connections."""
     user, host, path = parse_source(spec)
     if host is None:
         return LocalSource(path)
     from fxkit.connection import ConnectOptions
     from fxkit.connection.ssh import SSHConnection
 
-    hostvars = {"ansible_user": user, "ansible_ssh_private_key_file": key_file}
-    conn = SSHConnection(
-        host, {k: v for k, v in hostvars.items() if v}, options or ConnectOptions()
+    given = {"ansible_user": user, "ansible_ssh_private_key_file": key_file}
+    hostvars = {k: v for k, v in given.items() if v}
+    options = options or ConnectOptions()
+    return SSHSource(
+        SSHConnection(host, hostvars, options),
+        path,
+        more=lambda: SSHConnection(host, hostvars, options),
+        connections=connections,
     )
-    return SSHSource(conn, path)
 
 
 # -- the manifest ------------------------------------------------------------------------------

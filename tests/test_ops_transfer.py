@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from fxkit.connection.base import buffers
+from fxkit.connection.base import Stdin, buffers
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import ConnectionFailed
 from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, OpError, Status
-from fxkit.ops.transfer import check_sha256, copy, download
+from fxkit.ops.files import write_command
+from fxkit.ops.transfer import check_sha256, copy, download, known_stream
 
 
 def make_ctx(check: bool = False, diff: bool = False) -> OpContext:
@@ -136,3 +137,69 @@ def test_download_verifies_before_the_rename(tmp_path: Path) -> None:
     assert leftovers(dest.parent) == []
     with pytest.raises(OpError, match="bad URL"):
         download(make_ctx(), "mirror/x", str(dest), sha(data))
+
+
+class Recording(LocalConnection):
+    """Keeps the sha256 line every write's stdin ended with."""
+
+    def __init__(self) -> None:
+        super().__init__("localhost")
+        self.sent: list[bytes] = []
+
+    def execute(
+        self, command: str, *, become: bool, timeout: float | None, stdin: Stdin
+    ) -> tuple[int, bytes, bytes]:
+        if stdin is not None:
+            chunks = [bytes(c) for c in buffers(stdin)]
+            self.sent.append(chunks[-1])
+            stdin = b"".join(chunks)
+        return super().execute(command, become=become, timeout=timeout, stdin=stdin)
+
+
+def test_copy_hashes_the_source_once_and_sends_that_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, dest = tmp_path / "artifact.bin", tmp_path / "artifact.copy"
+    data = os.urandom(3 << 20)
+    src.write_bytes(data)
+    hashed: list[int] = []  # bytes the controller hashed, per call
+    real = hashlib.sha256
+
+    class Counting:
+        def __init__(self, content: bytes = b"") -> None:
+            self.real = real()
+            self.update(content)
+
+        def update(self, content: bytes) -> None:
+            hashed.append(len(content))
+            self.real.update(content)
+
+        def hexdigest(self) -> str:
+            return self.real.hexdigest()
+
+    digest, reversed_digest = sha(data), sha(data[::-1])
+    monkeypatch.setattr(hashlib, "sha256", Counting)  # the controller's every sha256
+    for expected in (None, digest):  # absent: hashed in the stream; a digest to meet
+        hashed.clear()
+        dest.unlink(missing_ok=True)
+        conn = Recording()
+        assert copy(OpContext(conn, FactCache(conn)), str(src), str(dest), sha256=expected).changed
+        assert dest.read_bytes() == data and conn.sent == [f"{digest}\n".encode()]
+        assert sum(hashed) == len(data), expected  # once: in the stream or up front, not both
+    src.write_bytes(data[::-1])  # the host's file exists: compared first, then passed through
+    hashed.clear()
+    conn = Recording()
+    assert copy(OpContext(conn, FactCache(conn)), str(src), str(dest)).changed
+    assert dest.read_bytes() == data[::-1] and sum(hashed) == len(data)
+    assert conn.sent == [f"{reversed_digest}\n".encode()]
+
+
+def test_a_passed_digest_that_is_wrong_is_refused_by_the_host(tmp_path: Path) -> None:
+    dest = tmp_path / "target"
+    dest.write_bytes(b"old\n")
+    conn = LocalConnection("localhost")
+    command = write_command(str(dest), b"new\n")
+    stream = known_stream(b"new\n", sha(b"other"))
+    rc, _, err = conn.execute(command, become=False, timeout=None, stdin=stream)
+    assert rc != 0 and b"corrupted" in err and dest.read_bytes() == b"old\n"
+    assert leftovers(tmp_path) == []

@@ -14,12 +14,16 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import paramiko
 import pytest
 
+from fxkit.connection import ConnectOptions
+from fxkit.connection.ssh import SSHConnection
 from fxkit.lab import Fleet
+from fxkit.staging import SSHSource
+from fxkit.staging import stage as stage_source
 from tests.test_stage import FXKIT, digests, finish, skipped, start
 
 pytestmark = pytest.mark.lab
@@ -109,6 +113,52 @@ def test_resumes_a_partial_from_a_lab_host(fleet: Fleet, tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["resumed"] == 1  # its first 5 MiB kept
     assert digests(dest) == remote_digests(fleet)
+
+
+def test_streams_are_spread_over_several_connections(fleet: Fleet, tmp_path: Path) -> None:
+    """Streams open at once go over connections of their own (one paramiko connection moves
+    its packets on one thread), up to the limit; a staged copy over them is whole."""
+    made: list[SSHConnection] = []
+
+    def more() -> SSHConnection:
+        made.append(cast(SSHConnection, fleet.connect("lab01")))
+        return made[-1]
+
+    first = cast(SSHConnection, fleet.connect("lab01"))
+    source = SSHSource(first, MODEL, more=more, connections=2)
+    with source:
+        shard = f"{MODEL}/model-00001.safetensors"
+        with source.streams.stream(f"cat {shard}") as a, source.streams.stream("echo b") as b:
+            with source.streams.stream("echo c") as c:  # a third: on the less busy of the two
+                assert source.streams.connections == 2 and len(made) == 1
+                assert b.get_transport() is not a.get_transport()
+                assert c.get_transport() in (a.get_transport(), b.get_transport())
+                assert c.makefile("rb").read() == b"c\n" and b.makefile("rb").read() == b"b\n"
+            assert len(a.makefile("rb").read()) == 25165824
+            transports = [a.get_transport(), b.get_transport()]
+        summary = stage_source(source, tmp_path / "dest", jobs=4)
+    assert summary.copied == 4 and digests(tmp_path / "dest") == remote_digests(fleet)
+    assert not any(t.is_active() for t in transports)  # both closed with the source
+
+
+def test_a_further_connection_the_host_refuses_is_given_up(fleet: Fleet, tmp_path: Path) -> None:
+    """A second connection that cannot be opened (here: nothing listens on its port) costs no
+    file: its stream goes over the first connection, and no further one is tried."""
+    tried: list[SSHConnection] = []
+
+    def refused() -> SSHConnection:
+        options = ConnectOptions(known_hosts=str(fleet.known_hosts), connect_retries=0)
+        tried.append(cast(SSHConnection, fleet.connect("lab01", options, ansible_port=1)))
+        return tried[-1]
+
+    source = SSHSource(cast(SSHConnection, fleet.connect("lab01")), MODEL, refused, 4)
+    with source:
+        with source.streams.stream("echo a") as a, source.streams.stream("echo b") as b:
+            assert b.get_transport() is a.get_transport() and len(tried) == 1
+            assert b.makefile("rb").read() == b"b\n" and a.makefile("rb").read() == b"a\n"
+        summary = stage_source(source, tmp_path / "dest", jobs=4)
+    assert summary.copied == 4 and digests(tmp_path / "dest") == remote_digests(fleet)
+    assert source.streams.connections == 1 and len(tried) == 1
 
 
 def test_an_unknown_host_key_is_refused_unless_accepted(fleet: Fleet, tmp_path: Path) -> None:

@@ -21,19 +21,20 @@ from pathlib import Path
 from shlex import quote
 from typing import cast
 
+from fxkit.connection.atomic import CHUNK, content_stream
 from fxkit.facts.files import FileInfo, FileStat
 from fxkit.ops.base import OpContext, OpError, Result, failed
 from fxkit.ops.files import (
     DEFAULT_FILE_MODE,
     Mode,
     Owner,
-    _put,
     attribute_changes,
     attribute_command,
     attribute_diff,
     check_path,
     file,
     parse_mode,
+    write_command,
 )
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -78,13 +79,19 @@ def local_file(src: str | Path) -> Iterator[bytes]:
 
 
 def _as_wanted(
-    ctx: OpContext, dest: str, info: FileInfo, digest: str, mode: Mode, owner: Owner, group: Owner
+    ctx: OpContext,
+    dest: str,
+    info: FileInfo,
+    digest: str | None,
+    mode: Mode,
+    owner: Owner,
+    group: Owner,
 ) -> Result | None:
     """The result when ``dest`` has the content (its attributes then managed) or cannot get it;
-    None when it is to be written."""
+    None when it is to be written (``digest`` None: not known yet, ``dest`` absent)."""
     if info.exists and info.type not in ("file", "link"):
         return failed(f"{dest} exists and is a {info.type}, not a file: move it away first")
-    if info.type == "file" and info.sha256 == digest:
+    if digest is not None and info.type == "file" and info.sha256 == digest:
         return file(ctx, dest, mode=mode, owner=owner, group=group)
     parent = posixpath.dirname(dest) or "/"
     if not info.exists and not ctx.read(f"test -d {quote(parent)}").ok:
@@ -134,30 +141,47 @@ def copy(
     want_mode = parse_mode(mode)
     expected = check_sha256(sha256) if sha256 is not None else None
     with local_file(src) as data:
-        digest = hashlib.sha256(data).hexdigest()
+        # The controller hashes its file once: up front where the digest is needed before any
+        # byte goes out (a digest to meet, a host file to compare with, a diff to show, check
+        # mode), and then passed through to the stream; otherwise while the stream sends it.
+        digest = hashlib.sha256(data).hexdigest() if expected is not None else None
         if expected is not None and digest != expected:
             return failed(
                 f"{src} on the controller has sha256 {digest}, not the expected {expected}: "
                 f"nothing copied to {dest}; fetch the artifact again or fix the digest"
             )
         info = ctx.fresh(FileStat, dest)
+        if digest is None and (info.exists or ctx.check or ctx.diff):
+            digest = hashlib.sha256(data).hexdigest()
         done = _as_wanted(ctx, dest, info, digest, mode, owner, group)
         if done is not None:
             return done
-        diff = _digest_diff(
-            info, dest, digest, want_mode, owner, group, f"{len(data)} bytes from {src}"
-        )
-        return _put(
-            ctx,
-            dest,
-            data,
-            exists=info.exists,
+        diff = None
+        if digest is not None:
+            diff = _digest_diff(
+                info, dest, digest, want_mode, owner, group, f"{len(data)} bytes from {src}"
+            )
+        verb = "update" if info.exists else "create"
+        result = ctx.change(
+            write_command(dest, data, mode=want_mode, owner=owner, group=group, backup=backup),
+            stdin=content_stream(data) if digest is None else known_stream(data, digest),
+            would=f"{verb} {dest}",
+            done=f"{verb}d {dest}",
             diff=diff,
-            mode=want_mode,
-            owner=owner,
-            group=group,
-            backup=backup,
         )
+        if backup and result.changed and result.data.get("stdout", "").strip():
+            result.data["backup"] = result.data["stdout"].strip()
+        return result
+
+
+def known_stream(data: bytes, digest: str) -> Iterator[memoryview]:
+    """:func:`fxkit.connection.atomic.content_stream` for content whose sha256 is already known:
+    its chunks (views, no copies), then that digest on a line of its own; nothing hashed again.
+    The host still hashes what arrived and renames nothing that differs."""
+    view = memoryview(data)
+    for start in range(0, len(view), CHUNK):
+        yield view[start : start + CHUNK]
+    yield memoryview(f"{digest}\n".encode())
 
 
 def download_command(
