@@ -6,6 +6,7 @@ queued behind the current one's; tensors are handed out in file order as soon as
 
 from __future__ import annotations
 
+import os
 import resource
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -41,11 +42,21 @@ RESIDENCY_WINDOWS = 64
 #: ahead of the consumer): each holds two descriptors (the file, its state file), together at most
 #: a quarter of RLIMIT_NOFILE, whatever the number of files.
 SHARED_IN_FLIGHT = 64
-#: With ``share`` on network or FUSE storage, at least this many reader threads: each buffered
-#: read there waits a round trip per readahead window (128 KiB on FUSE), so the depth is threads.
+#: Buffered reads on network or FUSE storage (``share``, or several local ranks), at least this
+#: many reader threads: each waits a round trip per readahead window (128 KiB on FUSE), so the
+#: depth is the threads.
 REMOTE_SHARED_THREADS = 32
 
 __all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
+
+
+def several_local_ranks() -> bool:
+    """Whether this process is one of several on this node loading the same model: torchrun's
+    (and vLLM's launchers') ``LOCAL_WORLD_SIZE`` above 1."""
+    try:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
 
 
 def _read_mode(direct_io: DirectIO, path: Path, can_map: bool, remote: bool = False) -> str:
@@ -62,7 +73,10 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool, remote: bool = Fa
     On network and FUSE storage (``remote``, :mod:`.fstype`) an uncached file is read with
     O_DIRECT whatever the device: buffered reads there wait for one readahead window (128 KiB
     on FUSE) per round trip, while each O_DIRECT read goes out as many requests at once
-    (docs/BENCHMARKS.md, "The loader on remote storage").
+    (docs/BENCHMARKS.md, "Results for issue 26 §3-4"). Where several ranks of this node load at
+    once (:func:`several_local_ranks`), a CPU load reads there through the page cache too, so
+    that the node reads each byte once: 4 ranks with private O_DIRECT reads ran 0.49x
+    ``load_file`` at 2 ms, reading through the page cache at 32 streams 1.54x.
     """
     if direct_io in ("on", True):
         return "direct"
@@ -74,7 +88,7 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool, remote: bool = Fa
         cached = 0.0
     if can_map and cached >= MAP_FROM:
         return "map"
-    if remote:
+    if remote and not (can_map and several_local_ranks()):
         return "direct" if cached < DIRECT_BELOW else "buffered"
     if can_map:
         return "cache"
@@ -244,7 +258,8 @@ def iter_tensors(
         # Also when the caller stops early: no buffer goes back to the allocator while the side
         # stream may still copy into it (the consumer's stream waits for every issued copy).
         stack.callback(sink.publish)
-        if shared is not None and any(remote_fs(h.path) for h in files):
+        depth = shared is not None or (several_local_ranks() and direct_io == "auto")
+        if depth and any(remote_fs(h.path) for h in files):
             threads = max(threads, REMOTE_SHARED_THREADS)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)

@@ -63,3 +63,18 @@ def test_default_load_over_fuse_reads_with_o_direct(fuse_model: tuple[Path, Path
     assert resident_fraction(file) < 0.01
     load(mnt, threads=4, direct_io="off")
     assert resident_fraction(file) > 0.9
+
+
+def test_several_local_ranks_over_fuse_read_through_the_page_cache(
+    fuse_model: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With several ranks on the node (torchrun's LOCAL_WORLD_SIZE), the node reads once: the
+    default reads into the shared page cache instead of each rank's private O_DIRECT buffers."""
+    model, mnt = fuse_model
+    file = mnt / "m.safetensors"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    evict(file)
+    got = load(mnt, threads=4, chunk_size=256 << 10)
+    want = load_file(model / "m.safetensors")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert resident_fraction(file) > 0.9
