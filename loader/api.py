@@ -6,6 +6,7 @@ queued behind the current one's; tensors are handed out in file order as soon as
 
 from __future__ import annotations
 
+import os
 import resource
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from .cache import resident_fraction
 from .errors import LoaderError
 from .files import ModelPath
 from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
+from .fstype import remote_fs
 from .options import DirectIO, LoadOptions
 from .plan import FilePlan, normalise_chunk_size, plan_file
 from .read import FileReader, MappedFile
@@ -40,11 +42,24 @@ RESIDENCY_WINDOWS = 64
 #: ahead of the consumer): each holds two descriptors (the file, its state file), together at most
 #: a quarter of RLIMIT_NOFILE, whatever the number of files.
 SHARED_IN_FLIGHT = 64
+#: Buffered reads on network or FUSE storage (``share``, or several local ranks), at least this
+#: many reader threads: each waits a round trip per readahead window (128 KiB on FUSE), so the
+#: depth is the threads.
+REMOTE_SHARED_THREADS = 32
 
 __all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
 
 
-def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
+def several_local_ranks() -> bool:
+    """Whether this process is one of several on this node loading the same model: torchrun's
+    (and vLLM's launchers') ``LOCAL_WORLD_SIZE`` above 1."""
+    try:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def _read_mode(direct_io: DirectIO, path: Path, can_map: bool, remote: bool = False) -> str:
     """How to read a file: "direct" (O_DIRECT), "buffered", "map" (already cached: nothing to
     read) or "cache" (read into the page cache and mapped; both for CPU loads only).
 
@@ -55,6 +70,13 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
     its pages. Hot, mapping the cached pages ran 9-12 GB/s without copying a byte. For a device
     (29 Nov 2026): cold, O_DIRECT into the pinned staging ran 1.5-1.9 GB/s against 0.5-1.3 for
     buffered reads; hot, buffered reads ran 10-12 GB/s against 1-3 for O_DIRECT.
+    On network and FUSE storage (``remote``, :mod:`.fstype`) an uncached file is read with
+    O_DIRECT whatever the device: buffered reads there wait for one readahead window (128 KiB
+    on FUSE) per round trip, while each O_DIRECT read goes out as many requests at once
+    (docs/BENCHMARKS.md, "Results for issue 26 §3-4"). Where several ranks of this node load at
+    once (:func:`several_local_ranks`), a CPU load reads there through the page cache too, so
+    that the node reads each byte once: 4 ranks with private O_DIRECT reads ran 0.49x
+    ``load_file`` at 2 ms, reading through the page cache at 32 streams 1.54x.
     """
     if direct_io in ("on", True):
         return "direct"
@@ -64,8 +86,12 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool) -> str:
         cached = resident_fraction(path, windows=RESIDENCY_WINDOWS)
     except OSError:
         cached = 0.0
+    if can_map and cached >= MAP_FROM:
+        return "map"
+    if remote and not (can_map and several_local_ranks()):
+        return "direct" if cached < DIRECT_BELOW else "buffered"
     if can_map:
-        return "map" if cached >= MAP_FROM else "cache"
+        return "cache"
     return "direct" if cached < DIRECT_BELOW else "buffered"
 
 
@@ -232,6 +258,9 @@ def iter_tensors(
         # Also when the caller stops early: no buffer goes back to the allocator while the side
         # stream may still copy into it (the consumer's stream waits for every issued copy).
         stack.callback(sink.publish)
+        depth = shared is not None or (several_local_ranks() and direct_io == "auto")
+        if depth and any(remote_fs(h.path) for h in files):
+            threads = max(threads, REMOTE_SHARED_THREADS)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
 
@@ -240,7 +269,8 @@ def iter_tensors(
         def start(header: FileHeader) -> _File:
             """Open ``header``'s file and queue its reads; on failure, close what it opened."""
             sharing = opts.share and header.data_size > 0
-            mode = "cache" if sharing else _read_mode(direct_io, header.path, can_map)
+            remote = remote_fs(header.path) is not None
+            mode = "cache" if sharing else _read_mode(direct_io, header.path, can_map, remote)
             plan = plan_file(header, chunk, mode in ("map", "cache"))
             tensors = wanted[header.path]
             needed = plan.holding(tensors) if keep else list(range(len(plan.chunks)))

@@ -76,6 +76,11 @@ def _fxkit(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[A
     yield from load(path, **options).values()
 
 
+def _fxkit_direct(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
+    """fxkit with the explicit option ``direct_io="on"`` (over the run's other options)."""
+    yield from _fxkit(path, files, {**options, "direct_io": "on"})
+
+
 def _runai(path: Path, files: list[Path], options: dict[str, Any]) -> Iterator[Any]:
     """Run:ai's streamer; its settings are environment variables (``Method.env``)."""
     from runai_model_streamer import SafetensorsStreamer
@@ -170,6 +175,12 @@ METHODS = {
             _prefetch,
         ),
         Method("fxkit", "fxkit.loader.load", "fxkit.loader:load", _fxkit),
+        Method(
+            "fxkit-direct",
+            "fxkit.loader.load(direct_io='on'): the explicit O_DIRECT option",
+            "fxkit.loader:load",
+            _fxkit_direct,
+        ),
         Method("fio", "fio: a sweep of job layouts, depths and block sizes", "fio"),
         Method(
             "runai",
@@ -603,7 +614,7 @@ def bench(
                 if setting:
                     _run_fio(files, setting, run)
                 else:
-                    _run_loader(name, path, options if name == "fxkit" else {}, run)
+                    _run_loader(name, path, options if name.startswith("fxkit") else {}, run)
                 if not run.error:
                     run.gbps = run.nbytes / run.seconds / GB
                 all_runs.append(run)
