@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOAD = REPO / "bench" / "provision"
+#: The sitecustomize that counts a tool's SSH channels and SFTP requests (both use paramiko).
+PROBE = REPO / "bench" / "provision_probe"
 VENVS = REPO / ".cache" / "bench-venvs"
 TASKS_PER_HOST = 20
 #: What the workload writes on a host; the reset between first runs removes exactly this.
@@ -294,6 +296,26 @@ def hosts_cpu(pids: list[int]) -> float:
     return sum(map(_cpu_with_reaped, pids))
 
 
+def last_pids(sshds: list[int]) -> list[int]:
+    """Each host's PID counter: the last PID given out in its own PID namespace (read by a
+    process started in that namespace, which takes one PID itself)."""
+
+    def one(pid: int) -> int:
+        argv = ["nsenter", "-t", str(pid), "-p", "cat", "/proc/sys/kernel/ns_last_pid"]
+        return int(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, sshds))
+
+
+def spawned(before: list[int], after: list[int]) -> int:
+    """Processes the hosts started between two :func:`last_pids` (the reader's own excluded)."""
+    counts = [b - a - 1 for a, b in zip(before, after, strict=True)]
+    if min(counts) < 0:
+        raise BenchError("a host's PID counter wrapped around during the run: run it again")
+    return sum(counts)
+
+
 def wait_sessions_closed(pids: list[int], timeout: float = 5.0) -> None:
     """Wait until no host has an SSH session left (its CPU is then in the sshd's cutime)."""
     deadline = time.monotonic() + timeout
@@ -317,6 +339,11 @@ class Run:
     changed_hosts: int
     #: Peak resident memory of the tool's largest process (fxkit: its only one), MiB.
     controller_peak_mib: float = 0.0
+    #: Processes the tool made the hosts start (their PID counters), all hosts together.
+    host_spawns: int = 0
+    #: SSH channels the tool opened (a command, an SFTP session) and SFTP requests it sent.
+    channels: int = 0
+    sftp_requests: int = 0
 
     @property
     def host_tasks(self) -> int:
@@ -376,6 +403,10 @@ def measure(
         workdir = Path(tmp)
         (workdir / "cp").mkdir()
         env = {**os.environ, **{k: v.format(workdir=workdir) for k, v in tool.env.items()}}
+        counts_file = workdir / "ssh-counts.json"
+        path = [str(PROBE), *filter(None, [env.get("PYTHONPATH")])]
+        env.update(FXBENCH_COUNTS=str(counts_file), PYTHONPATH=os.pathsep.join(path))
+        pids0 = last_pids(sshds)
         cpu0, hosts0 = children_cpu(), hosts_cpu(sshds)
         with open(workdir / "output", "w+") as out:
             start = time.perf_counter()
@@ -392,9 +423,13 @@ def measure(
         reap_orphans(keep)
         wait_sessions_closed(sshds)
         cpu, hosts = children_cpu() - cpu0, hosts_cpu(sshds) - hosts0
+        spawns = spawned(pids0, last_pids(sshds))
         if proc.returncode:
             raise BenchError(f"{tool.name} exited {proc.returncode}:\n{output[-3000:]}")
         counts = tool.parse(output, workdir)
+        if not counts_file.exists():
+            raise BenchError(f"{tool.name} left no SSH counts ({PROBE}/sitecustomize.py)")
+        ssh = json.loads(counts_file.read_text())
     if counts.failed:
         raise BenchError(f"{tool.name} reported {counts.failed} failures:\n{output[-3000:]}")
     if phase == "first" and len(counts.changed_hosts) != len(names):
@@ -403,7 +438,72 @@ def measure(
     if phase == "second" and counts.changed:
         raise BenchError(f"{tool.name}'s second run changed {counts.changed} things:\n{output}")
     return Run(tool.name, len(names), round_, phase, wall, cpu, hosts, counts.changed,
-               len(counts.changed_hosts), round(usage.ru_maxrss / 1024, 1))  # fmt: skip
+               len(counts.changed_hosts), round(usage.ru_maxrss / 1024, 1), spawns,
+               ssh["channels"], ssh["sftp_requests"])  # fmt: skip
+
+
+# -- round trips and spawns of each operation ---------------------------------------------
+
+
+@contextmanager
+def ssh_counted() -> Iterator[dict[str, int]]:
+    """Count, in this process, the SSH channels paramiko opens and the SFTP requests it sends
+    (as ``bench/provision_probe`` does in a tool's process)."""
+    import paramiko
+    from paramiko.sftp_client import SFTPClient
+
+    counts = {"channels": 0, "sftp_requests": 0}
+    patched = [(paramiko.Transport, "open_channel", "channels"),
+               (SFTPClient, "_async_request", "sftp_requests")]  # fmt: skip
+    originals = [getattr(cls, name) for cls, name, _ in patched]
+
+    def counting(original: Callable[..., object], key: str) -> Callable[..., object]:
+        def counted(*args: object, **kwargs: object) -> object:
+            counts[key] += 1
+            return original(*args, **kwargs)
+
+        return counted
+
+    for (cls, name, key), original in zip(patched, originals, strict=True):
+        setattr(cls, name, counting(original, key))
+    try:
+        yield counts
+    finally:
+        for (cls, name, _), original in zip(patched, originals, strict=True):
+            setattr(cls, name, original)
+
+
+def per_operation(fleet: Fleet, name: str) -> list[dict]:
+    """Each of the workload's four kinds of operation run once on a new path (first) and once
+    more (second, nothing to change) on one host, through fxkit's API: the SSH channels, SFTP
+    requests and host processes each took. The connection is open and its SFTP session started
+    before (each host opens them once per run)."""
+    from fxkit.facts.base import FactCache
+    from fxkit.ops import command, directory, file, line
+    from fxkit.ops.base import OpContext
+
+    root = f"{WORKLOAD_PATHS[0]}/per-op"
+    kinds: dict[str, Callable[[OpContext], object]] = {
+        "directory": lambda ctx: directory(ctx, f"{root}/d", mode="0755"),
+        "template (file)": lambda ctx: file(ctx, f"{root}/d/app.conf", "x = 1\n", mode="0644"),
+        "line": lambda ctx: line(ctx, f"{root}/d/lines.conf", "option_1 = on"),
+        "command (creates)": lambda ctx: command(ctx, f"touch {root}/done", creates=f"{root}/done"),
+    }
+    sshd = sshd_pids(fleet, [name])
+    rows = []
+    with fleet.connect(name) as conn:
+        ctx = OpContext(conn, FactCache(conn))
+        ctx.read(f"rm -rf -- {root}")
+        conn.get(f"{root}/absent")
+        for kind, run in kinds.items():
+            for phase in ("first", "second"):
+                before = last_pids(sshd)
+                with ssh_counted() as counts:
+                    run(ctx)
+                rows.append({"operation": kind, "phase": phase, **counts,
+                             "host_spawns": spawned(before, last_pids(sshd))})  # fmt: skip
+        ctx.read(f"rm -rf -- {root}")
+    return rows
 
 
 # -- the benchmark --------------------------------------------------------------------------
@@ -432,7 +532,10 @@ class Bench:
                     console.print(
                         f"{count:3d} hosts #{round_} {tool.name:7s} {phase:6s} "
                         f"{run.wall_s:6.2f} s, CPU-s: {run.controller_cpu_s:6.2f} controller, "
-                        f"{run.hosts_cpu_s:6.2f} hosts; {run.changed} changed"
+                        f"{run.hosts_cpu_s:6.2f} hosts; {run.changed} changed; per task: "
+                        f"{run.host_spawns / run.host_tasks:.2f} spawns, "
+                        f"{run.channels / run.host_tasks:.2f} channels, "
+                        f"{run.sftp_requests / run.host_tasks:.2f} SFTP requests"
                     )
 
     def check_state(self, tool: Tool, names: list[str], phase: str) -> None:
@@ -471,6 +574,9 @@ def summarize(runs: list[Run], tools: Sequence[str]) -> list[dict]:
                 "controller_cpu_ms_per_host_task": round(1000 * cpu / (hosts * TASKS_PER_HOST), 2),
                 "hosts_cpu_ms_per_host_task": round(1000 * host_cpu / (hosts * TASKS_PER_HOST), 2),
                 "controller_peak_mib": statistics.median(r.controller_peak_mib for r in chosen),
+                **{f"{key}_per_host_task": round(statistics.median(
+                    getattr(r, key) for r in chosen) / (hosts * TASKS_PER_HOST), 2)
+                   for key in ("host_spawns", "channels", "sftp_requests")},
             })  # fmt: skip
     return rows
 
@@ -489,7 +595,10 @@ def targets(rows: list[dict], hosts: int = 32) -> dict[str, bool | None]:
 
 
 COLUMNS = ("hosts", "run", "tool", "wall s", "rounds", "x fxkit", "ctl CPU-s", "ctl ms/task",
-           "hosts ms/task", "ctl peak MiB")  # fmt: skip
+           "hosts ms/task", "ctl peak MiB", "spawns/task", "channels/task",
+           "SFTP req/task")  # fmt: skip
+#: The per-task counts of a summary row, as the tables show them.
+PER_TASK = ("host_spawns_per_host_task", "channels_per_host_task", "sftp_requests_per_host_task")
 
 
 def render(rows: list[dict], goals: dict[str, bool | None]) -> None:
@@ -507,6 +616,7 @@ def render(rows: list[dict], goals: dict[str, bool | None]) -> None:
             "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}",
             f"{row['controller_cpu_s']:.2f}", f"{row['controller_cpu_ms_per_host_task']:.1f}",
             f"{row['hosts_cpu_ms_per_host_task']:.1f}", f"{row.get('controller_peak_mib', 0):.0f}",
+            *(f"{row.get(key, 0):.2f}" for key in PER_TASK),
         )  # fmt: skip
     console.print(table)
     for goal, met in goals.items():
@@ -569,15 +679,19 @@ def scaling(rows: list[dict]) -> list[dict]:
 def markdown(report: dict) -> str:
     """The result tables as Markdown, for docs/BENCHMARKS.md."""
     lines = ["| hosts | run | tool | wall s (median) | all rounds | × fxkit | controller CPU-s "
-             "| controller CPU ms / host-task | hosts CPU ms / host-task | controller peak MiB |",
-             "|---:|---|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| controller CPU ms / host-task | hosts CPU ms / host-task | controller peak MiB "
+             "| host spawns / task | SSH channels / task | SFTP requests / task |",
+             "|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for row in report["summary"]:
         ratio = "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}"
         lines.append(
             f"| {row['hosts']} | {row['phase']} | {row['tool']} | {row['wall_s_median']:.2f} "
             f"| {' '.join(f'{w:.2f}' for w in row['wall_s_all'])} | {ratio} "
             f"| {row['controller_cpu_s']:.2f} | {row['controller_cpu_ms_per_host_task']:.1f} "
-            f"| {row['hosts_cpu_ms_per_host_task']:.1f} | {row.get('controller_peak_mib', 0):.0f} |"
+            f"| {row['hosts_cpu_ms_per_host_task']:.1f} "
+            f"| {row.get('controller_peak_mib', 0):.0f} | "
+            + " | ".join(f"{row.get(key, 0):.2f}" for key in PER_TASK)
+            + " |"
         )
     growth = scaling(report["summary"])
     if growth:
@@ -592,6 +706,11 @@ def markdown(report: dict) -> str:
                 f"| {r['tool']} | {r['phase']} | {cells} | {r['growth']:.1f}x "
                 f"| {r['s_per_added_host']:.3f} |"
             )
+    if report.get("per_operation"):
+        lines += ["", "| fxkit operation | run | SSH channels | SFTP requests | host processes |",
+                  "|---|---|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {r['operation']} | {r['phase']} | {r['channels']} | {r['sftp_requests']} "
+                  f"| {r['host_spawns']} |" for r in report["per_operation"]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -634,7 +753,8 @@ def run_benchmark(args: argparse.Namespace, chosen: list[str]) -> dict:
             for round_ in range(1, rounds + 1):
                 bench.round(count, round_)
                 save(args.json, report(bench, complete=False))  # a crash keeps what was measured
-    result = report(bench, complete=True)
+        per_op = per_operation(fleet, sorted(fleet.hosts)[0])
+    result = {**report(bench, complete=True), "per_operation": per_op}
     save(args.json, result)
     return result
 
@@ -655,12 +775,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prefix", default="127.88.0", help="the fleet's addresses (127.x.y)")
     parser.add_argument("--report", action="store_true", help="only show the --json file's tables")
     parser.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
+    parser.add_argument(
+        "--per-op", action="store_true", help="only count each operation's round trips and spawns"
+    )
     args = parser.parse_args(argv)
 
     chosen = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = set(chosen) - set(TOOLS)
     if unknown:
         parser.error(f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS)}")
+    if args.per_op:
+        with lab_fleet(args.lab_dir, args.prefix, 1) as fleet:
+            report = {"summary": [], "per_operation": per_operation(fleet, sorted(fleet.hosts)[0])}
+        console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
+        return 0
     if args.report:
         report = json.loads(args.json.read_text())
     else:

@@ -38,7 +38,9 @@ def test_writing_where_no_directory_is_a_failed_step(conn: Connection, size: int
     # 8 MB: the command fails and ends long before fxkit has sent its stdin (not a lost link).
     with pytest.raises(FxkitError) as info:
         conn.put("/nonexistent/dir/file", b"x" * size)
-    assert _step_error(info).startswith("cannot write /nonexistent/dir/file: mktemp: ")
+    assert _step_error(info).startswith(
+        "cannot write /nonexistent/dir/file: fxkit: cannot create a temp file in /nonexistent/dir: "
+    )
 
 
 def test_reading_a_directory_is_a_failed_step(conn: Connection) -> None:

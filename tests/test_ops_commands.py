@@ -41,6 +41,22 @@ def test_creates_guard_runs_once_in_one_round_trip(tmp_path: Path) -> None:
     assert len(conn.commands) == 1
     result = command(ctx, f"echo x >> {target}", creates=str(target))
     assert result.status is Status.OK and result.msg == f"{target} exists"
+    # The guard was looked up without a command (os.stat here, SFTP over SSH).
+    assert target.read_text() == "x\n" and len(conn.commands) == 1
+
+
+def test_guards_without_a_stat_still_hold(tmp_path: Path) -> None:
+    """Where the connection cannot stat (become through sudo), the guard runs on the host."""
+
+    class NoStat(CountingConnection):
+        def stat(self, path: str, **kwargs):  # type: ignore[no-untyped-def]
+            raise NotImplementedError
+
+    target = tmp_path / "done"
+    conn = NoStat()
+    ctx = OpContext(conn, FactCache(conn))
+    assert command(ctx, f"echo x >> {target}", creates=str(target)).changed
+    assert command(ctx, f"echo x >> {target}", creates=str(target)).msg == f"{target} exists"
     assert target.read_text() == "x\n" and len(conn.commands) == 2
 
 
@@ -123,7 +139,10 @@ def test_guards_run_in_the_command_s_round_trip_and_the_first_that_holds_says_wh
     marker = tmp_path / "marker"
     result = command(ctx, "echo never", only_if=f"test -e {marker}", creates=str(tmp_path))
     assert result.status is Status.OK and result.msg == f"{tmp_path} exists"
-    assert len(conn.commands) == 1
+    assert conn.commands == []  # creates holds: seen without a command
+    result = command(ctx, "echo never", only_if=f"test -e {marker}", creates=str(marker))
+    assert result.status is Status.OK and result.msg == f"only_if: `test -e {marker}` failed"
+    assert len(conn.commands) == 1  # creates and only_if ran with the command, in one trip
 
 
 def test_a_guard_s_own_output_does_not_fool_the_token(tmp_path: Path) -> None:

@@ -140,30 +140,38 @@ def test_shell_metacharacters_are_data(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 class CountingConnection(LocalConnection):
+    """Counts the commands (a process on the host each) and the reads without one (stat, get:
+    SFTP requests over SSH)."""
+
     def __init__(self) -> None:
         super().__init__("localhost")
-        self.calls = 0
+        self.commands = 0
+        self.reads = 0
 
     def run(self, command: str, **kwargs):  # type: ignore[no-untyped-def]
-        self.calls += 1
+        self.commands += 1
         return super().run(command, **kwargs)
 
     def get(self, path: str, **kwargs):  # type: ignore[no-untyped-def]
-        self.calls += 1
+        self.reads += 1
         return super().get(path, **kwargs)
+
+    def stat(self, path: str, **kwargs):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return super().stat(path, **kwargs)
 
 
 @pytest.mark.parametrize(
-    ("existing", "content", "mode", "round_trips"),
+    ("existing", "content", "mode", "commands"),
     [
-        (None, "new\n", "0600", 2),  # stat, then write with mode
-        ("same\n", "same\n", None, 1),  # stat only
-        ("old\n", "new\n", "0600", 2),  # stat, then write + chmod + rename in one command
-        ("same\n", None, "0600", 2),  # stat, then chmod
+        (None, "new\n", "0600", 1),  # stat without a command, then write with mode
+        ("same\n", "same\n", None, 0),  # stat and content read and hashed here
+        ("old\n", "new\n", "0600", 1),  # write + mode + rename in one command
+        ("same\n", None, "0600", 1),  # chmod
     ],
 )
-def test_file_round_trips(
-    tmp_path: Path, existing: str | None, content: str | None, mode: str | None, round_trips: int
+def test_file_commands(
+    tmp_path: Path, existing: str | None, content: str | None, mode: str | None, commands: int
 ) -> None:
     path = tmp_path / "f"
     if existing is not None:
@@ -171,7 +179,10 @@ def test_file_round_trips(
         path.chmod(0o644)
     conn = CountingConnection()
     file(OpContext(conn, FactCache(conn)), str(path), content, mode=mode)
-    assert conn.calls == round_trips
+    assert conn.commands == commands
+    assert conn.reads >= 1  # the file's state is always read first
+    assert path.read_text() == (content or existing)
+    assert path.stat().st_mode & 0o777 == int(mode or "644", 8)
 
 
 def test_paths_are_checked(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ so the sha256 line is left for ``read``); openssl's sha256 is used where it is i
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from shlex import quote
@@ -47,55 +48,88 @@ def expected(content: bytes | None) -> str:
 
 
 def replace_command(
-    path: str, size: int, *, before_rename: str = "", expect: str | None = None
+    path: str,
+    size: int,
+    *,
+    before_rename: str = "",
+    expect: str | None = None,
+    umask: int = 0o077,
 ) -> str:
     """The shell command that replaces ``path`` with the ``size`` bytes of
     :func:`content_stream`, which it reads on its stdin.
 
     ``before_rename`` runs once the content is verified, with ``"$t"`` the temp file and ``"$p"``
-    the target (set attributes, keep a backup); when it fails, nothing is renamed. The command
-    fails (rc != 0, the reason on stderr) when the content did not arrive whole, and with
-    :data:`CHANGED_RC` when ``expect`` (see :func:`expected`) is given and the target differs."""
+    the target (set attributes, keep a backup); when it fails, nothing is renamed. The temp file
+    is created with mode ``0666 & ~umask`` (0600 unless told). The command fails (rc != 0, the
+    reason on stderr) when the content did not arrive whole, and with :data:`CHANGED_RC` when
+    ``expect`` (see :func:`expected`) is given and the target differs.
+
+    Every step that a shell can do itself is a builtin (the temp file is made with ``set -C``,
+    the directory is cut from the path): on the host the write starts ``dd``, one hash and
+    ``mv``, and what ``before_rename`` and ``expect`` need."""
     temp = f'"$d/.$n{TEMP_MARK}"'  # a quoted shell word: the prefix of every temp file
     steps = [
         f"p={quote(path)}",
-        'd=$(dirname -- "$p")',
+        "case $p in */*) d=${p%/*}; d=${d:-/};; *) d=.;; esac",
         "n=${p##*/}",
         f"for s in {temp}*; do w=${{s#{temp}}}; w=${{w%%.*}}; "
         '[ -f "$s" ] && [ ! -d "/proc/$w" ] && rm -f -- "$s"; done',
         # openssl's sha256 (SHA-NI where the CPU has it) is 5-8x faster than coreutils'.
-        "sha() { if command -v openssl >/dev/null; then openssl dgst -sha256 -r; "
-        "else sha256sum; fi; }",
-        f"t=$(mktemp -- {temp}$$.XXXXXX) || exit 1",
+        "if command -v openssl >/dev/null; then sha='openssl dgst -sha256 -r'; "
+        "else sha=sha256sum; fi",
+        # The writer's PID and a random suffix name it; set -C creates it only if it is new.
+        f"t={temp}$$.{secrets.token_hex(4)}",
+        f"umask {umask:03o}; set -C",
+        'true 2>/dev/null > "$t" || { e=$(true 2>&1 > "$t"); echo "fxkit: cannot create a temp '
+        'file in $d: ${e##*: }; $p is unchanged" >&2; exit 1; }',
+        "set +C",
         "trap 'rm -f -- \"$t\"' EXIT",
         "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 141' PIPE; trap 'exit 143' TERM",
         f'dd bs={CHUNK} iflag=fullblock,count_bytes count={size} status=none of="$t" || exit 1',
-        'got=$(wc -c < "$t")',
-        # The sha256 line comes after the content: without it the transfer broke off.
-        f'{{ read -r want && [ "$got" -eq {size} ]; }} || {{ echo "fxkit: the transfer broke '
+        # The sha256 line comes after the content: without it the transfer broke off (a content
+        # cut short leaves dd reading into the sha256 line, and read then finds none).
+        f'read -r want || {{ got=$(wc -c < "$t"); echo "fxkit: the transfer broke '
         f'off after $got of {size} bytes; $p is unchanged" >&2; exit 1; }}',
-        'sum=$(sha < "$t")',
-        '[ "${sum%% *}" = "$want" ] || { echo "fxkit: the content arrived corrupted '
-        '(sha256 differs); $p is unchanged" >&2; exit 1; }',
     ]
+    if expect is None or expect == ABSENT:
+        steps += ['sum=$($sha < "$t")', _CORRUPTED]
     if expect is not None:
         steps += _unchanged(expect)
-    final = 'mv -f -- "$t" "$p"'
+    # Once renamed there is nothing left to remove: the EXIT trap would start an rm for nothing.
+    final = 'mv -f -- "$t" "$p" && trap - EXIT'
     steps.append(f"{before_rename} && {final}" if before_rename else final)
     return "\n".join(steps)
 
 
+_CORRUPTED = (
+    '[ "${sum%% *}" = "$want" ] || { echo "fxkit: the content arrived corrupted '
+    '(sha256 differs); $p is unchanged" >&2; exit 1; }'
+)
+
+
 def _unchanged(expect: str) -> list[str]:
     """Steps that lock the target's directory (held until the command ends) and exit
-    :data:`CHANGED_RC` unless the target is as ``expect`` says."""
-    return [
+    :data:`CHANGED_RC` unless the target is as ``expect`` says. A target that was absent is
+    checked without hashing anything; one that had content is hashed with the temp file, by one
+    ``sha256sum`` (an edit's file is small: one process matters more than openssl's speed)."""
+    changed = (
+        f'{{ echo "fxkit: $p changed since it was read; it is unchanged" >&2; exit {CHANGED_RC}; }}'
+    )
+    lock = [
         'exec 9< "$d"',
         f"if command -v flock >/dev/null; then flock -w {LOCK_WAIT} 9 || {{ echo "
         '"fxkit: another write in $d held its lock for too long; $p is unchanged" >&2; '
         "exit 1; }; fi",
-        f'if [ -e "$p" ]; then now=$(sha < "$p") || exit 1; else now={ABSENT}; fi',
-        f'[ "${{now%% *}}" = {quote(expect)} ] || {{ echo "fxkit: $p changed since it was '
-        f'read; it is unchanged" >&2; exit {CHANGED_RC}; }}',
+    ]
+    if expect == ABSENT:
+        return [*lock, f'[ ! -e "$p" ] || {changed}']
+    return [
+        *lock,
+        # Two lines, the temp file's then the target's (a missing target: one line).
+        'sums=$(sha256sum -- "$t" "$p" 2>/dev/null); sum=${sums%%"\n"*}; now=${sums#"$sum"}',
+        'sum=${sum#\\\\}; now=${now#"\n"}; now=${now#\\\\}',
+        _CORRUPTED,
+        f'[ "${{now%% *}}" = {quote(expect)} ] || {changed}',
     ]
 
 

@@ -33,6 +33,18 @@ Stdin = bytes | Iterator[bytes | memoryview] | None
 
 
 @dataclass(frozen=True)
+class PathStat:
+    """A path's ``st_mode``, owner, size and mtime, as a connection learns them without a
+    command."""
+
+    st_mode: int
+    uid: int
+    gid: int
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
 class RunResult:
     """The outcome of one remote command."""
 
@@ -181,6 +193,14 @@ class Connection(ABC):
     @abstractmethod
     def get(self, path: str, *, become: bool = False) -> bytes | None:
         """Return the contents of the file ``path``, or None when it does not exist."""
+
+    def stat(self, path: str, *, become: bool = False, follow: bool = False) -> PathStat | None:
+        """``path``'s :class:`PathStat` read without starting a process on the host (SFTP,
+        ``os.stat``); None when it does not exist; ``follow`` follows a symbolic link.
+
+        Raises :class:`NotImplementedError` where the connection cannot (``become`` through sudo):
+        callers then use a command. Other errors as :meth:`get`."""
+        raise NotImplementedError(f"{type(self).__name__} has no stat without a command")
 
     def put(self, path: str, data: bytes, *, become: bool = False) -> None:
         """Replace ``path`` with ``data`` atomically: the old file or the new one, whole, even

@@ -20,7 +20,15 @@ import time
 from pathlib import Path
 from typing import IO
 
-from fxkit.connection.base import TIMEOUT_RC, Connection, Running, Stdin, buffers, timed_out
+from fxkit.connection.base import (
+    TIMEOUT_RC,
+    Connection,
+    PathStat,
+    Running,
+    Stdin,
+    buffers,
+    timed_out,
+)
 from fxkit.connection.become import Sudo
 from fxkit.errors import ConnectionFailed
 from fxkit.redaction import maskable
@@ -91,6 +99,17 @@ class LocalConnection(Connection):
             return None
         except OSError as exc:
             raise self.file_error("read", path, exc.strerror or str(exc)) from None
+
+    def stat(self, path: str, *, become: bool = False, follow: bool = False) -> PathStat | None:
+        if self.needs_sudo(become):
+            raise NotImplementedError("os.stat runs as fxkit's user, not the become user")
+        try:
+            st = os.stat(path) if follow else os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self.file_error("stat", path, exc.strerror or str(exc)) from None
+        return PathStat(st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime)
 
 
 class _Timeout(Exception):

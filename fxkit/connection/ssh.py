@@ -39,7 +39,15 @@ from typing import TYPE_CHECKING, Any
 import fabric
 import paramiko
 
-from fxkit.connection.base import TIMEOUT_RC, Connection, Running, Stdin, buffers, timed_out
+from fxkit.connection.base import (
+    TIMEOUT_RC,
+    Connection,
+    PathStat,
+    Running,
+    Stdin,
+    buffers,
+    timed_out,
+)
 from fxkit.connection.become import Started, Sudo, become_settings, reveal
 from fxkit.connection.hostkeys import (
     AcceptNewKey,
@@ -413,6 +421,30 @@ class SSHConnection(Connection):
             raise self.file_error(
                 "read", path, getattr(exc, "strerror", None) or _describe(exc)
             ) from None
+
+    def stat(self, path: str, *, become: bool = False, follow: bool = False) -> PathStat | None:
+        """Over the SFTP session :meth:`get` reads through: no process on the host."""
+        if self.needs_sudo(become):
+            raise NotImplementedError("SFTP runs as the login user, not the become user")
+        conn = self._opened()
+        try:
+            sftp = conn.sftp()
+            attrs = sftp.stat(path) if follow else sftp.lstat(path)
+        except FileNotFoundError:
+            return None
+        except _LINK_ERRORS as exc:
+            if not conn.transport.is_active():
+                raise self._lost(_describe(exc)) from None
+            raise self.file_error(
+                "stat", path, getattr(exc, "strerror", None) or _describe(exc)
+            ) from None
+        return PathStat(
+            attrs.st_mode or 0,
+            attrs.st_uid or 0,
+            attrs.st_gid or 0,
+            attrs.st_size or 0,
+            attrs.st_mtime or 0,
+        )
 
     def sftp(self) -> paramiko.SFTPClient:
         """A new SFTP session on the connection (one per thread: each has its own channel)."""

@@ -55,7 +55,7 @@ def lock_command(wait: float, owner: str) -> str:
             f"f={quote(LOCK_FILE)}",
             "command -v flock >/dev/null || "
             f'{{ echo "{_MARK} none: the host has no flock (util-linux)"; exit 0; }}',
-            'mkdir -p -- "${f%/*}" 2>/dev/null',
+            '[ -d "${f%/*}" ] || mkdir -p -- "${f%/*}" 2>/dev/null',
             'if [ -w "$f" ] || { [ ! -e "$f" ] && [ -w "${f%/*}" ]; }; then exec 9>>"$f"; else '
             f'echo "{_MARK} none: $(id -un) cannot write $f (not root, no become)"; exit 0; fi',
             f'if ! flock -n 9; then echo "{_MARK} busy: $(head -c 300 "$f" | tr -cd "[:print:]")"; '

@@ -43,6 +43,12 @@ class Fact(Generic[T]):
     def parse(self, result: RunResult, *args: Any) -> T:
         raise NotImplementedError
 
+    def direct(self, facts: FactCache, *args: Any, become: bool) -> T | None:
+        """The value learnt without a command (through the connection's SFTP session: no process
+        on the host, no round trip of its own), or None where it cannot be: then
+        :meth:`command` runs. Facts that can override it."""
+        return None
+
 
 class FactCache:
     """One host's gathered facts for a run, dropped when the host changes."""
@@ -54,7 +60,11 @@ class FactCache:
     def gather(self, fact: type[Fact[T]], *args: Any, become: bool = False) -> T:
         """Run the fact's command now (as root when ``become`` or the fact needs it)."""
         instance = fact()
-        result = self.conn.run(instance.command(*args), become=become or instance.become)
+        become = become or instance.become
+        value = instance.direct(self, *args, become=become)
+        if value is not None:
+            return value
+        result = self.conn.run(instance.command(*args), become=become)
         return instance.parse(result, *args)
 
     def get(self, fact: type[Fact[T]], *args: Any, become: bool = False) -> T:
@@ -64,6 +74,10 @@ class FactCache:
             self._cache[key] = self.gather(fact, *args, become=become)
         value: T = self._cache[key]
         return value
+
+    def forget(self, fact: type[Fact[Any]]) -> None:
+        """Drop ``fact`` (all its arguments): its source changed (a stable fact checks its own)."""
+        self._cache = {key: value for key, value in self._cache.items() if key[0] is not fact}
 
     def changed(self) -> None:
         """Something changed the host: drop every fact that is not :attr:`Fact.stable`."""

@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from fxkit.connection.base import Connection, RunResult, Stdin
-from fxkit.errors import FxkitError
+from fxkit.errors import ConnectionFailed, FxkitError
 from fxkit.facts.base import Fact, FactCache
 
 T = TypeVar("T")
@@ -134,6 +134,16 @@ class OpContext:
     def get(self, path: str) -> bytes | None:
         """The content of a file on the host, None when it does not exist."""
         return self.conn.get(path, become=self.become)
+
+    def exists(self, path: str) -> bool | None:
+        """Whether ``path`` exists (a link: its target), learnt without a command (SFTP); None
+        where the connection cannot tell without one (``become`` through sudo)."""
+        try:
+            return self.conn.stat(path, become=self.become, follow=True) is not None
+        except ConnectionFailed:
+            raise
+        except (FxkitError, NotImplementedError):
+            return None
 
     def fact(self, fact: type[Fact[T]], *args: Any) -> T:
         """A fact, gathered once per run and kept until the next change to the host."""

@@ -33,7 +33,9 @@ def command(
     when it does not; ``unless`` skips when that command succeeds, ``only_if`` unless it does.
     ``changed_when`` (a bool, or a function of the :class:`RunResult`) decides what a run that
     went through reports. Guards and command run in one round trip; check mode runs the guards
-    only (they must change nothing). ``data`` holds ``rc``, ``stdout``, ``stderr``; rc != 0
+    only (they must change nothing). ``creates`` and ``removes`` are looked up first without a
+    command where the connection can (SFTP): a command they skip costs no process on the host.
+    ``data`` holds ``rc``, ``stdout``, ``stderr``; rc != 0
     fails with the tail of stderr. To read a command's output, also in check mode, use the
     facts :class:`~fxkit.facts.CommandOutput` and :class:`~fxkit.facts.CommandJSON`.
 
@@ -44,6 +46,10 @@ def command(
     token = f"FXKIT-GUARD-{secrets.token_hex(8)}"
     given = {"creates": creates, "removes": removes, "unless": unless, "only_if": only_if}
     guards = {name: value for name, value in given.items() if value is not None}
+    for name, holds in (("creates", True), ("removes", False)):
+        path = guards.get(name)
+        if path is not None and ctx.exists(path) is holds:  # no command needed to skip
+            return ok(_GUARDS[name][1].format(path))
     test = _guard_script(token, guards)
     if ctx.check and guards:
         skip = _skipped_by(ctx.read(f"{test}exit 0").stdout, token, guards)

@@ -116,20 +116,33 @@ def write_command(
     (see :mod:`fxkit.connection.atomic`, also for ``expect``). The new file takes the old file's
     mode and owner (or :data:`DEFAULT_FILE_MODE`) unless ``mode``/``owner``/``group`` say
     otherwise; ``backup`` keeps a copy ``path.<time>~`` and prints its name.
+
+    A mode that a new file can be created with (no x, no special bits) is given to the temp file
+    as it is made, and the old file's owner is copied only when it is not the writer's: a new
+    file costs no chmod or chown on the host.
     """
-    steps = [
-        'if [ -e "$p" ]; then chmod --reference="$p" -- "$t" && chown --reference="$p" -- "$t"; '
-        f'else chmod {DEFAULT_FILE_MODE:o} -- "$t"; fi'
-    ]
-    attributes = attribute_command('"$t"', mode, owner, group)
-    if attributes:
-        steps.append(attributes)
+    created = DEFAULT_FILE_MODE if mode is None else mode
+    umask = 0o777 & ~created if created & 0o7111 == 0 else 0o077
+    keep_mode = 'chmod --reference="$p" -- "$t"' if mode is None else ""
+    keep_owner = (
+        '{ [ -O "$p" ] && [ -G "$p" ] || chown --reference="$p" -- "$t"; }'
+        if owner is None and group is None
+        else ""
+    )
+    keep = " && ".join(filter(None, [keep_mode, keep_owner]))
+    steps = [f'{{ [ ! -e "$p" ] || {{ {keep}; }}; }}'] if keep else []
+    if mode is not None and umask == 0o077:
+        steps.append(attribute_command('"$t"', mode, None, None))
+    if owner is not None or group is not None:
+        steps.append(attribute_command('"$t"', None, owner, group))
     if backup:
         steps.append(
             '{ [ ! -e "$p" ] || { b="$p.$(date +%Y-%m-%d@%H:%M:%S)~" && '
             'cp -p -- "$p" "$b" && echo "$b"; }; }'
         )
-    return replace_command(path, len(data), before_rename=" && ".join(steps), expect=expect)
+    return replace_command(
+        path, len(data), before_rename=" && ".join(steps), expect=expect, umask=umask
+    )
 
 
 #: What :func:`edit_file` calls with a file's content (None: missing): the new content, or a
@@ -262,9 +275,8 @@ def directory(
             return ok("absent")
         return _act(ctx, f"rm -rf -- {q}", "remove", path, "state: directory -> absent\n")
     if not info.exists:
-        command = " && ".join(
-            filter(None, [f"mkdir -p -- {q}", attribute_command(q, want_mode, owner, group)])
-        )
+        made = f"mkdir -p -m {want_mode:o} -- {q}" if want_mode is not None else f"mkdir -p -- {q}"
+        command = " && ".join(filter(None, [made, attribute_command(q, None, owner, group)]))
         return _act(ctx, command, "create", path, "state: absent -> directory\n")
     return _set_attributes(ctx, path, info, want_mode, owner, group)
 
