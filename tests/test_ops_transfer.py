@@ -163,15 +163,20 @@ def test_copy_hashes_the_source_once_and_sends_that_digest(
     data = os.urandom(3 << 20)
     src.write_bytes(data)
     hashed: list[int] = []  # bytes the controller hashed, per call
+    starts: list[bytes] = []  # the first bytes each hash saw: which file it was
     real = hashlib.sha256
 
     class Counting:
         def __init__(self, content: bytes = b"") -> None:
             self.real = real()
+            self.first = True
             self.update(content)
 
         def update(self, content: bytes) -> None:
             hashed.append(len(content))
+            if self.first and len(content):
+                starts.append(bytes(content[:16]))
+                self.first = False
             self.real.update(content)
 
         def hexdigest(self) -> str:
@@ -188,9 +193,13 @@ def test_copy_hashes_the_source_once_and_sends_that_digest(
         assert sum(hashed) == len(data), expected  # once: in the stream or up front, not both
     src.write_bytes(data[::-1])  # the host's file exists: compared first, then passed through
     hashed.clear()
+    starts.clear()
     conn = Recording()
     assert copy(OpContext(conn, FactCache(conn)), str(src), str(dest)).changed
-    assert dest.read_bytes() == data[::-1] and sum(hashed) == len(data)
+    # The source once; besides, the host's own file, read over SFTP (FileStat hashes files up
+    # to 4 MiB on the controller): another file, not the source again.
+    assert dest.read_bytes() == data[::-1] and sum(hashed) == 2 * len(data)
+    assert sorted(starts) == sorted([data[::-1][:16], data[:16]])
     assert conn.sent == [f"{reversed_digest}\n".encode()]
 
 
