@@ -91,6 +91,9 @@ def prepare(fleet: Fleet, folder: Path, hosts: list[str], ready_timeout: int) ->
         "vllm_lmcache_gpus": 5,
         "vllm_lmcache_bind_host": "{{ ansible_host }}",
         "vllm_lmcache_kv_connector": None,
+        # /tmp is a mount of its own on a lab host (tmpfs), as tests/test_role_vllm_lmcache_lab.py
+        "vllm_lmcache_local_disk": "/tmp/lmcache",
+        "vllm_lmcache_max_local_disk_size": 0.01,
         "vllm_lmcache_ready_timeout": ready_timeout,
         "vllm_lmcache_env": {"PROBE_COMPLETION_SECONDS": "0.2"},
         "nfs_path": NFS,
