@@ -42,8 +42,9 @@ class Batches:
             try:
                 stopped = self.batch(number, len(groups), group, order)
             finally:
-                if self.surge:
-                    self.surge.retire(self.surge.running())
+                error = self.surge.retire(self.surge.running()) if self.surge else None
+            if error and not stopped:
+                stopped = f"batch {number}/{len(groups)}: retiring its surge copies: {error}"
             if stopped:
                 return stopped
         return None
