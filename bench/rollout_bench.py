@@ -9,9 +9,17 @@ tests/lab_wheelhouse.py, serving a generated checkpoint (each answer takes
 ``PROBE_COMPLETION_SECONDS`` = 0.2 s). On each host bench/rollout_lb.py balances round-robin over
 its instances and a closed-loop client (4 workers) sends through it: lab hosts cannot reach each
 other, nor the controller their instances. The rollout changes the unit alone (a new revision),
-``--serial 1``, with bench/rollout_lb_hook.py as its register and deregister hooks.
+``--serial 1`` (and ``--max-surge N`` with ``--max-surge``), with bench/rollout_lb_hook.py as
+its register and deregister hooks.
+
+With ``--rollback``, a canary of a revision that cannot start (its model is missing) follows,
+drained first (no surge), the traffic still running: how long until the rollout stopped with the
+canary rolled back, against the readiness timeout (``--ready-timeout``) + 10 s, and whether
+every instance serves the previous revision again (``fxkit rollout status``).
 
     sudo .venv/bin/python bench/rollout_bench.py --json docs/bench/rollout.json
+    sudo .venv/bin/python bench/rollout_bench.py --max-surge 1 --rollback \
+        --json docs/bench/rollout_surge.json
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ def sh(*argv: str, timeout: float = 1800) -> str:
     return done.stdout
 
 
-def prepare(fleet: Fleet, folder: Path, hosts: list[str]) -> Path:
+def prepare(fleet: Fleet, folder: Path, hosts: list[str], ready_timeout: int) -> Path:
     """The playbook, the checkpoint and the inventory; returns the inventory."""
     house = lab_wheelhouse.build(folder / "wheels")
     sh(str(FXKIT), "make-checkpoint", str(folder / "ckpt"), "--size", "48MB", "--shards", "2")
@@ -83,7 +91,10 @@ def prepare(fleet: Fleet, folder: Path, hosts: list[str]) -> Path:
         "vllm_lmcache_gpus": 5,
         "vllm_lmcache_bind_host": "{{ ansible_host }}",
         "vllm_lmcache_kv_connector": None,
-        "vllm_lmcache_ready_timeout": 600,
+        # /tmp is a mount of its own on a lab host (tmpfs), as tests/test_role_vllm_lmcache_lab.py
+        "vllm_lmcache_local_disk": "/tmp/lmcache",
+        "vllm_lmcache_max_local_disk_size": 0.01,
+        "vllm_lmcache_ready_timeout": ready_timeout,
         "vllm_lmcache_env": {"PROBE_COMPLETION_SECONDS": "0.2"},
         "nfs_path": NFS,
         "nfs_checkpoint": str(folder / "ckpt"),
@@ -136,6 +147,47 @@ def collect(fleet: Fleet, hosts: list[str]) -> list[dict[str, Any]]:
     return found
 
 
+def status(folder: Path, inv: Path) -> list[dict[str, Any]]:
+    """``fxkit rollout status``'s instances."""
+    report = folder / "status.json"
+    sh(str(FXKIT), "rollout", "status", str(folder / "rollout.yml"), "-i", str(inv), "--report",
+       str(report))  # fmt: skip
+    found: list[dict[str, Any]] = json.loads(report.read_text())["instances"]
+    return found
+
+
+def vary(inv: Path, **values: Any) -> None:
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["vars"].update(values)
+    inv.write_text(yaml.safe_dump(data))
+
+
+def rollback(folder: Path, inv: Path, ready_timeout: int) -> dict[str, Any]:
+    """A canary that cannot start, rolled back: timed, and what serves afterwards."""
+    wanted = status(folder, inv)
+    vary(inv, vllm_lmcache_model="/srv/fast/missing", vllm_lmcache_model_source="")
+    start = time.monotonic()
+    report = rollout(folder, inv, "--canary", "--serial", "1")
+    took = time.monotonic() - start
+    vary(inv, vllm_lmcache_model=MODEL, vllm_lmcache_model_source=NFS)
+    after = status(folder, inv)
+    [canary] = [i for i in report["instances"] if i["batch"] == 1]
+    return {
+        "exit_code": report["exit_code"],
+        "canary": f"{canary['host']}/{canary['name']}",
+        "canary_status": canary["status"],
+        "stopped": report["stopped"],
+        "rollback_s": round(took, 1),
+        "ready_timeout_s": ready_timeout,
+        "within_ready_timeout_plus_10_s": took <= ready_timeout + 10,
+        "untouched": sum(i["status"] == "not_run" for i in report["instances"]),
+        "serving_previous_revision": all(
+            a["running"] == b["running"] and a["health"] == "ready"
+            for a, b in zip(after, wanted, strict=True)
+        ),
+    }
+
+
 def latency(samples: list[list[Any]], start: float, end: float) -> dict[str, Any]:
     within = [s[1] for s in samples if start <= s[0] < end]
     failed = sum(1 for s in samples if start <= s[0] < end and not s[2])
@@ -155,6 +207,9 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--before", type=float, default=20.0, help="seconds of traffic first")
+    parser.add_argument("--max-surge", type=int, default=0, help="fxkit rollout --max-surge")
+    parser.add_argument("--rollback", action="store_true", help="then a failed canary")
+    parser.add_argument("--ready-timeout", type=int, default=600, help="seconds (the role's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     hosts = [f"lab{i:02d}" for i in range(1, args.hosts + 1)]
@@ -163,18 +218,18 @@ def main() -> None:
         fleet = Fleet(folder / "lab", prefix="127.231.7")
         fleet.up(args.hosts)
         try:
-            inv = prepare(fleet, folder, hosts)
+            inv = prepare(fleet, folder, hosts, args.ready_timeout)
             first = rollout(folder, inv, "--serial", "100%")
-            assert first["exit_code"] == 0, first["stopped"]
+            why = [f"{i['host']}/{i['name']}: {i['msg']}" for i in first["instances"]]
+            assert first["exit_code"] == 0, (first["stopped"], why)
             traffic(fleet, hosts, args.workers)
             time.sleep(args.before)
-            data = yaml.safe_load(inv.read_text())
-            data["all"]["vars"]["vllm_lmcache_unit_options"] = {"Nice": "1"}
-            inv.write_text(yaml.safe_dump(data))
+            vary(inv, vllm_lmcache_unit_options={"Nice": "1"})
             start = time.time()
-            report = rollout(folder, inv, "--serial", "1")
+            report = rollout(folder, inv, "--serial", "1", "--max-surge", str(args.max_surge))
             end = time.time()
             time.sleep(args.before / 2)
+            back = rollback(folder, inv, args.ready_timeout) if args.rollback else None
             counts = collect(fleet, hosts)
         finally:
             fleet.down()
@@ -182,6 +237,7 @@ def main() -> None:
     result = {
         "hosts": args.hosts,
         "instances": len(report["instances"]),
+        "max_surge": args.max_surge,
         "exit_code": report["exit_code"],
         "rollout_s": round(end - start, 1),
         "sent": sum(c["sent"] for c in counts),
@@ -194,10 +250,14 @@ def main() -> None:
                 "drain_s": i["drain_s"],
                 "time_to_ready_s": i["time_to_ready_s"],
                 "not_serving_s": i["not_serving_s"],
+                "surge": i.get("surge", ""),
             }
             for i in report["instances"]
         },
     }
+    if back is not None:
+        result["after"] = latency(samples, end, time.time() + 1)
+        result["rollback"] = back
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

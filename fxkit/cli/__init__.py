@@ -54,7 +54,9 @@ def cli() -> None:
 
     \b
     Provisioning:  fxkit play PLAYBOOK -i INVENTORY [--check] [--diff]
-    Rollout:       fxkit rollout -i INVENTORY [--canary] [--serial N] [--report FILE]
+    Rollout:       fxkit rollout -i INVENTORY [--canary] [--serial N] [--max-surge N]
+                   [--deregister-hook H --register-hook H] [--report FILE];
+                   fxkit rollout status | history | undo [--to REVISION] -i INVENTORY
     Inventories:   fxkit inventory -i INVENTORY [-i ...] --list | --graph | --list-hosts P
     Gates:         fxkit gate g1|g2|g3|g4 -i INVENTORY [--out DIR]; fxkit gate evaluate FILE
     Estimate:      fxkit estimate [INPUTS.yml] [--model config.json] [--from-results F]

@@ -95,6 +95,15 @@ def rollout() -> None:
     "that would take more is cut into several. The fleet's limit is --serial.",
 )
 @click.option(
+    "--max-surge",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Per host, start this many of a batch's changing instances' new revisions beside the "
+    "old ones first, on GPUs the layout leaves free and ports after its own, and move traffic "
+    "to them (hooks) while the old ones are replaced; an instance with no room is drained first.",
+)
+@click.option(
     "--max-fail-percentage",
     type=click.FloatRange(0, 100),
     help="Stop after a batch in which more instances failed (default: the play's, else 0).",
@@ -111,6 +120,7 @@ def run(
     serial: str | None,
     canary: bool,
     max_unavailable_per_node: int | None,
+    max_surge: int,
     max_fail_percentage: float | None,
     deregister_hook: str | None,
     register_hook: str | None,
@@ -127,6 +137,7 @@ def run(
       fxkit rollout -i .lab/inventory.yml -e @lab-rollout.yml --check
       fxkit rollout -i hosts.yml --serial 1 --deregister-hook 'lb-ctl remove {address}:{port}' \\
         --register-hook http://lb.example:9000/backends
+      fxkit rollout -i hosts.yml --serial 1 --max-surge 1 --deregister-hook ... --register-hook ...
 
     Exit code: 0 when every instance it acted on is ready, 1 when one failed or the rollout
     stopped, 2 for a mistake in the command line or the files, 130 when interrupted.
@@ -145,6 +156,7 @@ def run(
             canary=canary,
             hooks=hooks,
             max_unavailable_per_node=max_unavailable_per_node,
+            max_surge=max_surge,
         )
     finally:
         if log:

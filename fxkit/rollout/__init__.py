@@ -17,9 +17,10 @@ stops the rollout; the instances of later batches are reported ``not_run``.
 With a role that keeps revisions (:mod:`fxkit.rollout.revision`), each host is read first
 (:mod:`fxkit.rollout.state`): an instance whose running revision differs from the wanted one is
 deregistered and drained before its batch runs, and registered again once its new revision is
-ready (:mod:`fxkit.rollout.drain`). A batch that fails (or is interrupted) is rolled back:
-its replaced instances start again as they ran before (:mod:`fxkit.rollout.rollback`), the
-rollout stops, and later batches are not touched.
+ready (:mod:`fxkit.rollout.drain`); with ``max_surge``, where its node has room, a copy of it
+on the new revision serves beside it meanwhile (:mod:`fxkit.rollout.surge`). A batch that
+fails (or is interrupted) is rolled back: its replaced instances start again as they ran before
+(:mod:`fxkit.rollout.rollback`), the rollout stops, and later batches are not touched.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from fxkit.inventory import Inventory
 from fxkit.rollout.batches import Batches, _read
 from fxkit.rollout.report import FAILURES, Hooks, Instance, InstanceStatus, Rollout, table
 from fxkit.rollout.state import InstanceState, gather, revisions_of
+from fxkit.rollout.surge import Surge
 from fxkit.rollout.swap import Swap
 
 __all__ = [
@@ -154,6 +156,7 @@ def rollout(
     canary: bool = False,
     hooks: Hooks | None = None,
     max_unavailable_per_node: int | None = None,
+    max_surge: int = 0,
 ) -> Rollout:
     """Roll the playbook's instances out (see :mod:`fxkit.rollout`). Each batch's run records
     with a :meth:`~Recorder.fresh` copy of ``recorder``: its listeners show and log it (see
@@ -170,6 +173,12 @@ def rollout(
                 hint="roles/vllm_lmcache keeps them; or leave out --register-hook and "
                 "--deregister-hook",
             )
+        if max_surge and not (kept and hasattr(role, "surge_copies") and hasattr(role, "SURGE")):
+            raise PlaybookError(
+                "--max-surge needs a serving role that keeps revisions and defines "
+                "surge_copies(v, specs) and SURGE",
+                hint="roles/vllm_lmcache does; or leave out --max-surge",
+            )
         before = _states(runner, role, hostvars) if kept and not options.check else {}
     if serial is not None:
         play = play.model_copy(update={"serial": serial})
@@ -184,6 +193,8 @@ def rollout(
             item.previous = before[item.key].running if item.key in before else ""
     run = Batches(book, hosts, options, recorder, limit or 0.0, role.SELECT)
     run.drain = Swap(runner, hostvars, before, hooks, folders(role, hostvars) if kept else {})
+    if max_surge:
+        run.surge = Surge(runner, role, hostvars, before, hooks, max_surge)
     try:
         result.stopped = run.all(groups)
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from fxkit.inventory import Inventory
 from fxkit.ops.base import Status
 from fxkit.ops.instances import InstanceReady, InstanceReport, InstanceStarted
 from fxkit.rollout.report import FAILURES, Instance, InstanceStatus
+from fxkit.rollout.surge import Surge
 from fxkit.rollout.swap import Swap
 from fxkit.varfiles import Variables
 
@@ -32,35 +33,78 @@ class Batches:
     limit: float
     select: str
     drain: Swap | None = None
+    surge: Surge | None = None
 
     def all(self, groups: list[list[Instance]]) -> str | None:
         """Why the rollout stopped (None: it did not)."""
         order = [i.host for group in groups for i in group]
         for number, group in enumerate(groups, 1):
-            where = f"batch {number}/{len(groups)}"
             try:
-                stopped = self.drain.out(group) if self.drain else None
-            except KeyboardInterrupt:
-                told = self.drain.reregister(group) if self.drain else ""
-                return f"interrupted before batch {number} started (nothing replaced){told}"
+                stopped = self.batch(number, len(groups), group, order)
+            finally:
+                error = self.surge.retire(self.surge.running()) if self.surge else None
+            if error and not stopped:
+                stopped = f"batch {number}/{len(groups)}: retiring its surge copies: {error}"
             if stopped:
-                return f"{where}: {stopped}; the batch did not start"
-            try:
-                interrupted = self.step(number, len(groups), group, order)
-            except KeyboardInterrupt:
-                interrupted = True
-                for item in group:
-                    if item.status is InstanceStatus.NOT_RUN:
-                        item.status, item.msg = InstanceStatus.FAILED, "interrupted"
-            if interrupted:
-                return f"interrupted during batch {number}" + self.undo(group, True)
-            stopped = self.drain.back(group) if self.drain else None
-            if stopped:
-                return f"{where}: {stopped}"
-            stopped = self.judge(number, len(groups), group)
-            if stopped:
-                return stopped + self.undo(group, False)
+                return stopped
         return None
+
+    def batch(self, number: int, count: int, group: list[Instance], order: list[str]) -> str | None:
+        """Run one batch; why the rollout stopped (None: it goes on)."""
+        where = f"batch {number}/{count}"
+        if self.surge:
+            try:
+                group, stopped = self.beside(number, count, group, order)
+            except KeyboardInterrupt:
+                return f"interrupted during batch {number}'s surge (nothing replaced)"
+            if stopped:
+                return stopped
+        if not group:
+            return None
+        try:
+            stopped = self.drain.out(group) if self.drain else None
+        except KeyboardInterrupt:
+            told = self.drain.reregister(group) if self.drain else ""
+            return f"interrupted before batch {number} started (nothing replaced){told}"
+        if stopped:
+            return f"{where}: {stopped}; the batch did not start"
+        try:
+            interrupted = self.step(number, count, group, order)
+        except KeyboardInterrupt:
+            interrupted = True
+            for item in group:
+                if item.status is InstanceStatus.NOT_RUN:
+                    item.status, item.msg = InstanceStatus.FAILED, "interrupted"
+        if interrupted:
+            return f"interrupted during batch {number}" + self.undo(group, True)
+        stopped = self.drain.back(group) if self.drain else None
+        if stopped:
+            return f"{where}: {stopped}"
+        stopped = self.judge(number, count, group)
+        if stopped:
+            return stopped + self.undo(group, False)
+        return None
+
+    def beside(
+        self, number: int, count: int, group: list[Instance], order: list[str]
+    ) -> tuple[list[Instance], str | None]:
+        """Start and register the group's surge copies (:mod:`fxkit.rollout.surge`); the
+        instances to replace next (those whose copy failed are left), and why the rollout
+        stopped (None: it goes on)."""
+        assert self.surge is not None
+        copies = self.surge.plan(group)
+        if not copies:
+            return group, None
+        originals = [i for i in group if i.key in self.surge.copies]
+        results = self.one(number, count, originals, order, {self.surge.variable: True})
+        if results.interrupted:
+            return group, f"interrupted during batch {number}'s surge copies (nothing replaced)"
+        _read(results, copies)
+        rest = self.surge.failed(group, copies)
+        error = self.surge.register([c for c in copies if c.status is InstanceStatus.READY])
+        if error:
+            return rest, f"batch {number}/{count}: {error}; the batch did not start"
+        return rest, self.judge(number, count, group) if len(rest) < len(group) else None
 
     def undo(self, group: list[Instance], interrupted: bool) -> str:
         """Roll the group back; the report's words for it."""
@@ -74,16 +118,23 @@ class Batches:
         return results.interrupted
 
     def one(
-        self, number: int, count: int, group: list[Instance], order: list[str]
+        self,
+        number: int,
+        count: int,
+        group: list[Instance],
+        order: list[str],
+        more: dict[str, object] | None = None,
     ) -> PlaybookResult:
         chosen = sorted({i.host for i in group}, key=order.index)
         options = self.options
         extra = Variables(options.extra_vars, getattr(options.extra_vars, "origins", {}))
-        batch_vars = {self.select: [i.key for i in group]}
-        extra.merge(Variables(batch_vars, {self.select: "fxkit rollout's batch"}))
+        batch_vars = {self.select: [i.key for i in group], **(more or {})}
+        extra.merge(Variables(batch_vars, dict.fromkeys(batch_vars, "fxkit rollout's batch")))
         batch_options = replace(options, limit=":".join(chosen), extra_vars=extra)
         batch = self.recorder.fresh()
-        batch.note(f"batch {number}/{count}: {', '.join(i.key for i in group)}", style="bold")
+        copies = " (their surge copies)" if more else ""
+        names = ", ".join(i.key for i in group)
+        batch.note(f"batch {number}/{count}{copies}: {names}", style="bold")
         with batch:
             return Runner(self.book, self.hosts, batch_options, batch).run()
 

@@ -74,6 +74,9 @@ _URL = re.compile(r"(https?|file)://\S+")
 _PROGRAM = re.compile(r"/[^\s%\\\"'$;]*")
 #: The variable the rollout sets to the instances a batch acts on (``HOST/NAME`` each).
 SELECT = "vllm_lmcache_rollout_instances"
+#: The variable that makes a run start the selected instances' surge copies instead
+#: (``fxkit rollout --max-surge``, :func:`surge_copies`).
+SURGE = "vllm_lmcache_rollout_surge"
 
 
 # -- the types of the variables ---------------------------------------------------------------
@@ -398,6 +401,12 @@ class Vars(RoleVars):
         description="the instances a run acts on (names such as `tp4-0`, or `HOST/NAME` as "
         "`fxkit rollout` passes them; null: all)",
         examples=[["tp4-1"]],
+    )
+    vllm_lmcache_rollout_surge: bool = Field(
+        False,
+        description="start the selected instances' surge copies (on GPUs the layout leaves "
+        "free, ports after the layout's) instead of the instances: `fxkit rollout --max-surge` "
+        "sets it for a batch",
     )
 
 
@@ -998,6 +1007,8 @@ def start_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
     """The chosen instances: each one's environment file, then each started (restarted only
     when its command or environment changed) and, once all are starting, awaited in turn."""
     specs = chosen(v, specs)
+    if v.vllm_lmcache_rollout_surge:
+        specs = surge_copies(v, specs)
     for spec in specs:
         host.task(f"env file {spec.name}").file(
             spec.env_file, env_file_text(spec), mode="0600", secret=bool(v.vllm_lmcache_env)
@@ -1007,6 +1018,37 @@ def start_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
         host.instance_ready(
             spec.unit, spec.ready_url, spec.served_name, timeout=v.vllm_lmcache_ready_timeout
         )
+
+
+def surge_copies(v: Vars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
+    """A copy of each of ``specs`` (in order) that fits beside the layout: on the next free
+    GPUs of the node (``vllm_lmcache_gpus`` that no set of the layout takes; as many as the
+    instance has, lowest first) and the next port after the layout's; named ``NAME-surge``.
+    An instance for which the GPUs left do not suffice gets no copy."""
+    taken = {gpu for gpus in v.vllm_lmcache_layout for gpu in gpus}
+    free = [gpu for gpu in range(v.vllm_lmcache_gpus) if gpu not in taken]
+    port = v.vllm_lmcache_base_port + len(v.vllm_lmcache_layout)
+    copies = []
+    for spec in specs:
+        if len(spec.gpus) > len(free):
+            continue
+        gpus, free = tuple(free[: len(spec.gpus)]), free[len(spec.gpus) :]
+        name = f"{spec.name}-surge"
+        argv = [
+            str(port) if spec.argv[i - 1 : i] == ["--port"] else a for i, a in enumerate(spec.argv)
+        ]
+        env = {**spec.env, "FXKIT_PORT": str(port), "HIP_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+        host = v.vllm_lmcache_bind_host
+        copies.append(
+            replace(
+                spec, name=name, gpus=gpus, port=port, argv=argv, env=env,
+                env_file=posixpath.join(posixpath.dirname(spec.env_file), f"{name}.env"),
+                unit=v.vllm_lmcache_unit.replace("@.", f"@{name}.", 1),
+                ready_url=_url(host, port, "/v1/models"), health_url=_url(host, port, "/health"),
+            )
+        )  # fmt: skip
+        port += 1
+    return copies
 
 
 # -- revisions (fxkit.rollout.revision) -------------------------------------------------------

@@ -1,0 +1,127 @@
+"""Surge (``--max-surge N``): a new revision started beside the old one before the old stops.
+
+For each instance of a batch that changes revision, while its node has room (the serving role's
+``surge_copies(v, specs)``: GPUs its layout leaves free, ports after the layout's) and fewer
+than N of the batch's copies run there, the batch first starts a *surge copy* of it on the new
+revision (a run of the playbook with the role's ``SURGE`` variable set). Once the copy is
+ready the register hook puts it in the load balancer; then the old instance is deregistered,
+drained and replaced in its own slot as without surge (:mod:`fxkit.rollout.swap`), so that the
+fleet ends on its layout; once that is ready and registered, the copy is deregistered, drained
+and stopped, and its GPUs are free for the next batch. The instance is served all along: by the
+old one, by both, by the copy, by both again, by the new one.
+
+An instance with no room falls back to draining first (max unavailable). A copy that does not
+become ready fails its instance: the copy is stopped, the old instance was never touched and
+serves on, and the rollout stops as for any failed batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from shlex import quote
+from typing import Any
+
+from fxkit.engine.rolevars import RoleVars
+from fxkit.engine.runner import Runner
+from fxkit.engine.serving import ServingRole
+from fxkit.engine.variables import HostVars
+from fxkit.facts.base import FactCache
+from fxkit.ops.base import OpContext
+from fxkit.ops.instances import instance
+from fxkit.rollout.drain import metrics_url, wait_drained
+from fxkit.rollout.report import Hooks, Instance, InstanceStatus
+from fxkit.rollout.state import InstanceState, opened
+from fxkit.rollout.swap import target
+
+
+@dataclass
+class Surge:
+    """Plans, starts, registers and retires the surge copies of a rollout's batches."""
+
+    runner: Runner
+    role: ServingRole[RoleVars]
+    hostvars: dict[str, HostVars]
+    before: dict[str, InstanceState]
+    hooks: Hooks
+    #: Copies that may run at once per node.
+    per_node: int
+    #: Each instance's copy (by the instance's key), while it runs.
+    copies: dict[str, Instance] = field(default_factory=dict)
+    #: Each copy's spec (by its unit): its command line, environment and environment file.
+    specs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def variable(self) -> str:
+        return str(self.role.SURGE)  # type: ignore[attr-defined]
+
+    def plan(self, group: list[Instance]) -> list[Instance]:
+        """The copies the group's changing instances get (as :class:`Instance`, ``batch``
+        and ``previous`` those of the instance they stand beside)."""
+        changing = [i for i in group if _changing(self.before.get(i.key))]
+        planned = []
+        for host in dict.fromkeys(i.host for i in changing):
+            v = self.role.Vars.of(self.hostvars[host])
+            by_name = {s.name: s for s in self.role.instance_specs(v)}
+            mine = [i for i in changing if i.host == host][: self.per_node]
+            fitting = self.role.surge_copies(v, [by_name[i.name] for i in mine])  # type: ignore[attr-defined]
+            for item, spec in zip(mine, fitting, strict=False):
+                copy = replace(
+                    item, name=spec.name, unit=spec.unit, gpus=list(spec.gpus), port=spec.port,
+                    ready_url=spec.ready_url, status=InstanceStatus.NOT_RUN, msg="",
+                )  # fmt: skip
+                item.surge = f"{spec.name} (port {spec.port}, GPUs {list(spec.gpus)})"
+                self.specs[spec.unit] = spec
+                planned.append(copy)
+                self.copies[item.key] = copy
+        return planned
+
+    def register(self, copies: list[Instance]) -> str | None:
+        """Put the ready copies in the load balancer; why not (None: done)."""
+        for copy in copies:
+            if copy.status is InstanceStatus.READY and self.hooks.register:
+                error = self.hooks.register.run("register", target(copy))
+                if error:
+                    return f"{copy.key}: {error}"
+        return None
+
+    def failed(self, group: list[Instance], copies: list[Instance]) -> list[Instance]:
+        """The group's instances whose copy is not ready fail: their copy is stopped, they
+        serve on, untouched. The group's others."""
+        for item in group:
+            copy = self.copies.get(item.key)
+            if copy is None or copy.status is InstanceStatus.READY:
+                continue
+            item.status = InstanceStatus.FAILED
+            item.msg = (
+                f"its surge copy {copy.name} did not become ready ({copy.msg}); the old "
+                "revision was not touched and serves on"
+            )
+        self.retire([c for c in copies if c.status is not InstanceStatus.READY], hooks=False)
+        return [i for i in group if i.status is not InstanceStatus.FAILED]
+
+    def retire(self, copies: list[Instance], hooks: bool = True) -> str | None:
+        """Deregister, drain and stop the copies (their environment files removed); why a
+        hook failed (None: all went)."""
+        error = None
+        for copy in copies:
+            if hooks and self.hooks.deregister and copy.status is InstanceStatus.READY:
+                error = self.hooks.deregister.run("deregister", target(copy)) or error
+            spec = self.specs.pop(copy.unit)
+            with opened(self.runner, copy.host, self.hostvars[copy.host]) as (conn, become):
+                if copy.status is InstanceStatus.READY:
+                    copy.drained, copy.drain_s = wait_drained(
+                        conn, become, metrics_url(copy.ready_url), self.hooks.drain_timeout
+                    )
+                ctx = OpContext(conn=conn, facts=FactCache(conn), check=False, diff=False,
+                                become=become)  # fmt: skip
+                instance(ctx, copy.unit, spec.argv, spec.env, state="stopped")
+                conn.run(f"rm -f -- {quote(spec.env_file)}", become=become)
+            self.copies = {k: c for k, c in self.copies.items() if c is not copy}
+        return error
+
+    def running(self) -> list[Instance]:
+        return list(self.copies.values())
+
+
+def _changing(state: InstanceState | None) -> bool:
+    return state is not None and bool(state.pid) and state.running != state.wanted

@@ -1,0 +1,87 @@
+"""Surge on lab hosts that serve traffic (2 hosts x 2 serve-probe instances of 4 GPUs each,
+roles/vllm_lmcache, the fleet and checkpoint of tests/test_rollout_vllm_lab.py, the balancer,
+client and hooks of tests/test_rollout_replace_lab.py).
+
+lab01 has 12 GPUs (4 free beside its layout's 8: room for one copy), lab02 has 8 (no room).
+An upgrade with ``--max-surge 1 --serial 1``: each of lab01's instances gets a copy on the new
+revision on GPUs 8-11 and port 8002, in the balancer before the instance is drained and
+replaced in its slot, retired after; lab02's instances fall back to draining first. Checked:
+the PIDs, revisions and ports of the instances, the copies gone afterwards (no record, no
+environment file, nothing on port 8002), and the client's 0 failed requests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from shlex import quote
+from typing import Any
+
+import pytest
+import yaml
+from test_rollout_replace_lab import run_rollout, start_traffic, status, stop_traffic, variant
+from test_rollout_vllm_lab import HOSTS, rows
+from test_rollout_vllm_lab import lab as lab  # the module's fixture: its fleet and checkpoint
+
+pytestmark = pytest.mark.lab
+
+
+def with_gpus(path: Path, **gpus: int) -> Path:
+    """The inventory at ``path`` with each host's GPU count."""
+    data = yaml.safe_load(path.read_text())
+    hosts = data["all"]["children"]["gpu_nodes"]["hosts"]
+    for host, count in gpus.items():
+        hosts[host] = {**(hosts.get(host) or {}), "vllm_lmcache_gpus": count}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def copies_left(fx: dict[str, Any], host: str) -> str:
+    """What is left of surge copies on ``host``: records, environment files, a listener."""
+    address = fx["fleet"].address(host)
+    listening = f"import socket; socket.create_connection(({address!r}, 8002), 1)"
+    with fx["fleet"].connect(host) as conn:
+        done = conn.run(
+            "ls /var/lib/fxkit/instances/ /etc/fxkit/*/ 2>/dev/null | grep -- -surge; "
+            f"python3 -c {quote(listening)} 2>/dev/null && echo 'port 8002 answers'; true"
+        )
+    return done.stdout.strip()
+
+
+@pytest.mark.timeout(2400)
+def test_upgrade_with_surge_and_fallback(lab: dict[str, Any]) -> None:
+    base = with_gpus(variant(lab, "surge-base.yml"), lab01=12, lab02=8)
+    code, out, _ = run_rollout(lab, base, "--serial", "2")
+    assert code == 0, out
+    before = status(lab, base)
+    [r1] = {s["running"] for s in before.values()}
+    start_traffic(lab)
+    try:
+        new = with_gpus(
+            variant(lab, "surge-new.yml", vllm_lmcache_unit_options={"Nice": "4"}),
+            lab01=12,
+            lab02=8,
+        )
+        code, out, report = run_rollout(lab, new, "--serial", "1", "--max-surge", "1")
+        assert code == 0, out
+        found = rows(report)
+        assert {r["status"] for r in found.values()} == {"ready"}, out
+        assert all(r["previous"] == r1 and r["drained"] for r in found.values()), found
+        for name in ("tp4-0", "tp4-1"):
+            assert (
+                found[f"lab01/{name}"]["surge"] == f"{name}-surge (port 8002, GPUs [8, 9, 10, 11])"
+            )
+            assert found[f"lab02/{name}"]["surge"] == "", found  # no room: drained first
+        assert "(their surge copies)" in out, out
+        after = status(lab, new)
+        [r2] = {s["running"] for s in after.values()}
+        assert r2 != r1 and all(s["health"] == "ready" for s in after.values()), after
+        assert {r["revision"] for r in found.values()} == {r2}
+        assert all(after[k]["pid"] != before[k]["pid"] for k in before)
+        assert {k: s["port"] for k, s in after.items()} == {k: s["port"] for k, s in before.items()}
+        for host in HOSTS:
+            assert copies_left(lab, host) == "", host
+    finally:
+        traffic = stop_traffic(lab)
+    for host, counts in traffic.items():
+        assert counts["sent"] > 100, (host, counts)
+        assert counts["failed"] == 0, (host, counts["failures"])
