@@ -393,6 +393,7 @@ def test_several_disk_folders_each_take_the_workers_by_gpu_gives_them(wheel: str
     assert one.vllm_lmcache_local_disk == ["/mnt/fx/kv"]
     assert CODE.workers_per_path(one) == [8]
     assert "extra_config" not in CODE.lmcache_config(host_vars(wheel))
+    assert CODE.workers_per_path(host_vars(wheel)) == []  # no disk tier (the default)
 
 
 class Fleet:

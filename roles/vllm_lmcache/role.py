@@ -456,6 +456,8 @@ def workers_per_path(v: Vars) -> list[int]:
     *d* mod the number of folders (lmcache/v1/storage_backend/path_sharder.py)."""
     count = len(v.vllm_lmcache_local_disk)
     workers = [0] * count
+    if not count:  # no disk tier: no folder, no worker
+        return workers
     for gpus in v.vllm_lmcache_layout:
         for device in range(len(gpus)):
             workers[device % count] += 1
