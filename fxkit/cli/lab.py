@@ -38,7 +38,25 @@ def lab() -> None:
     """Real, isolated SSH hosts on this machine, to try playbooks without hardware (needs root)."""
 
 
-@lab.command()
+def _known_profiles(values: tuple[str, ...]) -> tuple[str, ...]:
+    for value in values:
+        name = value.rpartition("=")[2]
+        if name not in profiles.names():
+            raise click.BadParameter(
+                f"there is no lab profile {name!r}; use one of: {', '.join(profiles.names())}",
+                param_hint="--profile",
+            )
+    return values
+
+
+#: ``lab up --help``'s list of the profiles (a paragraph click leaves as it is: ``\b``).
+PROFILES_EPILOG = (
+    "\b\nProfiles (--profile; a variant NAME-FAULT is --fault HOST=FAULT):\n"
+    + "\n".join(f"  {name}" for name in profiles.names())
+)
+
+
+@lab.command(epilog=PROFILES_EPILOG)
 @click.argument("count", type=click.IntRange(1, 254), required=False)
 @dir_option
 @prefix_option
@@ -58,8 +76,9 @@ def lab() -> None:
     "profile_options",
     multiple=True,
     metavar="[GROUP=]PROFILE",
+    callback=lambda ctx, param, values: _known_profiles(values),
     help="Simulated hardware (test doubles, see docs/lab.md): PROFILE on every host; with --like "
-    f"also GROUP=PROFILE (repeatable). Profiles: {', '.join(profiles.names())}.",
+    "also GROUP=PROFILE (repeatable). The profiles are listed below.",
 )
 @click.option(
     "--fault",
@@ -150,11 +169,15 @@ def status(state_dir: str) -> None:
     fault, PID, up or down, memory (its processes' PSS), what its cgroup counts (memory, with what
     it holds in tmpfs; processes) and the limits."""
     fleet = Fleet(state_dir)
+    # A fleet shaped like an inventory shows each host's groups, profile and fault; a fleet of
+    # one profile, its profile in the caption.
+    shaped = ("groups", "profile", "fault") if fleet.like else ()
     table = Table()
-    for title in ("host", "address", "groups", "profile", "fault", "pid", "state", "memory",
-                  "cgroup", "processes"):  # fmt: skip
+    for title in ("host", "address", *shaped, "pid", "state", "memory", "cgroup", "processes"):
         table.add_column(title, overflow="fold")
     table.caption = f"limits: {fleet.limits} a host"
+    if fleet.profile:
+        table.caption += f"; profile {fleet.profile}"
     if fleet.like:
         table.title = f"shaped like {fleet.like}"
     for host in fleet.status():
@@ -162,9 +185,13 @@ def status(state_dir: str) -> None:
         memory = f"{host.memory_bytes / 2**20:.1f} MiB" if host.pid else "-"
         charged = f"{host.used['memory'] / 2**20:.1f} MiB" if "memory" in host.used else "-"
         info = fleet.hosts.get(host.name, {})
+        columns = {
+            "groups": ", ".join(info.get("groups") or ["-"]),
+            "profile": fleet.profile_of(host.name) or "plain",
+            "fault": info.get("fault") or "-",
+        }
         table.add_row(
-            host.name, f"{host.address}:{host.port}", ", ".join(info.get("groups") or ["-"]),
-            fleet.profile_of(host.name) or "plain", info.get("fault") or "-",
+            host.name, f"{host.address}:{host.port}", *(columns[c] for c in shaped),
             str(host.pid or "-"), state, memory, charged, str(host.used.get("pids", "-")),
         )  # fmt: skip
     if not table.rows:
