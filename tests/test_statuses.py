@@ -20,7 +20,15 @@ VALUES: dict[type[StrEnum], list[str]] = {
     Status: ["ok", "changed", "failed", "skipped", "unreachable"],
     Outcome: ["not_run", "ok", "failed", "unreachable", "interrupted"],
     CheckStatus: ["PASS", "FAIL", "WARN", "ERROR", "SKIP"],
-    InstanceStatus: ["ready", "unchanged", "failed", "unreachable", "not_run", "would_start"],
+    InstanceStatus: [
+        "ready",
+        "unchanged",
+        "failed",
+        "unreachable",
+        "not_run",
+        "would_start",
+        "rolled_back",
+    ],
 }
 
 

@@ -20,8 +20,8 @@ class InstanceStatus(StrEnum):
     FAILED = "failed"
     UNREACHABLE = "unreachable"
     NOT_RUN = "not_run"  # the rollout stopped before its batch
-    ROLLED_BACK = "rolled_back"  # its batch failed: it runs its previous revision again
     WOULD_START = "would_start"  # check mode: it would be started or restarted
+    ROLLED_BACK = "rolled_back"  # its batch failed: it runs its previous revision again
 
 
 #: The statuses of an instance that failed: they count against ``max_fail_percentage``.
