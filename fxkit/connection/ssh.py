@@ -56,7 +56,7 @@ from fxkit.connection.hostkeys import (
     default_known_hosts,
     load_known_hosts,
 )
-from fxkit.errors import ConnectionFailed
+from fxkit.errors import ConnectionFailed, FxkitError
 from fxkit.redaction import maskable
 
 if TYPE_CHECKING:
@@ -416,11 +416,7 @@ class SSHConnection(Connection):
         except FileNotFoundError:
             return None
         except _LINK_ERRORS as exc:
-            if not conn.transport.is_active():
-                raise self._lost(_describe(exc)) from None
-            raise self.file_error(
-                "read", path, getattr(exc, "strerror", None) or _describe(exc)
-            ) from None
+            raise self._sftp_error(conn, "read", path, exc) from None
 
     def stat(self, path: str, *, become: bool = False, follow: bool = False) -> PathStat | None:
         """Over the SFTP session :meth:`get` reads through: no process on the host."""
@@ -433,11 +429,7 @@ class SSHConnection(Connection):
         except FileNotFoundError:
             return None
         except _LINK_ERRORS as exc:
-            if not conn.transport.is_active():
-                raise self._lost(_describe(exc)) from None
-            raise self.file_error(
-                "stat", path, getattr(exc, "strerror", None) or _describe(exc)
-            ) from None
+            raise self._sftp_error(conn, "stat", path, exc) from None
         return PathStat(
             attrs.st_mode or 0,
             attrs.st_uid or 0,
@@ -486,6 +478,12 @@ class SSHConnection(Connection):
             where=self._where,
             hint=f"is the host up and sshd listening? {tried}",
         )
+
+    def _sftp_error(self, conn: Any, verb: str, path: str, exc: Exception) -> FxkitError:
+        """An SFTP call's failure: the link lost, or the file's own error."""
+        if not conn.transport.is_active():
+            return self._lost(_describe(exc))
+        return self.file_error(verb, path, getattr(exc, "strerror", None) or _describe(exc))
 
     def _lost(self, reason: str) -> ConnectionFailed:
         return ConnectionFailed(
