@@ -239,7 +239,7 @@ class Fleet:
         for profile in {p for p in wanted.values() if p}:
             if not self.layer(profile).exists():
                 profiles.build_layer(self.layer(profile), profile)
-            (self.base_dir / "shared").mkdir(mode=0o755, exist_ok=True)
+            self.shared_dir.mkdir(mode=0o755, exist_ok=True)
         try:
             for name in to_start:
                 self._spawn(name, self._prepare(name))
@@ -353,6 +353,11 @@ class Fleet:
     def base_dir(self) -> Path:
         """The hosts' shared read-only layer (sanitised /etc and /var, see fxkit.lab.base)."""
         return self.dir / "base"
+
+    @property
+    def shared_dir(self) -> Path:
+        """The folder every host of a profile sees (at /run/fxkit-lab/shared, host-init.sh)."""
+        return self.base_dir / "shared"
 
     def sshd_log(self, name: str, limit: int = hostfs.MAX_READ) -> str:
         """The end (``limit`` bytes) of what the host's sshd logged, read inside the host as
