@@ -1,13 +1,15 @@
 """``fxkit demo`` end to end as ``make demo`` runs it (the real executable, in a fresh working
 folder), with a 64 MB checkpoint: lab hosts shaped like inventory/mi308x.yml (two GPU nodes, one
 with a fault, both storage targets), site.yml checked, converged and idempotent, the storage
-refusal, G1's health stage passing the healthy node and failing the faulty one, the loader."""
+refusal, G1's health stage passing the healthy node and failing the faulty one, the rollout of
+serve-probe instances (canary first) from a wheelhouse of what is installed, the loader."""
 
 from __future__ import annotations
 
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,6 +32,12 @@ def demo(cwd: Path, *args: str, prefix: str) -> subprocess.CompletedProcess:
         timeout=1200,
         env={**os.environ, "FXKIT_LAB_PREFIX": prefix, "COLUMNS": "160"},
     )
+
+
+def ask(out: str) -> subprocess.CompletedProcess:
+    """The demo's "ask it yourself" commands, run as printed: ssh to the node, curl there."""
+    login, curl = re.search(r"ask it yourself, on \w+ \((ssh .+)\):\n  (curl .+)\n", out).groups()
+    return subprocess.run([*shlex.split(login), curl], capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.lab
@@ -57,6 +65,16 @@ def test_demo_rehearses_the_example_site_accepts_one_node_fails_one_and_loads(
         assert "FAIL gpu_link_width: 0000:26:00.0: 8 is not >= 16" in out
         assert "source: " in out and "open it: python3 -m webbrowser -t file://" in out
         assert (tmp_path / ".cache/demo-g1/report.html").is_file()
+        # The rollout: wheels from this environment, the model staged, canary first, a curl.
+        assert re.search(r"wheelhouse: \d+ wheels from this environment", out), out
+        for node in ("gpu01", "gpu02"):  # the role's `fxkit stage` from the NFS stand-in
+            staged = rf"{node} \| vllm_lmcache \| stage /run/fxkit-lab/\S+/models/demo +staged"
+            assert re.search(staged, out), out
+        for row in ("│ 1 +│ gpu01 │ tp4-0 +│ 0,1,2,3 │ 8000 │ ready", "│ 3 +│ gpu02 │ tp4-1 +│"):
+            assert re.search(row, out), out
+        assert re.search(r"gpu01:8000 answered: '.+'", out), out
+        asked = ask(out)
+        assert asked.returncode == 0 and '"choices"' in asked.stdout, asked
         assert re.search(r"│ fxkit\s+│\s+[\d.]+\s+│", out), out  # the bench table's row
         assert re.search(r"same \d+ tensors, byte for byte; speed-up: [\d.]+x", out)
         assert "stop it with `fxkit lab down`" in out
@@ -67,6 +85,7 @@ def test_demo_rehearses_the_example_site_accepts_one_node_fails_one_and_loads(
         assert again.returncode == 0, again.stdout + again.stderr
         assert "0 host(s) started" in again.stdout and "generated in" not in again.stdout
         assert "second run: 0 changed on 4 hosts" in again.stdout
+        assert re.search(r"│ 1 +│ gpu01 │ tp4-0 +│ 0,1,2,3 │ 8000 │ unchanged", again.stdout)
         assert "fleet stopped (4 hosts)" in again.stdout
         assert not (tmp_path / ".lab").exists()
     finally:

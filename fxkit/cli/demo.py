@@ -10,7 +10,11 @@
 4. G1's health stage (gates/g1.yml) on the GPU nodes: the healthy node passes, the faulty one
    fails the checks of its fault, each named with its reason and source; the HTML report's path
    and the command that opens it;
-5. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
+5. the rollout (fxkit.cli.demo_rollout): a small model in the lab's NFS stand-in, staged onto
+   each GPU node with ``fxkit stage``, and the example's instances brought up with
+   ``fxkit rollout --canary``, serve-probe in vLLM's place, from a wheelhouse made of what is
+   installed here; one instance asked for a completion;
+6. a synthetic checkpoint (cached), loaded by sequential ``safetensors.torch.load_file`` (what a
    plain loader does, e.g. from NFS) and by ``fxkit.loader.load``; every byte of every tensor is
    read in both, from a cold page cache, and compared.
 """
@@ -23,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +37,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
+from fxkit.cli.demo_rollout import rollout_demo
 from fxkit.cli.lab import dir_option, port_option, prefix_option
 from fxkit.cli.loader import Size
 from fxkit.connection import ConnectOptions
@@ -165,10 +171,13 @@ def demo(
     step(6, "G1 arrival acceptance, health stage (gates/g1.yml), on the GPU nodes")
     judged = gate_demo(fleet, sources, nodes)
 
-    step(7, "loader: a synthetic checkpoint, every byte loaded, against the plain baseline")
+    step(7, "rollout: the model staged from the lab's NFS, serve-probe for vLLM, canary first")
+    served = rollout_demo(console, fleet, sources, nodes, partial(checkpoint, make=loader.make))
+
+    step(8, "loader: a synthetic checkpoint, every byte loaded, against the plain baseline")
     load_demo(loader, cache, size, threads)
 
-    step(8, "done")
+    step(9, "done")
     if down:
         stopped = fleet.down()
         console.print(f"fleet stopped ({len(stopped)} hosts), {fleet.dir} removed")
@@ -179,7 +188,7 @@ def demo(
             f"`fxkit play site -i {source} -i {fleet.inventory} --limit '{limit}' --check "
             f"--diff`; stop it with `fxkit lab down{where}`"
         )
-    if first.exit_code or not idempotent or not refused or not judged:
+    if first.exit_code or not idempotent or not refused or not judged or not served:
         sys.exit(1)
 
 
