@@ -389,3 +389,21 @@ def test_names_a_hostile_server_lists_are_refused(
         "known_hosts",
         "ssh_config",
     ]
+
+
+def test_jobs_bound_the_connections_of_the_command_line(fleet: Fleet, tmp_path: Path) -> None:
+    """``fxkit stage --jobs N`` reads a remote source over at most N SSH connections (the host's
+    sshd logs each one it accepts): 1 with --jobs 1, more than 1 with --jobs 4 on 4 files."""
+    config = ssh_config(fleet, tmp_path / "ssh_config")
+
+    def logins(jobs: int) -> int:
+        before = fleet.sshd_log("lab01").count("Accepted publickey")
+        dest = tmp_path / f"dest-{jobs}"
+        proc = stage(tmp_path, f"lab01:{MODEL}", dest, "--ssh-config", config, "--jobs", jobs)
+        assert proc.returncode == 0, proc.stderr
+        made = fleet.sshd_log("lab01").count("Accepted publickey") - before
+        assert digests(dest) == remote_digests(fleet)  # (a connection of its own)
+        return made
+
+    assert logins(1) == 1
+    assert 1 < logins(4) <= 4

@@ -40,7 +40,7 @@ from fxkit.staging_report import Summary
     type=click.IntRange(min=1),
     default=JOBS,
     show_default=True,
-    help="Files copied at once.",
+    help="Files copied at once (from a remote source: over up to as many SSH connections).",
 )
 @click.option(
     "--chunk-size",
@@ -119,7 +119,7 @@ def stage(
         accept_new_host_keys=accept_new_host_keys,
         ssh_config=ssh_config,
     )
-    src = open_source(source, options, key_file=ssh_key)
+    src = open_source(source, options, key_file=ssh_key, connections=jobs)
     try:
         if plan_only:
             _print_plan(plan(src, dest, verify, checksum), as_json)
