@@ -5,18 +5,20 @@
 
 One lab fleet of the largest size (profile mi308x: stand-in amd-smi, lspci, sysfs; docs/lab.md)
 is brought up once; each run is the command as a user types it, ``fxkit gate g1 --stage health
--i <fleet> -i <gpu_nodes of the first N hosts> --out DIR``, in a process of its own (the sizes
-interleaved, round by round). That process is the controller: its CPU time (``getrusage``,
-every thread: paramiko's transports, the checks, the console) is measured at the end of the
-command and split into phases (start-up and loading, planning, the hosts' checks, the reports).
-After the command it times the HTML report alone (``fxkit.gate.html.render`` on the saved
-result.json, median of 3), which the command's own figures do not include. The 1-minute load
-average is sampled while the command runs (this machine has 2 cores: the hosts' sshd and
-stand-ins share them with the controller).
+-i <fleet> -i <gpu_nodes: the first N hosts> -e @<the site's figures> --out DIR``, through
+fxkit's console entry point in a process of its own (the sizes interleaved, round by round).
+That process is the controller: its CPU time (``getrusage``: every thread, paramiko's
+transports, the checks, the console, the reports) is taken when the command ends, and split
+into phases by wrapping ``GateRun.plan``, ``GateRun.run`` (the checks) and ``write_reports``.
+After the command the process times the HTML report alone (``fxkit.gate.html.render`` on the
+saved result.json, median of 3), which the command's own figures do not include. The 1-minute
+load average is sampled every second while the command runs: this machine has 2 cores, which
+the hosts' sshd and stand-ins share with the controller. ``--forks N`` passes ``-f N``;
+``--cprofile DIR`` profiles the controller (cProfile on thread CPU time, every thread merged).
 
-Targets: the controller's CPU per host-check is flat from 8 to 64 hosts (64 hosts within 1.10x
-of 8), the wall time grows <= 2.1x from 32 to 64 hosts, the report for 64 hosts renders in
-< 2 s.
+Targets: the controller's CPU per host-check flat from 8 to 64 hosts (64 hosts within 1.10x of
+8, for the whole command and for the checks phase alone), the wall time growing <= 2.1x from 32
+to 64 hosts, the HTML report of 64 hosts rendering in < 2 s.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def worker(args: argparse.Namespace) -> None:
     phases.wrap(cli_gate, "write_reports", "reports")
     argv = ["gate", "g1", "--stage", STAGE, "--out", str(args.out), "-e", f"@{args.vars}"]
     argv += [part for source in args.inventory for part in ("-i", source)]
+    argv += ["--forks", str(args.forks)] if args.forks else []
     code = 0
     sys.argv = ["fxkit", *argv]
     with profiled(args.cprofile):
@@ -179,7 +182,11 @@ def load_sampler(every: float = 1.0) -> Iterator[list[float]]:
 
 
 def one_run(
-    fleet_inventory: Path, names: list[str], folder: Path, cprofile: Path | None = None
+    fleet_inventory: Path,
+    names: list[str],
+    folder: Path,
+    cprofile: Path | None = None,
+    forks: int | None = None,
 ) -> dict[str, Any]:
     """``fxkit gate g1 --stage health`` on ``names``, in a process of its own: its figures."""
     groups = folder / "gpu_nodes.yml"
@@ -196,6 +203,8 @@ def one_run(
     ]  # fmt: skip
     if cprofile is not None:
         command += ["--cprofile", str(cprofile)]
+    if forks:
+        command += ["--forks", str(forks)]
     with (folder / "console.log").open("w") as log, load_sampler() as load:
         command += ["--spawned", repr(time.time())]
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
@@ -296,6 +305,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=parse_counts, default=[8, 32, 64])
     parser.add_argument("--runs", type=int, default=3, help="rounds (each size once a round)")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--forks", type=int, help="fxkit gate's -f (default: its own, 50)")
     parser.add_argument("--keep", type=Path, help="keep each run's reports and console here")
     parser.add_argument(
         "--cprofile", type=Path, help="profile the controller (every thread): pstats files here"
@@ -333,7 +343,7 @@ def main() -> None:
                     if args.cprofile is not None:
                         args.cprofile.mkdir(parents=True, exist_ok=True)
                         profile = args.cprofile / f"g1-{count}-r{round_}.pstats"
-                    figures = one_run(fleet.inventory, names[:count], folder, profile)
+                    figures = one_run(fleet.inventory, names[:count], folder, profile, args.forks)
                     runs[count].append(figures)
                     print(
                         f"round {round_ + 1}, {count} hosts: {figures['wall_s']:.2f} s wall, "
@@ -353,6 +363,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cores": os.cpu_count(),
             "stage": STAGE,
+            "forks": args.forks,
             "rows": rows,
             "targets": goals,
             "runs": {str(k): v for k, v in runs.items()},
