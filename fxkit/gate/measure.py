@@ -84,7 +84,13 @@ class MeasuredHost:
         """:class:`MeasureError` ("fio not found") unless every tool is on the host's PATH."""
         for tool in tools:
             if not self.run(f"command -v {shlex.quote(tool)} >/dev/null 2>&1").ok:
-                raise MeasureError(f"{tool} not found on {self.host} (install it, or fix PATH)")
+                raise self.not_found(tool)
+
+    def not_found(self, tool: str, as_root: bool = False) -> MeasureError:
+        """The error of a tool missing from the host's PATH (root's, ``as_root``)."""
+        if as_root:
+            return MeasureError(f"{tool} not found on {self.host} (root's PATH): install it")
+        return MeasureError(f"{tool} not found on {self.host} (install it, or fix PATH)")
 
     def fact(self, fact: Any, *args: Any) -> Any:
         """A fact of the host (see :mod:`fxkit.facts`); a failing fact is a MeasureError."""
@@ -92,6 +98,17 @@ class MeasuredHost:
             return self.facts.get(fact, *args, become=self.become)
         except FactError as exc:
             raise MeasureError(exc.message) from None
+
+
+#: What a command of :func:`with_tool` prints (exiting 127) when its tool is not on the PATH.
+MISSING = "--- fxkit: tool not found ---"
+
+
+def with_tool(tool: str, command: str) -> str:
+    """``command``, run when ``tool`` is on the PATH, else :data:`MISSING` and exit 127: one
+    round trip where :meth:`MeasuredHost.require` and the command take two."""
+    missing = f"{{ echo {shlex.quote(MISSING)}; exit 127; }}"
+    return f"command -v {shlex.quote(tool)} >/dev/null 2>&1 || {missing}; {command}"
 
 
 Measure = Callable[[MeasuredHost, Any], Any]

@@ -308,7 +308,7 @@ class GateRun:
 
         def report(host: str, checked: CheckResult) -> None:
             if self.progress:
-                self.progress(host, CheckResult.from_json(self.masker.data(asdict(checked))))
+                self.progress(host, self._shown(checked))
 
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = pool.submit(
@@ -367,8 +367,7 @@ class GateRun:
                     checked = judge(check, rule, host.measurements[index], index, base, where)
                 host.checks.append(checked)
                 if self.progress:
-                    shown = CheckResult.from_json(self.masker.data(asdict(checked)))
-                    self.progress(plan.inv.name, shown)
+                    self.progress(plan.inv.name, self._shown(checked))
         finally:
             if keep and host.unreachable is None and not self.cut.is_set():
                 with self._lock:
@@ -378,6 +377,13 @@ class GateRun:
                     conn.close()
         self.masker.add(plan.vars.secret_values())
         return host
+
+    def _shown(self, checked: CheckResult) -> CheckResult:
+        """``checked`` as progress shows it: a copy with the run's secrets masked, or itself
+        while the run has none (a copy per check is most of what progress costs)."""
+        if not self.masker.masks:
+            return checked
+        return CheckResult.from_json(self.masker.data(asdict(checked)))
 
     def _measure(self, node: MeasuredHost, name: str, params: Any, host: HostChecks) -> Measurement:
         measurement = Measurement(name, params.model_dump(mode="json"))

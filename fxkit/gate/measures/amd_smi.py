@@ -36,8 +36,7 @@ def _gpu_records(text: str, command: str) -> list[dict[str, Any]]:
 @kind("gpu_firmware", NoParams)
 def gpu_firmware(node: MeasuredHost, p: NoParams) -> dict[str, Any]:
     """Each GPU's firmware versions (``amd-smi firmware --json``), as ``ID=VERSION`` words."""
-    node.require("amd-smi")
-    simulated, out = run_marked(node, "amd-smi firmware --json", "amd-smi firmware")
+    simulated, out = run_marked(node, "amd-smi firmware --json", "amd-smi firmware", tool="amd-smi")
     return {"simulated": simulated, **parse_firmware(out)}
 
 
@@ -97,8 +96,7 @@ _CELL = re.compile(r"N/A|-?\d+(?:\.\d+)?(?:\s*(?:W|°C|C|%|MHz|GHz))?")
 @kind("gpu_monitor", NoParams)
 def gpu_monitor(node: MeasuredHost, p: NoParams) -> dict[str, Any]:
     """Each GPU's power, temperatures, clocks and utilisation (``amd-smi monitor -putm``)."""
-    node.require("amd-smi")
-    simulated, out = run_marked(node, "amd-smi monitor -putm", "amd-smi monitor")
+    simulated, out = run_marked(node, "amd-smi monitor -putm", "amd-smi monitor", tool="amd-smi")
     return {"simulated": simulated, **parse_monitor(out)}
 
 
@@ -146,8 +144,8 @@ def xgmi_links(node: MeasuredHost, p: NoParams) -> dict[str, Any]:
 
     ``amd-smi topology -a -t --json``: each link's type and access; ``not_xgmi`` lists the
     others."""
-    node.require("amd-smi")
-    simulated, out = run_marked(node, "amd-smi topology -a -t --json", "amd-smi topology")
+    command = "amd-smi topology -a -t --json"
+    simulated, out = run_marked(node, command, "amd-smi topology", tool="amd-smi")
     return {"simulated": simulated, **parse_topology(out)}
 
 

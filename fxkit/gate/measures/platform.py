@@ -24,25 +24,27 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fxkit.facts.base import FactError
 from fxkit.facts.lab import marked, split_marked
-from fxkit.gate.measure import MeasuredHost, MeasureError, Params, kind, regex
+from fxkit.gate.measure import MISSING, MeasuredHost, MeasureError, Params, kind, regex, with_tool
 from fxkit.gate.measures.fabric import backend_ports
 
 #: How many flagged kernel-log lines a value lists (the measurement keeps the count).
 SHOWN_LINES = 20
 
 
-def run_marked(node: MeasuredHost, command: str, what: str, *, as_root: str = "") -> Any:
+def run_marked(
+    node: MeasuredHost, command: str, what: str, *, tool: str = "", as_root: bool = False
+) -> Any:
     """(simulated?, stdout) of ``command``; MeasureError with its stderr when it fails.
-    ``as_root``: the tool the command runs as root, looked for on root's PATH (/usr/sbin)."""
-    if as_root:
-        found = node.run(f"command -v {shlex.quote(as_root)} >/dev/null 2>&1", become=True)
-        if not found.ok:
-            raise MeasureError(f"{as_root} not found on {node.host} (root's PATH): install it")
-    result = node.run(marked(command), become=True if as_root else None)
+    ``tool``: the tool it runs, looked for on the PATH in the same command (root's PATH,
+    /usr/sbin, when ``as_root``: the command runs as root)."""
+    script = with_tool(tool, command) if tool else command
+    result = node.run(marked(script), become=True if as_root else None)
     try:
         lab, out = split_marked(result, what)
     except FactError as exc:  # no marker: the command never ran (a refused sudo...)
         raise MeasureError(exc.message) from None
+    if tool and result.rc == 127 and out.strip() == MISSING:
+        raise node.not_found(tool, as_root)
     if not result.ok:
         tail = (result.stderr or out).strip()[-400:]
         raise MeasureError(f"`{command}` exited {result.rc} on {node.host}: {tail}")
@@ -118,7 +120,7 @@ DMI_KEYS = ("system-manufacturer", "system-product-name", "bios-version", "bios-
 def dmidecode(node: MeasuredHost, p: NoParams) -> dict[str, Any]:
     """The system's manufacturer and product and its BIOS version and date (``dmidecode -s``)."""
     script = "; ".join(f"printf '%s\\t%s\\n' {k} \"$(dmidecode -s {k})\"" for k in DMI_KEYS)
-    simulated, out = run_marked(node, script, "dmidecode", as_root="dmidecode")
+    simulated, out = run_marked(node, script, "dmidecode", tool="dmidecode", as_root=True)
     return {"simulated": simulated, **parse_dmidecode(out)}
 
 
@@ -168,8 +170,7 @@ _SIZE = re.compile(r"([\d.]+)\s*([KMGTPE]?)i?B?", re.I)
 @kind("lsmem", NoParams)
 def lsmem(node: MeasuredHost, p: NoParams) -> dict[str, Any]:
     """lsmem's total online and offline memory (bytes, and online GiB)."""
-    node.require("lsmem")
-    simulated, out = run_marked(node, "lsmem -b", "lsmem")
+    simulated, out = run_marked(node, "lsmem -b", "lsmem", tool="lsmem")
     return {"simulated": simulated, **parse_lsmem(out)}
 
 
@@ -224,7 +225,7 @@ def kernel_log(node: MeasuredHost, p: KernelLogParams) -> dict[str, Any]:
     """The kernel log's error, warning and failure lines (``dmesg``) and amdgpu's among them.
 
     Lines an ``allow`` entry matches are kept apart, each with its reason."""
-    simulated, out = run_marked(node, "dmesg", "dmesg", as_root="dmesg")
+    simulated, out = run_marked(node, "dmesg", "dmesg", tool="dmesg", as_root=True)
     return {"simulated": simulated, **parse_kernel_log(out, p)}
 
 
@@ -289,7 +290,7 @@ def pcie(node: MeasuredHost, p: PcieParams) -> dict[str, Any]:
         for n in netdevs
     )
     script = f"{links + '; ' if links else ''}echo '--- lspci'; lspci -D -PP -nn -vvv"
-    simulated, out = run_marked(node, script, "lspci", as_root="lspci")
+    simulated, out = run_marked(node, script, "lspci", tool="lspci", as_root=True)
     head, _, listing = out.partition("--- lspci\n")
     devices = parse_lspci(listing)
     nics = {}
