@@ -41,6 +41,7 @@ def ask(out: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.lab
+@pytest.mark.timeout(2400)  # two demo runs: 6 min and 2 here, past 20 at a load of 30
 def test_demo_rehearses_the_example_site_accepts_one_node_fails_one_and_loads(
     tmp_path: Path,
 ) -> None:
