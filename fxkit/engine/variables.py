@@ -52,7 +52,7 @@ import traceback
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,13 @@ def environment(templates_dir: str | None = None) -> jinja2.Environment:
         trim_blocks=True,  # a line holding only {% ... %} leaves no empty line (as in Ansible)
         autoescape=False,
     )
+
+
+@lru_cache(maxsize=4096)
+def _value_template(source: str) -> jinja2.Template:
+    """A variable value's compiled template: compiled once for every host that renders it (the
+    compilation, not the rendering, was 90 % of planning G1 on 64 hosts)."""
+    return environment().from_string(source)
 
 
 class _Environment(ImmutableSandboxedEnvironment):
@@ -397,7 +404,7 @@ class HostVars(Mapping[str, Any]):
         """Render a variable's value (native types); ``label`` names it in error messages,
         which quote nothing of ``source`` when it is ``secret``."""
         try:
-            template = environment().from_string(source)
+            template = _value_template(source)
         except jinja2.TemplateSyntaxError as exc:
             raise _template_error(exc, label, self._host, exc.lineno, secret) from None
         value, read_secret = self._render(template, label, secret)
