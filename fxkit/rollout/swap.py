@@ -132,8 +132,13 @@ class Swap:
             item.time_to_ready_s = served.time_to_ready_s if served and item.restarted else None
 
     def register(self, item: Instance) -> str:
-        """Run the register hook for ``item``; how long it was out of service."""
-        error = self.hooks.register.run("register", target(item)) if self.hooks.register else ""
+        """Run the register hook for ``item`` (timed); what went wrong ("": nothing). Its time
+        out of service ends here."""
+        error = ""
+        if self.hooks.register:
+            start = time.monotonic()
+            error = self.hooks.register.run("register", target(item))
+            item.register_s = round(time.monotonic() - start, 3)
         if item.key in self.out_at:
             item.not_serving_s = round(time.monotonic() - self.out_at.pop(item.key), 3)
         return error
