@@ -148,6 +148,13 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         assert all(after[k]["pid"] != before[k]["pid"] for k in before)
         assert {k: s["port"] for k, s in after.items()} == {k: s["port"] for k, s in before.items()}
         assert {r["revision"] for r in found.values()} == {r2}
+        # Each batch's run prepared the revision before its instance was drained (one run per
+        # batch); the instance's environment file was written under the revision's name.
+        assert out.count(" (its revision): ") == len(report["batches"]), out
+        for host in HOSTS:
+            with lab["fleet"].connect(host) as conn:
+                env = conn.run(f"cat /var/lib/fxkit/revisions/*/{r2}.env/tp4-0.env").stdout
+            assert f"FXKIT_REVISION='{r2}'" in env, (host, env)
 
         # Undo: back to r1 (the previous revision), one instance at a time, drained first.
         code, out, report = run_rollout(lab, new, "--serial", "1", what="undo")
