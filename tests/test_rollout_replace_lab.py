@@ -200,9 +200,9 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         )  # fmt: skip
         assert proc.stdout is not None
         for line in proc.stdout:
-            if "batch 1/2" in line:
+            if "batch 1/2: switching" in line:  # prepared, drained: now being replaced
                 break
-        time.sleep(2.0)  # inside the batch: its instances are being replaced
+        time.sleep(0.5)  # inside the switch: its instances stop, start, are awaited
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=900)
         assert proc.returncode == 130, rest

@@ -84,6 +84,8 @@ class Batches:
             interrupted = self.step(number, count, group, order)
         except KeyboardInterrupt:
             interrupted = True
+            if self.drain:  # a command may have been cut short: roll back over fresh connections
+                self.drain.close()
             for item in group:
                 if item.status is InstanceStatus.NOT_RUN:
                     item.status, item.msg = InstanceStatus.FAILED, "interrupted"
