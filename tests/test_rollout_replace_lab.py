@@ -132,6 +132,11 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
     try:
         # An upgrade without surge: one instance at a time, deregistered and drained first.
         new = variant(lab, "new.yml", vllm_lmcache_unit_options={"Nice": "5"})
+        # Check mode: each batch's whole run in check mode; nothing drained, switched or kept.
+        code, out, report = run_rollout(lab, new, "--serial", "4", "--check", "--diff")
+        assert code == 0, out
+        assert {r["status"] for r in rows(report).values()} == {"would_start"}, out
+        assert pids(lab) == {k: s["pid"] for k, s in before.items()}
         code, out, report = run_rollout(lab, new, "--serial", "1", "--smoke-prompt", "hello")
         assert code == 0, out
         found = rows(report)
