@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -225,9 +226,11 @@ def main() -> None:
             traffic(fleet, hosts, args.workers)
             time.sleep(args.before)
             vary(inv, vllm_lmcache_unit_options={"Nice": "1"})
+            load = [os.getloadavg()[0]]
             start = time.time()
             report = rollout(folder, inv, "--serial", "1", "--max-surge", str(args.max_surge))
             end = time.time()
+            load.append(os.getloadavg()[0])
             time.sleep(args.before / 2)
             back = rollback(folder, inv, args.ready_timeout) if args.rollback else None
             counts = collect(fleet, hosts)
@@ -240,6 +243,7 @@ def main() -> None:
         "max_surge": args.max_surge,
         "exit_code": report["exit_code"],
         "rollout_s": round(end - start, 1),
+        "load_average_1min": {"start": round(load[0], 1), "end": round(load[1], 1)},
         "sent": sum(c["sent"] for c in counts),
         "failed": sum(c["failed"] for c in counts),
         "failures": [f for c in counts for f in c["failures"]][:10],
@@ -250,11 +254,22 @@ def main() -> None:
                 "drain_s": i["drain_s"],
                 "time_to_ready_s": i["time_to_ready_s"],
                 "not_serving_s": i["not_serving_s"],
+                "register_hook_s": i["register_s"],
                 "surge": i.get("surge", ""),
             }
             for i in report["instances"]
         },
     }
+    # The target (issue 25): time not serving <= drain + time to ready (no surge).
+    over = [
+        i["not_serving_s"] - i["drain_s"] - i["time_to_ready_s"]
+        for i in report["instances"]
+        if None not in (i["not_serving_s"], i["drain_s"], i["time_to_ready_s"])
+    ]
+    result["beyond_drain_and_ready_s"] = (
+        {"min": round(min(over), 2), "max": round(max(over), 2)} if over else None
+    )
+    result["not_serving_within_drain_plus_ready"] = bool(over) and max(over) <= 0
     if back is not None:
         result["after"] = latency(samples, end, time.time() + 1)
         result["rollback"] = back

@@ -132,6 +132,11 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
     try:
         # An upgrade without surge: one instance at a time, deregistered and drained first.
         new = variant(lab, "new.yml", vllm_lmcache_unit_options={"Nice": "5"})
+        # Check mode: each batch's whole run in check mode; nothing drained, switched or kept.
+        code, out, report = run_rollout(lab, new, "--serial", "4", "--check", "--diff")
+        assert code == 0, out
+        assert {r["status"] for r in rows(report).values()} == {"would_start"}, out
+        assert pids(lab) == {k: s["pid"] for k, s in before.items()}
         code, out, report = run_rollout(lab, new, "--serial", "1", "--smoke-prompt", "hello")
         assert code == 0, out
         found = rows(report)
@@ -148,6 +153,13 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         assert all(after[k]["pid"] != before[k]["pid"] for k in before)
         assert {k: s["port"] for k, s in after.items()} == {k: s["port"] for k, s in before.items()}
         assert {r["revision"] for r in found.values()} == {r2}
+        # Each batch's run prepared the revision before its instance was drained (one run per
+        # batch); the instance's environment file was written under the revision's name.
+        assert out.count(" (its revision): ") == len(report["batches"]), out
+        for host in HOSTS:
+            with lab["fleet"].connect(host) as conn:
+                env = conn.run(f"cat /var/lib/fxkit/revisions/*/{r2}.env/tp4-0.env").stdout
+            assert f"FXKIT_REVISION='{r2}'" in env, (host, env)
 
         # Undo: back to r1 (the previous revision), one instance at a time, drained first.
         code, out, report = run_rollout(lab, new, "--serial", "1", what="undo")
@@ -193,9 +205,9 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         )  # fmt: skip
         assert proc.stdout is not None
         for line in proc.stdout:
-            if "batch 1/2" in line:
+            if "batch 1/2: switching" in line:  # prepared, drained: now being replaced
                 break
-        time.sleep(2.0)  # inside the batch: its instances are being replaced
+        time.sleep(0.5)  # inside the switch: its instances stop, start, are awaited
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=900)
         assert proc.returncode == 130, rest

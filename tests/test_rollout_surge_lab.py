@@ -71,7 +71,10 @@ def test_upgrade_with_surge_and_fallback(lab: dict[str, Any]) -> None:
                 found[f"lab01/{name}"]["surge"] == f"{name}-surge (port 8002, GPUs [8, 9, 10, 11])"
             )
             assert found[f"lab02/{name}"]["surge"] == "", found  # no room: drained first
-        assert "(their surge copies)" in out, out
+        # One playbook run per batch (its revision prepared); the copy and the instance are
+        # both started on that revision, without a run of their own.
+        assert out.count(" (its revision): ") == len(report["batches"]), out
+        assert "surge copies lab01/tp4-0-surge" in out, out
         after = status(lab, new)
         [r2] = {s["running"] for s in after.values()}
         assert r2 != r1 and all(s["health"] == "ready" for s in after.values()), after

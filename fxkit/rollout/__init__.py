@@ -17,7 +17,10 @@ stops the rollout; the instances of later batches are reported ``not_run``.
 With a role that keeps revisions (:mod:`fxkit.rollout.revision`), each host is read first
 (:mod:`fxkit.rollout.state`): an instance whose running revision differs from the wanted one is
 deregistered and drained before its batch runs, and registered again once its new revision is
-ready (:mod:`fxkit.rollout.drain`); with ``max_surge``, where its node has room, a copy of it
+ready (:mod:`fxkit.rollout.drain`). A role that can (roles/vllm_lmcache) has each batch's
+run prepare the new revision first (venv, model, files; nothing stopped), before any instance
+is drained; each drained instance is then only switched to it and started
+(:meth:`fxkit.rollout.swap.Swap.switch`). With ``max_surge``, where its node has room, a copy of it
 on the new revision serves beside it meanwhile (:mod:`fxkit.rollout.surge`). A batch that
 fails (or is interrupted) is rolled back: its replaced instances start again as they ran before
 (:mod:`fxkit.rollout.rollback`), the rollout stops, and later batches are not touched.
@@ -44,6 +47,10 @@ from fxkit.rollout.report import FAILURES, Hooks, Instance, InstanceStatus, Roll
 from fxkit.rollout.state import InstanceState, gather, revisions_of
 from fxkit.rollout.surge import Surge
 from fxkit.rollout.swap import Swap
+
+#: What a serving role defines so that a batch's run prepares its revision before any instance
+#: is drained, and the rollout switches each instance itself (:class:`Batches`).
+SWITCH = ("PREPARE", "switch_instance", "switch_ready")
 
 __all__ = [
     "FAILURES",
@@ -173,10 +180,11 @@ def rollout(
                 hint="roles/vllm_lmcache keeps them; or leave out --register-hook and "
                 "--deregister-hook",
             )
-        if max_surge and not (kept and hasattr(role, "surge_copies") and hasattr(role, "SURGE")):
+        switches = kept and all(hasattr(role, a) for a in SWITCH)
+        if max_surge and not (switches and hasattr(role, "surge_copies")):
             raise PlaybookError(
                 "--max-surge needs a serving role that keeps revisions and defines "
-                "surge_copies(v, specs) and SURGE",
+                f"surge_copies(v, specs), {', '.join(SWITCH)}",
                 hint="roles/vllm_lmcache does; or leave out --max-surge",
             )
         before = _states(runner, role, hostvars) if kept and not options.check else {}
@@ -193,6 +201,8 @@ def rollout(
             item.previous = before[item.key].running if item.key in before else ""
     run = Batches(book, hosts, options, recorder, limit or 0.0, role.SELECT)
     run.drain = Swap(runner, hostvars, before, hooks, folders(role, hostvars) if kept else {})
+    if switches and not options.check:  # check mode: the batch's whole run shows what changes
+        run.prepare, run.drain.role = str(role.PREPARE), role  # type: ignore[attr-defined]
     if max_surge:
         run.surge = Surge(runner, role, hostvars, before, hooks, max_surge)
     try:

@@ -24,7 +24,9 @@ R = TypeVar("R", bound=InstanceReport)
 @dataclass
 class Batches:
     """Runs the batches in turn, each with the role's ``select`` variable naming its
-    instances."""
+    instances. With ``prepare`` (the role's variable for it), a batch's run prepares its
+    revision only, before any of its instances is drained, and each instance is then switched to
+    it by :meth:`Swap.switch`: out of service for the drain, the switch and its start alone."""
 
     book: Playbook
     hosts: Inventory
@@ -34,6 +36,7 @@ class Batches:
     select: str
     drain: Swap | None = None
     surge: Surge | None = None
+    prepare: str | None = None
 
     def all(self, groups: list[list[Instance]]) -> str | None:
         """Why the rollout stopped (None: it did not)."""
@@ -43,6 +46,8 @@ class Batches:
                 stopped = self.batch(number, len(groups), group, order)
             finally:
                 error = self.surge.retire(self.surge.running()) if self.surge else None
+                if self.drain:
+                    self.drain.close()
             if error and not stopped:
                 stopped = f"batch {number}/{len(groups)}: retiring its surge copies: {error}"
             if stopped:
@@ -52,9 +57,16 @@ class Batches:
     def batch(self, number: int, count: int, group: list[Instance], order: list[str]) -> str | None:
         """Run one batch; why the rollout stopped (None: it goes on)."""
         where = f"batch {number}/{count}"
+        if self.prepare:
+            try:
+                group, stopped = self.prepared(number, count, group, order)
+            except KeyboardInterrupt:
+                return f"interrupted during batch {number}'s preparation (nothing replaced)"
+            if stopped:
+                return stopped
         if self.surge:
             try:
-                group, stopped = self.beside(number, count, group, order)
+                group, stopped = self.beside(number, count, group)
             except KeyboardInterrupt:
                 return f"interrupted during batch {number}'s surge (nothing replaced)"
             if stopped:
@@ -72,6 +84,8 @@ class Batches:
             interrupted = self.step(number, count, group, order)
         except KeyboardInterrupt:
             interrupted = True
+            if self.drain:  # a command may have been cut short: roll back over fresh connections
+                self.drain.close()
             for item in group:
                 if item.status is InstanceStatus.NOT_RUN:
                     item.status, item.msg = InstanceStatus.FAILED, "interrupted"
@@ -85,21 +99,41 @@ class Batches:
             return stopped + self.undo(group, False)
         return None
 
-    def beside(
+    def prepared(
         self, number: int, count: int, group: list[Instance], order: list[str]
     ) -> tuple[list[Instance], str | None]:
-        """Start and register the group's surge copies (:mod:`fxkit.rollout.surge`); the
-        instances to replace next (those whose copy failed are left), and why the rollout
-        stopped (None: it goes on)."""
-        assert self.surge is not None
+        """Prepare the group's revision on its hosts: one run of the playbook with the role's
+        ``prepare`` variable set (venv, model, files; nothing started or stopped). The
+        instances to switch (those of a host whose preparation failed fail, untouched), and
+        why the rollout stopped (None: it goes on)."""
+        assert self.drain is not None and self.prepare
+        results = self.one(number, count, group, order, {self.prepare: True}, " (its revision)")
+        if results.interrupted:
+            return group, f"interrupted during batch {number}'s preparation (nothing replaced)"
+        for item in group:
+            host = results.hosts.get(item.host)
+            if host is None or host.outcome is not Outcome.OK:
+                why = _last_failure(host.tasks) if host else "its host did not run"
+                bad = host is not None and host.outcome is Outcome.UNREACHABLE
+                item.status = InstanceStatus.UNREACHABLE if bad else InstanceStatus.FAILED
+                item.msg = f"preparing its revision: {why}; it was not touched"
+        rest = [i for i in group if i.status is InstanceStatus.NOT_RUN]
+        self.drain.prepared(list(dict.fromkeys(i.host for i in rest)))
+        return rest, self.judge(number, count, group) if len(rest) < len(group) else None
+
+    def beside(
+        self, number: int, count: int, group: list[Instance]
+    ) -> tuple[list[Instance], str | None]:
+        """Start and register the group's surge copies on the prepared revision
+        (:mod:`fxkit.rollout.surge`); the instances to replace next (those whose copy failed
+        are left), and why the rollout stopped (None: it goes on)."""
+        assert self.surge is not None and self.drain is not None
         copies = self.surge.plan(group)
         if not copies:
             return group, None
-        originals = [i for i in group if i.key in self.surge.copies]
-        results = self.one(number, count, originals, order, {self.surge.variable: True})
-        if results.interrupted:
-            return group, f"interrupted during batch {number}'s surge copies (nothing replaced)"
-        _read(results, copies)
+        self.recorder.note(f"batch {number}/{count}: surge copies {_names(copies)}")
+        self.drain.switch(copies, self.surge.specs)
+        self.tell(copies)
         rest = self.surge.failed(group, copies)
         error = self.surge.register([c for c in copies if c.status is InstanceStatus.READY])
         if error:
@@ -112,10 +146,22 @@ class Batches:
         return f"; rolled back: {', '.join(told)}" if told else ""
 
     def step(self, number: int, count: int, group: list[Instance], order: list[str]) -> bool:
-        """Run the group's batch and read how each instance went; whether it was interrupted."""
+        """Start the group's instances on the new revision and read how each went: switched
+        to the prepared one, or the batch's run of the playbook; whether it was interrupted."""
+        if self.prepare and self.drain:
+            self.recorder.note(f"batch {number}/{count}: switching {_names(group)}")
+            self.drain.switch(group)
+            self.tell(group)
+            return False
         results = self.one(number, count, group, order)
         _read(results, group)
         return results.interrupted
+
+    def tell(self, group: list[Instance]) -> None:
+        """A line per switched instance: how it went."""
+        for item in group:
+            bad = item.status in FAILURES
+            self.recorder.note(f"{item.key}: {item.status}: {item.msg}", "red" if bad else "")
 
     def one(
         self,
@@ -124,6 +170,7 @@ class Batches:
         group: list[Instance],
         order: list[str],
         more: dict[str, object] | None = None,
+        what: str = "",
     ) -> PlaybookResult:
         chosen = sorted({i.host for i in group}, key=order.index)
         options = self.options
@@ -132,9 +179,7 @@ class Batches:
         extra.merge(Variables(batch_vars, dict.fromkeys(batch_vars, "fxkit rollout's batch")))
         batch_options = replace(options, limit=":".join(chosen), extra_vars=extra)
         batch = self.recorder.fresh()
-        copies = " (their surge copies)" if more else ""
-        names = ", ".join(i.key for i in group)
-        batch.note(f"batch {number}/{count}{copies}: {names}", style="bold")
+        batch.note(f"batch {number}/{count}{what}: {_names(group)}", style="bold")
         with batch:
             return Runner(self.book, self.hosts, batch_options, batch).run()
 
@@ -153,6 +198,10 @@ class Batches:
             f"({percent:.0f}% > max_fail_percentage {self.limit:g}%): {names}"
             + "".join(f"; {part}" for part in after if part)
         )
+
+
+def _names(group: list[Instance]) -> str:
+    return ", ".join(i.key for i in group)
 
 
 def _read(results: PlaybookResult, group: Iterable[Instance]) -> None:

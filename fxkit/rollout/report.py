@@ -55,6 +55,8 @@ class Instance:
     drained: bool | None = None
     #: Seconds from its deregistration until it was registered again (None: it was not both).
     not_serving_s: float | None = None
+    #: Seconds its register hook took, the end of ``not_serving_s`` (None: it had none).
+    register_s: float | None = None
     #: Its surge copy while it was replaced ("": none, it was drained first): name, port, GPUs.
     surge: str = ""
 

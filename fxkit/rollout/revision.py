@@ -98,8 +98,9 @@ def write_command(folder: str, revision: str) -> str:
 
 
 def prune_command(folder: str, keep: int, env_dirs: tuple[str, ...]) -> str:
-    """Removes the records of ``folder`` beyond the newest ``keep``, except those that an
-    environment file in ``env_dirs`` still names; prints each removed id."""
+    """Removes the records of ``folder`` beyond the newest ``keep`` (with their kept runs and
+    prepared environment files), except those that an environment file in ``env_dirs`` still
+    names; prints each removed id."""
     files = " ".join(f"{quote(d)}/*.env" for d in env_dirs)
     return (
         f"cd -- {quote(folder)} 2>/dev/null || exit 0; "
@@ -107,7 +108,7 @@ def prune_command(folder: str, keep: int, env_dirs: tuple[str, ...]) -> str:
         "| grep -o 'r-[0-9a-f]*'); "
         f"ls -t -- *.json 2>/dev/null | tail -n +{keep + 1} | while read -r f; do "
         'r=${f%.json}; case " $(echo $used) " in *" $r "*) ;; '
-        '*) rm -rf -- "$f" "$r.run" && echo "$r";; '
+        '*) rm -rf -- "$f" "$r.run" "$r.env" && echo "$r";; '
         "esac; done"
     )
 

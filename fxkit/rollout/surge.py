@@ -2,10 +2,11 @@
 
 For each instance of a batch that changes revision, while its node has room (the serving role's
 ``surge_copies(v, specs)``: GPUs its layout leaves free, ports after the layout's) and fewer
-than N of the batch's copies run there, the batch first starts a *surge copy* of it on the new
-revision (a run of the playbook with the role's ``SURGE`` variable set). Once the copy is
-ready the register hook puts it in the load balancer; then the old instance is deregistered,
-drained and replaced in its own slot as without surge (:mod:`fxkit.rollout.swap`), so that the
+than N of the batch's copies run there, the batch first starts a *surge copy* of it on the
+revision the batch prepared (:meth:`fxkit.rollout.swap.Swap.switch`: the same preparation
+serves the copy and the instance, one playbook run per batch). Once the copy is ready the
+register hook puts it in the load balancer; then the old instance is deregistered, drained and
+replaced in its own slot as without surge (:mod:`fxkit.rollout.swap`), so that the
 fleet ends on its layout; once that is ready and registered, the copy is deregistered, drained
 and stopped, and its GPUs are free for the next batch. The instance is served all along: by the
 old one, by both, by the copy, by both again, by the new one.
@@ -49,10 +50,6 @@ class Surge:
     copies: dict[str, Instance] = field(default_factory=dict)
     #: Each copy's spec (by its unit): its command line, environment and environment file.
     specs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def variable(self) -> str:
-        return str(self.role.SURGE)  # type: ignore[attr-defined]
 
     def plan(self, group: list[Instance]) -> list[Instance]:
         """The copies the group's changing instances get (as :class:`Instance`, ``batch``

@@ -1,19 +1,28 @@
-"""Replacing the instances of a batch that change revision: each deregistered, drained and its
-previous run recorded before the batch; registered once ready; rolled back when the batch
-fails."""
+"""Replacing the instances of a batch that change revision: each one's previous run recorded,
+then deregistered and drained; switched to the revision its batch prepared (with a role that
+switches instances itself: :meth:`Swap.switch`); registered once ready; rolled back when the
+batch fails. One connection per host serves the whole batch."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fxkit.connection import Connection
+from fxkit.engine.rolevars import RoleVars
 from fxkit.engine.runner import Runner
+from fxkit.engine.serving import ServingRole
 from fxkit.engine.variables import HostVars
+from fxkit.facts.base import FactCache
+from fxkit.ops.base import OpContext
+from fxkit.ops.instances import InstanceReady, InstanceStarted
 from fxkit.rollout.drain import Target, metrics_url, smoke_command, smoke_problem, wait_drained
 from fxkit.rollout.report import Hooks, Instance, InstanceStatus
 from fxkit.rollout.rollback import Previous, capture, keep, restore
-from fxkit.rollout.state import InstanceState, opened
+from fxkit.rollout.state import InstanceState, opened, revisions_of, wanted_revision
 
 
 @dataclass
@@ -31,34 +40,105 @@ class Swap:
     previous: dict[str, Previous] = field(default_factory=dict)
     #: When each instance was deregistered (the controller's monotonic clock).
     out_at: dict[str, float] = field(default_factory=dict)
+    #: The serving role, when it switches instances itself (``PREPARE``, ``switch_instance``,
+    #: ``switch_ready``); None: a batch's playbook run starts them.
+    role: ServingRole[RoleVars] | None = None
+    #: The revision each host's batch prepared.
+    revisions: dict[str, str] = field(default_factory=dict)
+    #: Each host's open connection and operations' context, for the batch.
+    contexts: dict[str, OpContext] = field(default_factory=dict)
+    held: ExitStack = field(default_factory=ExitStack)
+
+    def context(self, host: str) -> OpContext:
+        """The host's context for operations; its connection opened once, kept until
+        :meth:`close`."""
+        if host not in self.contexts:
+            conn, become = self.held.enter_context(opened(self.runner, host, self.hostvars[host]))
+            self.contexts[host] = OpContext(
+                conn=conn, facts=FactCache(conn), check=False, diff=False, become=become
+            )
+        return self.contexts[host]
+
+    def close(self) -> None:
+        """Close the batch's connections."""
+        self.contexts.clear()
+        self.held.close()
 
     def changing(self, item: Instance) -> bool:
         """It serves now, and the batch gives it another revision."""
         state = self.before.get(item.key)
         return state is not None and bool(state.pid) and state.running != state.wanted
 
+    def prepared(self, hosts: list[str]) -> None:
+        """Read the revision each host's batch prepared (its model's manifest may have been
+        staged meanwhile): the one its instances switch to."""
+        assert self.role is not None
+        for host in hosts:
+            ctx = self.context(host)
+            rev = revisions_of(self.role, self.role.Vars.of(self.hostvars[host]))
+            self.revisions[host] = wanted_revision(ctx.conn, ctx.become, rev)
+            for key, state in self.before.items():
+                if state.host == host:
+                    self.before[key] = replace(state, wanted=self.revisions[host])
+
     def out(self, group: list[Instance]) -> str | None:
-        """Deregister and drain the group's changing instances; why not (None: done)."""
+        """Record, deregister and drain the group's changing instances; why not (None:
+        done)."""
         for item in filter(self.changing, group):
+            ctx = self.context(item.host)
+            was = capture(ctx.conn, ctx.become, item.unit)
+            if was is not None:
+                self.previous[item.key] = was
+                keep(ctx.conn, ctx.become, self.folders[item.host], item.name, was)
             if self.hooks.deregister:
                 error = self.hooks.deregister.run("deregister", target(item))
                 if error:
                     return f"{item.key}: {error}"
             self.out_at[item.key] = time.monotonic()
-            with opened(self.runner, item.host, self.hostvars[item.host]) as (conn, become):
-                was = capture(conn, become, item.unit)
-                if was is not None:
-                    self.previous[item.key] = was
-                    keep(conn, become, self.folders[item.host], item.name, was)
-                url = metrics_url(item.ready_url)
-                item.drained, item.drain_s = wait_drained(
-                    conn, become, url, self.hooks.drain_timeout
-                )
+            url = metrics_url(item.ready_url)
+            item.drained, item.drain_s = wait_drained(
+                ctx.conn, ctx.become, url, self.hooks.drain_timeout
+            )
         return None
 
+    def switch(self, items: list[Instance], specs: Mapping[str, Any] | None = None) -> None:
+        """Point each of ``items`` at its host's prepared revision and start it (those on it
+        already are left running), then await each: their status, time to ready and message,
+        as a batch's run would report them. ``specs``: the role's spec of an item by its unit
+        (a surge copy's); else the role's instance of that name."""
+        role: Any = self.role
+        started = []
+        for item in items:
+            v = role.Vars.of(self.hostvars[item.host])
+            spec = (specs or {}).get(item.unit) or next(
+                s for s in role.instance_specs(v) if s.name == item.name
+            )
+            done = role.switch_instance(self.context(item.host), v, spec, self.revisions[item.host])
+            report = InstanceStarted.read(done.data)
+            item.restarted = bool(report and report.restarted)
+            if done.failed:
+                item.status, item.msg = InstanceStatus.FAILED, done.msg
+            else:
+                started.append((item, v, spec))
+        for item, v, spec in started:
+            ready = role.switch_ready(self.context(item.host), v, spec)
+            item.msg = ready.msg
+            if ready.failed:
+                item.status = InstanceStatus.FAILED
+                continue
+            served = InstanceReady.read(ready.data)
+            item.status = InstanceStatus.READY if item.restarted else InstanceStatus.UNCHANGED
+            item.load_s = served.load_s if served else None
+            item.time_to_ready_s = served.time_to_ready_s if served and item.restarted else None
+
     def register(self, item: Instance) -> str:
-        """Run the register hook for ``item``; how long it was out of service."""
-        error = self.hooks.register.run("register", target(item)) if self.hooks.register else ""
+        """Run the register hook for ``item`` (timed); what went wrong ("": nothing). Its time
+        out of service ends here."""
+        error = ""
+        if self.hooks.register:
+            start = time.monotonic()
+            error = self.hooks.register.run("register", target(item))
+            item.register_s = round(time.monotonic() - start, 3)
         if item.key in self.out_at:
             item.not_serving_s = round(time.monotonic() - self.out_at.pop(item.key), 3)
         return error
@@ -78,16 +158,17 @@ class Swap:
             if item.status is not InstanceStatus.READY:
                 continue
             item.revision = state.wanted if state else ""
-            if item.host in self.folders:
-                with opened(self.runner, item.host, self.hostvars[item.host]) as (conn, become):
-                    if self.hooks.smoke_prompt and not self.smoke(conn, become, item):
-                        continue
-                    now = capture(conn, become, item.unit)
-                    if now is not None:
-                        keep(conn, become, self.folders[item.host], item.name, now)
+            kept = item.host in self.folders
+            ctx = self.context(item.host) if kept else None
+            if ctx and self.hooks.smoke_prompt and not self.smoke(ctx.conn, ctx.become, item):
+                continue
             error = self.register(item)
             if error:
                 return f"{item.key}: {error}"
+            if ctx:  # after the register hook: not part of the time out of service
+                now = capture(ctx.conn, ctx.become, item.unit)
+                if now is not None:
+                    keep(ctx.conn, ctx.become, self.folders[item.host], item.name, now)
         for item in group:
             state = self.before.get(item.key)
             if item.status is InstanceStatus.UNCHANGED and state is not None:
@@ -116,11 +197,11 @@ class Swap:
                     f"{item.key} not rolled back (no run of it was read: under systemd, or stopped)"
                 )
                 continue
-            with opened(self.runner, item.host, self.hostvars[item.host]) as (conn, become):
-                done = restore(
-                    conn, become, item.unit, was, item.ready_url, item.served_name,
-                    self.hooks.ready_timeout,
-                )  # fmt: skip
+            ctx = self.context(item.host)
+            done = restore(
+                ctx.conn, ctx.become, item.unit, was, item.ready_url, item.served_name,
+                self.hooks.ready_timeout,
+            )  # fmt: skip
             if done.failed:
                 told.append(f"{item.key} could not be rolled back: {done.msg}")
                 continue

@@ -46,7 +46,7 @@ from fxkit.facts.python import VenvPackages
 from fxkit.facts.system import Mount, Mounts
 from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok, skipped
 from fxkit.ops.files import file as write_file
-from fxkit.ops.instances import STATE_DIR
+from fxkit.ops.instances import STATE_DIR, instance, instance_ready
 from fxkit.ops.transfer import copy
 from fxkit.rollout.revision import (
     ENV_VAR,
@@ -74,9 +74,9 @@ _URL = re.compile(r"(https?|file)://\S+")
 _PROGRAM = re.compile(r"/[^\s%\\\"'$;]*")
 #: The variable the rollout sets to the instances a batch acts on (``HOST/NAME`` each).
 SELECT = "vllm_lmcache_rollout_instances"
-#: The variable that makes a run start the selected instances' surge copies instead
-#: (``fxkit rollout --max-surge``, :func:`surge_copies`).
-SURGE = "vllm_lmcache_rollout_surge"
+#: The variable that makes a run prepare the selected instances' revision without starting or
+#: stopping any (``fxkit rollout``, before it drains a batch; :func:`switch_instance` then).
+PREPARE = "vllm_lmcache_rollout_prepare"
 
 
 # -- the types of the variables ---------------------------------------------------------------
@@ -402,11 +402,11 @@ class Vars(RoleVars):
         "`fxkit rollout` passes them; null: all)",
         examples=[["tp4-1"]],
     )
-    vllm_lmcache_rollout_surge: bool = Field(
+    vllm_lmcache_rollout_prepare: bool = Field(
         False,
-        description="start the selected instances' surge copies (on GPUs the layout leaves "
-        "free, ports after the layout's) instead of the instances: `fxkit rollout --max-surge` "
-        "sets it for a batch",
+        description="prepare the selected instances' revision (venv, model, configuration, "
+        "unit, each one's environment file under the revision's name) and start or stop "
+        "none: `fxkit rollout` sets it for a batch before draining it",
     )
 
 
@@ -858,7 +858,10 @@ def apply(host: Host, v: Vars) -> None:
         host.directory(disk.rstrip("/"), mode="0750")
     host.unit(v.vllm_lmcache_unit, unit_text(v))
     specs = stamp_revision(host, v, specs)
-    start_instances(host, v, specs)
+    if v.vllm_lmcache_rollout_prepare:
+        prepare_instances(host, v, specs)
+    else:
+        start_instances(host, v, specs)
     prune_revisions(host, v)
 
 
@@ -1009,8 +1012,6 @@ def start_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
     """The chosen instances: each one's environment file, then each started (restarted only
     when its command or environment changed) and, once all are starting, awaited in turn."""
     specs = chosen(v, specs)
-    if v.vllm_lmcache_rollout_surge:
-        specs = surge_copies(v, specs)
     for spec in specs:
         host.task(f"env file {spec.name}").file(
             spec.env_file, env_file_text(spec), mode="0600", secret=bool(v.vllm_lmcache_env)
@@ -1020,6 +1021,64 @@ def start_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
         host.instance_ready(
             spec.unit, spec.ready_url, spec.served_name, timeout=v.vllm_lmcache_ready_timeout
         )
+
+
+def prepared_env_file(v: Vars, name: str, revision: str) -> str:
+    """Where a revision's environment file of instance ``name`` is prepared: beside the
+    revision's record (pruned with it)."""
+    folder = posixpath.join(REVISIONS_DIR, v.vllm_lmcache_deployment)
+    return posixpath.join(folder, f"{revision}.env", f"{name}.env")
+
+
+def prepare_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
+    """The chosen instances' environment files of this revision, under its name; nothing
+    started or stopped (:func:`switch_instance` points each instance at its file)."""
+    specs = chosen(v, specs)
+    if not specs:
+        return
+    revision = specs[0].env[ENV_VAR]
+    host.directory(posixpath.dirname(prepared_env_file(v, "", revision)), mode="0700")
+    for spec in specs:
+        path = prepared_env_file(v, spec.name, revision)
+        host.task(f"env file {spec.name} of {revision}").file(
+            path, env_file_text(spec), mode="0600", secret=bool(v.vllm_lmcache_env)
+        )
+
+
+def switch_instance(ctx: OpContext, v: Vars, spec: InstanceSpec, revision: str) -> Result:
+    """Point the instance at ``revision`` and start it (restarted when it runs another): its
+    environment file replaced, in one rename, by the one the revision's preparation wrote (a
+    surge copy's, which is not prepared, written from ``spec``), then
+    :func:`~fxkit.ops.instances.instance`. Fails when the revision was not prepared."""
+    spec = replace(spec, env={**spec.env, ENV_VAR: revision})
+    q = quote(spec.env_file)
+    if spec.name in {s.name for s in instance_specs(v)}:
+        src = quote(prepared_env_file(v, spec.name, revision))
+        write, stdin = f"umask 077 && cp -f -- {src} {q}.tmp && mv -f -- {q}.tmp {q}", None
+    else:
+        write = f"(umask 077 && cat > {q}.tmp) && mv -f -- {q}.tmp {q}"
+        stdin = env_file_text(spec).encode()
+    pointed = ctx.change(
+        write,
+        would=f"point {spec.name} at {revision}",
+        done=f"pointed {spec.name} at {revision}",
+        stdin=stdin,
+    )
+    if pointed.failed:
+        return failed(
+            f"{spec.unit}: cannot point it at {revision} (prepared by the batch's run?): "
+            f"{pointed.msg}"
+        )
+    return instance(ctx, spec.unit, spec.argv, spec.env)
+
+
+def switch_ready(ctx: OpContext, v: Vars, spec: InstanceSpec) -> Result:
+    """Wait until the switched instance serves (``vllm_lmcache_ready_timeout``), polled every
+    0.2 s: the rollout's time out of service ends with it."""
+    return instance_ready(
+        ctx, spec.unit, spec.ready_url, spec.served_name,
+        timeout=v.vllm_lmcache_ready_timeout, interval=0.2,
+    )  # fmt: skip
 
 
 def surge_copies(v: Vars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
