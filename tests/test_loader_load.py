@@ -532,3 +532,25 @@ def test_advised_reads_fill_the_page_cache_without_a_copy(disk_dir: Path) -> Non
             break
         time.sleep(0.1)
     assert 4 / 6 <= resident_fraction(data) < 0.7  # 4 of 6 MiB: nothing past them
+
+
+def test_several_local_ranks_map_an_uncached_file_and_read_nothing_ahead(
+    disk_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several ranks on this node (torchrun's LOCAL_WORLD_SIZE) on a local disk: the default
+    maps the file, and the pages are read when touched (as ``load_file`` does), by no pool."""
+    tensors = {f"w{i}": torch.arange(i, i + 300_000, dtype=torch.float32) for i in range(3)}
+    save_file(tensors, disk_dir / "m.safetensors")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    evict(disk_dir / "m.safetensors")
+    got = load(disk_dir, chunk_size=64 << 10)
+    assert resident_fraction(disk_dir / "m.safetensors") < 0.5  # nothing read ahead of use
+    assert_same(got, tensors)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    evict(disk_dir / "m.safetensors")
+    load(disk_dir, chunk_size=64 << 10)
+    for _ in range(600):  # one rank: the pool asks for every chunk (the kernel reads them)
+        if resident_fraction(disk_dir / "m.safetensors") > 0.9:
+            break
+        time.sleep(0.1)
+    assert resident_fraction(disk_dir / "m.safetensors") > 0.9
