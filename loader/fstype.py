@@ -103,11 +103,11 @@ def request_ms(path: Path) -> float | None:
 
 def _probe(path: Path) -> float | None:
     direct = getattr(os, "O_DIRECT", 0)
-    try:
-        fd = open_regular(path, direct) if direct else None
-    except OSError:
+    if not direct:
         return None
-    if fd is None:
+    try:
+        fd = open_regular(path, direct)
+    except OSError:
         return None
     buffer = mmap.mmap(-1, _PROBE)  # page-aligned, as O_DIRECT needs
     try:
