@@ -21,7 +21,7 @@ from .cache import resident_fraction
 from .errors import LoaderError
 from .files import ModelPath
 from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
-from .fstype import remote_fs
+from .fstype import slow_storage
 from .options import DirectIO, LoadOptions
 from .plan import FilePlan, normalise_chunk_size, plan_file
 from .read import FileReader, MappedFile
@@ -42,9 +42,9 @@ RESIDENCY_WINDOWS = 64
 #: ahead of the consumer): each holds two descriptors (the file, its state file), together at most
 #: a quarter of RLIMIT_NOFILE, whatever the number of files.
 SHARED_IN_FLIGHT = 64
-#: Buffered reads on network or FUSE storage (``share``, or several local ranks), at least this
-#: many reader threads: each waits a round trip per readahead window (128 KiB on FUSE), so the
-#: depth is the threads.
+#: Buffered reads on slow network or FUSE storage (``share``, or several local ranks), at least
+#: this many reader threads: each waits a round trip per readahead window (128 KiB on FUSE), so
+#: the depth is the threads.
 REMOTE_SHARED_THREADS = 32
 
 __all__ = ["LoadOptions", "iter_tensors", "load", "open_checkpoint"]
@@ -70,13 +70,20 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool, remote: bool = Fa
     its pages. Hot, mapping the cached pages ran 9-12 GB/s without copying a byte. For a device
     (29 Nov 2026): cold, O_DIRECT into the pinned staging ran 1.5-1.9 GB/s against 0.5-1.3 for
     buffered reads; hot, buffered reads ran 10-12 GB/s against 1-3 for O_DIRECT.
-    On network and FUSE storage (``remote``, :mod:`.fstype`) an uncached file is read with
-    O_DIRECT whatever the device: buffered reads there wait for one readahead window (128 KiB
-    on FUSE) per round trip, while each O_DIRECT read goes out as many requests at once
-    (docs/BENCHMARKS.md, "Results for issue 26 §3-4"). Where several ranks of this node load at
-    once (:func:`several_local_ranks`), a CPU load reads there through the page cache too, so
-    that the node reads each byte once: 4 ranks with private O_DIRECT reads ran 0.49x
-    ``load_file`` at 2 ms, reading through the page cache at 32 streams 1.54x.
+    On network and FUSE storage whose requests are slow (``remote``: a request measured at
+    :data:`.fstype.SLOW_REQUEST_MS` or more, :func:`.fstype.slow_storage`) an uncached file is
+    read with O_DIRECT whatever the device: buffered reads there wait for one readahead window
+    (128 KiB on FUSE) per round trip, while each O_DIRECT read goes out as many requests at once
+    (docs/BENCHMARKS.md, "Results for issue 26 §3-4"). Where such storage answers as fast as a
+    local disk the local rule holds: through FUSE with no added delay, O_DIRECT ran 0.40x
+    ``load_file`` where the page cache and a mapping beat both (the "second pass" results).
+    Where several ranks of this node load at once (:func:`several_local_ranks`), a CPU load
+    reads slow storage through the page cache too, so that the node reads each byte once:
+    4 ranks with private O_DIRECT reads ran 0.49x ``load_file`` at 2 ms, reading through the
+    page cache at 32 streams 1.54x. On a local disk, several ranks map an uncached file and let
+    their page faults read it (the kernel's readahead, as ``load_file``): N ranks fault in
+    parallel already, and N pools of readers on top ran 0.73-0.82x ``load_file`` at N = 2, 4
+    and 8, mapping 0.91-1.79x (3 Dec 2026, the "second pass" results).
     """
     if direct_io in ("on", True):
         return "direct"
@@ -88,7 +95,9 @@ def _read_mode(direct_io: DirectIO, path: Path, can_map: bool, remote: bool = Fa
         cached = 0.0
     if can_map and cached >= MAP_FROM:
         return "map"
-    if remote and not (can_map and several_local_ranks()):
+    if can_map and several_local_ranks():
+        return "cache" if remote else "map"
+    if remote:
         return "direct" if cached < DIRECT_BELOW else "buffered"
     if can_map:
         return "cache"
@@ -259,7 +268,7 @@ def iter_tensors(
         # stream may still copy into it (the consumer's stream waits for every issued copy).
         stack.callback(sink.publish)
         depth = shared is not None or (several_local_ranks() and direct_io == "auto")
-        if depth and any(remote_fs(h.path) for h in files):
+        if depth and any(slow_storage(h.path) for h in files):
             threads = max(threads, REMOTE_SHARED_THREADS)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="fxkit-load")
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
@@ -269,7 +278,7 @@ def iter_tensors(
         def start(header: FileHeader) -> _File:
             """Open ``header``'s file and queue its reads; on failure, close what it opened."""
             sharing = opts.share and header.data_size > 0
-            remote = remote_fs(header.path) is not None
+            remote = slow_storage(header.path) is not None
             mode = "cache" if sharing else _read_mode(direct_io, header.path, can_map, remote)
             plan = plan_file(header, chunk, mode in ("map", "cache"))
             tensors = wanted[header.path]
@@ -279,7 +288,12 @@ def iter_tensors(
                     share = shared.share(plan) if sharing and shared is not None else None
                     if share is not None:
                         opened.callback(share.close)
-                    disk = FileReader(header.path, direct=False, random=keep is not None)
+                    disk = FileReader(
+                        header.path,
+                        direct=False,
+                        random=keep is not None,
+                        advise=not (remote or keep),
+                    )
                     opened.callback(disk.close, drop_cache)
                     mapped = MappedFile(header.path, header.file_size)
                     cached = _CachedFile(plan, share, disk, mapped, sink)
