@@ -32,8 +32,9 @@ class LoadOptions:
     direct_io: DirectIO = field(
         default="auto",
         metadata={
-            "help": "O_DIRECT reads: on, off, or auto (CPU: read into the page cache and "
-            "mapped; a device: O_DIRECT for uncached files).",
+            "help": "O_DIRECT reads: on, off, or auto (CPU: the page cache, read ahead and "
+            "mapped; a device, or network/FUSE storage whose requests are slow: O_DIRECT for "
+            "uncached files).",
             "choices": DIRECT_IO_CHOICES,
         },
     )
