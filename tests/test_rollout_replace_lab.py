@@ -55,6 +55,14 @@ def hooks(inv: Path) -> list[str]:
     ]  # fmt: skip
 
 
+#: Runs a command with SIGINT ignored, as a shell starts a background job (`make test &`):
+#: fxkit must honour Ctrl-C there too (fxkit.engine.runner.interruptible).
+IGNORING_SIGINT = [
+    sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]  # fmt: skip
+
+
 def rollout_cmd(fx: dict[str, Any], inv: Path, *args: str, what: str = "run") -> list[str]:
     report = fx["folder"] / "report.json"
     report.unlink(missing_ok=True)
@@ -199,7 +207,7 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         # Ctrl-C inside a batch: each instance on one revision, old or new, serving.
         third = variant(lab, "third.yml", vllm_lmcache_unit_options={"Nice": "6"})
         proc = subprocess.Popen(
-            rollout_cmd(lab, third, "--serial", "2"), stdout=subprocess.PIPE,
+            [*IGNORING_SIGINT, *rollout_cmd(lab, third, "--serial", "2")], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip

@@ -29,7 +29,7 @@ from fxkit.engine.console import Reporter, console_recorder
 from fxkit.engine.playbook import Playbook
 from fxkit.engine.record import Outcome, PlaybookResult, Recorder
 from fxkit.engine.role import Host, TagFilter, operation
-from fxkit.engine.runner import Runner, RunOptions
+from fxkit.engine.runner import Runner, RunOptions, interruptible
 from fxkit.errors import ConnectionFailed, PlaybookError, VarError
 from fxkit.inventory import Inventory
 from fxkit.ops.base import OpContext, Result, changed, failed, ok
@@ -1094,3 +1094,16 @@ def test_a_rollout_s_plan_never_quotes_a_secret(tmp_path: Path) -> None:
     with pytest.raises(VarError) as err:
         rollout(tmp_path / "site.yml", tmp_path / "hosts.yml", RunOptions(), Recorder())
     assert SECRET not in str(err.value) and err.value.message == "******** is wrong"
+
+
+def test_interruptible_honours_ctrl_c_where_the_parent_ignored_it() -> None:
+    """A job a shell starts in the background inherits SIGINT ignored; inside
+    ``interruptible()`` (fxkit rollout's batches) Ctrl-C still raises, and the ignore is put
+    back afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt), interruptible():
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

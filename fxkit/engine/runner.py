@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from fxkit import paths
 from fxkit.connection import Connection, ConnectOptions, connect
@@ -114,6 +114,16 @@ def ctrl_c(interrupt: Callable[[], object]) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def interruptible() -> contextlib.AbstractContextManager[None]:
+    """While inside, Ctrl-C raises KeyboardInterrupt, also in a process that inherited SIGINT
+    ignored (a job a shell started in the background): fxkit honours it, as ``play`` does."""
+    return ctrl_c(_raise_interrupt)
+
+
+def _raise_interrupt() -> NoReturn:
+    raise KeyboardInterrupt
 
 
 class Runner:

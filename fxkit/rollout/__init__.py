@@ -37,7 +37,7 @@ from fxkit import paths
 from fxkit.engine.playbook import Play, Playbook
 from fxkit.engine.record import Recorder
 from fxkit.engine.rolevars import RoleVars
-from fxkit.engine.runner import Runner, RunOptions, load_inventory
+from fxkit.engine.runner import Runner, RunOptions, interruptible, load_inventory
 from fxkit.engine.serving import ServingRole
 from fxkit.engine.variables import HostVars
 from fxkit.errors import PlaybookError, masked_errors
@@ -206,7 +206,8 @@ def rollout(
     if max_surge:
         run.surge = Surge(runner, role, hostvars, before, hooks, max_surge)
     try:
-        result.stopped = run.all(groups)
+        with interruptible():
+            result.stopped = run.all(groups)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
     result.interrupted = (result.stopped or "").startswith("interrupted")

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fxkit.engine.record import Recorder
-from fxkit.engine.runner import RunOptions
+from fxkit.engine.runner import RunOptions, interruptible
 from fxkit.errors import FxkitError, masked_errors
 from fxkit.rollout import batches, folders, instances_of, planner, serving_hosts
 from fxkit.rollout.batches import Batches
@@ -92,7 +92,8 @@ def undo(
     run = UndoBatches(book, hosts, options, recorder, limit or 0.0, role.SELECT)
     run.drain = Swap(runner, hostvars, before, hooks or Hooks(), folders(role, hostvars))
     try:
-        result.stopped = run.all(groups)
+        with interruptible():
+            result.stopped = run.all(groups)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
     result.interrupted = (result.stopped or "").startswith("interrupted")
