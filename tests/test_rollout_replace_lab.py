@@ -129,14 +129,19 @@ def stop_traffic(fx: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def serving(lab: dict[str, Any], inv: Path) -> dict[str, dict[str, Any]]:
+    """The fleet rolled out as ``inv`` says, then under traffic: each instance's status."""
+    code, out, _ = run_rollout(lab, inv, "--serial", "2")
+    assert code == 0, out
+    found = status(lab, inv)
+    start_traffic(lab)
+    return found
+
+
 @pytest.mark.timeout(2400)
 def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
-    base = variant(lab, "base.yml")
-    code, out, _ = run_rollout(lab, base, "--serial", "2")
-    assert code == 0, out
-    before = status(lab, base)
+    before = serving(lab, variant(lab, "base.yml"))
     [r1] = {s["running"] for s in before.values()}
-    start_traffic(lab)
     try:
         # An upgrade without surge: one instance at a time, deregistered and drained first.
         new = variant(lab, "new.yml", vllm_lmcache_unit_options={"Nice": "5"})

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_rollout_replace_lab import run_rollout, start_traffic, status, stop_traffic, variant
+from test_rollout_replace_lab import run_rollout, serving, status, stop_traffic, variant
 from test_rollout_vllm_lab import HOSTS, rows
 from test_rollout_vllm_lab import lab as lab  # the module's fixture: its fleet and checkpoint
 
@@ -49,12 +49,8 @@ def copies_left(fx: dict[str, Any], host: str) -> str:
 
 @pytest.mark.timeout(2400)
 def test_upgrade_with_surge_and_fallback(lab: dict[str, Any]) -> None:
-    base = with_gpus(variant(lab, "surge-base.yml"), lab01=12, lab02=8)
-    code, out, _ = run_rollout(lab, base, "--serial", "2")
-    assert code == 0, out
-    before = status(lab, base)
+    before = serving(lab, with_gpus(variant(lab, "surge-base.yml"), lab01=12, lab02=8))
     [r1] = {s["running"] for s in before.values()}
-    start_traffic(lab)
     try:
         new = with_gpus(
             variant(lab, "surge-new.yml", vllm_lmcache_unit_options={"Nice": "4"}),
