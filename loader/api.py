@@ -288,12 +288,7 @@ def iter_tensors(
                     share = shared.share(plan) if sharing and shared is not None else None
                     if share is not None:
                         opened.callback(share.close)
-                    disk = FileReader(
-                        header.path,
-                        direct=False,
-                        random=keep is not None,
-                        advise=not (remote or keep),
-                    )
+                    disk = FileReader(header.path, direct=False, random=keep is not None)
                     opened.callback(disk.close, drop_cache)
                     mapped = MappedFile(header.path, header.file_size)
                     cached = _CachedFile(plan, share, disk, mapped, sink)
