@@ -288,7 +288,12 @@ def iter_tensors(
                     share = shared.share(plan) if sharing and shared is not None else None
                     if share is not None:
                         opened.callback(share.close)
-                    disk = FileReader(header.path, direct=False, random=keep is not None)
+                    disk = FileReader(
+                        header.path,
+                        direct=False,
+                        random=keep is not None,
+                        advise=not (remote or keep),
+                    )
                     opened.callback(disk.close, drop_cache)
                     mapped = MappedFile(header.path, header.file_size)
                     cached = _CachedFile(plan, share, disk, mapped, sink)
