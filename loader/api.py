@@ -21,7 +21,7 @@ from .cache import resident_fraction
 from .errors import LoaderError
 from .files import ModelPath
 from .format import DTYPES, Checkpoint, FileHeader, TensorInfo, open_checkpoint
-from .fstype import slow_storage
+from .fstype import remote_fs, slow_storage
 from .options import DirectIO, LoadOptions
 from .plan import FilePlan, normalise_chunk_size, plan_file
 from .read import FileReader, MappedFile
@@ -292,7 +292,9 @@ def iter_tensors(
                         header.path,
                         direct=False,
                         random=keep is not None,
-                        advise=not (remote or keep),
+                        # read ahead on fast network/FUSE storage only: on a local disk it
+                        # lost to the scratch reads (docs/BENCHMARKS.md, bench/loader_ab.py)
+                        advise=not (remote or keep) and remote_fs(header.path) is not None,
                     )
                     opened.callback(disk.close, drop_cache)
                     mapped = MappedFile(header.path, header.file_size)

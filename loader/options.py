@@ -32,7 +32,7 @@ class LoadOptions:
     direct_io: DirectIO = field(
         default="auto",
         metadata={
-            "help": "O_DIRECT reads: on, off, or auto (CPU: the page cache, read ahead and "
+            "help": "O_DIRECT reads: on, off, or auto (CPU: read into the page cache and "
             "mapped; a device, or network/FUSE storage whose requests are slow: O_DIRECT for "
             "uncached files).",
             "choices": DIRECT_IO_CHOICES,
