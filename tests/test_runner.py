@@ -29,7 +29,7 @@ from fxkit.engine.console import Reporter, console_recorder
 from fxkit.engine.playbook import Playbook
 from fxkit.engine.record import Outcome, PlaybookResult, Recorder
 from fxkit.engine.role import Host, TagFilter, operation
-from fxkit.engine.runner import Runner, RunOptions, interruptible
+from fxkit.engine.runner import Runner, RunOptions, interruptible, shielded
 from fxkit.errors import ConnectionFailed, PlaybookError, VarError
 from fxkit.inventory import Inventory
 from fxkit.ops.base import OpContext, Result, changed, failed, ok
@@ -1107,3 +1107,18 @@ def test_interruptible_honours_ctrl_c_where_the_parent_ignored_it() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_shielded_holds_ctrl_c_until_its_block_is_done() -> None:
+    """Inside ``shielded()`` (a rollout's restart of an instance) Ctrl-C does not cut the block:
+    it runs to its end, then KeyboardInterrupt is raised; without Ctrl-C nothing is raised."""
+    done = []
+    with pytest.raises(KeyboardInterrupt), interruptible():
+        with shielded():
+            signal.raise_signal(signal.SIGINT)
+            done.append("after the signal")
+        done.append("not reached")
+    assert done == ["after the signal"]
+    with interruptible(), shielded():
+        done.append("quiet")
+    assert done == ["after the signal", "quiet"]

@@ -126,6 +126,18 @@ def _raise_interrupt() -> NoReturn:
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """While inside, Ctrl-C waits: KeyboardInterrupt is raised once the block is done, so that
+    what it does on a host (a restart: the old process stopped, the new one started and
+    recorded) is never cut in half."""
+    pressed: list[bool] = []
+    with ctrl_c(lambda: pressed.append(True)):
+        yield
+    if pressed:
+        raise KeyboardInterrupt
+
+
 class Runner:
     """Runs one playbook against one inventory; :meth:`run` returns the results."""
 

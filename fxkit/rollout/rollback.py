@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from shlex import quote
 
 from fxkit.connection import Connection
+from fxkit.engine.runner import shielded
 from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, Result
 from fxkit.ops.instances import PATH, STATE_DIR, Record, instance, instance_ready
@@ -81,7 +82,8 @@ def restore(
 ) -> Result:
     """Start ``unit`` again as ``previous`` ran it, and wait until it serves."""
     ctx = OpContext(conn=conn, facts=FactCache(conn), check=False, diff=False, become=become)
-    started = instance(ctx, unit, previous.argv, previous.env, state="restarted")
+    with shielded():  # never a restart cut in half: the old process stopped, the new unrecorded
+        started = instance(ctx, unit, previous.argv, previous.env, state="restarted")
     if started.failed:
         return started
     return instance_ready(ctx, unit, ready_url, served_name, timeout=timeout)

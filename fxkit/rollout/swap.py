@@ -13,7 +13,7 @@ from typing import Any
 
 from fxkit.connection import Connection
 from fxkit.engine.rolevars import RoleVars
-from fxkit.engine.runner import Runner
+from fxkit.engine.runner import Runner, shielded
 from fxkit.engine.serving import ServingRole
 from fxkit.engine.variables import HostVars
 from fxkit.facts.base import FactCache
@@ -113,7 +113,10 @@ class Swap:
             spec = (specs or {}).get(item.unit) or next(
                 s for s in role.instance_specs(v) if s.name == item.name
             )
-            done = role.switch_instance(self.context(item.host), v, spec, self.revisions[item.host])
+            with shielded():  # Ctrl-C waits until the instance's restart is done and recorded
+                done = role.switch_instance(
+                    self.context(item.host), v, spec, self.revisions[item.host]
+                )
             report = InstanceStarted.read(done.data)
             item.restarted = bool(report and report.restarted)
             if done.failed:
