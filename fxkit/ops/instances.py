@@ -99,7 +99,8 @@ class InstanceStarted(InstanceReport):
     backend: Backend
     #: This run (re)started it.
     restarted: bool
-    #: When it started, on the host's clock (seconds since the epoch); unknown in check mode.
+    #: When its (re)start began, on the host's clock (seconds since the epoch): a restart's
+    #: stop of the old process is part of it, on both backends. Unknown in check mode.
     started_at: float | None = None
     #: A direct instance's session leader (0 under systemd); unknown in check mode.
     pid: int | None = None
@@ -109,7 +110,8 @@ class InstanceReady(InstanceReport):
     """:func:`instance_ready`'s report when the instance serves."""
 
     backend: Backend
-    #: Seconds from its last start until it served (the host's clock).
+    #: Seconds from its last (re)start until it served (the host's clock), the old process's
+    #: stop included.
     time_to_ready_s: float
     #: The weights' load time as the instance tells it (None: it does not), and where from.
     load_s: float | None
@@ -260,8 +262,10 @@ def instance(
     )
     command = (
         "IFS= read -r d; "  # the digest, first on stdin (the environment file follows)
-        f"{_stop(unit, record) if alive and backend == 'direct' else 'true'}; "
-        f"mkdir -p -- {quote(state_dir)} {quote(log_dir)} && t=$(date +%s.%N) && {start} && "
+        # The (re)start begins before the old process stops, as ``systemctl restart`` stops
+        # the unit after ``t``: the time to ready is the same on both backends.
+        f"t=$(date +%s.%N); {_stop(unit, record) if alive and backend == 'direct' else 'true'}; "
+        f"mkdir -p -- {quote(state_dir)} {quote(log_dir)} && {start} && "
         f'{_private(record_path, record_json)} && echo "$t ${{p:-0}}"'
     )
     verb = "restart" if alive else "start"
