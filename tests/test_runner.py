@@ -1122,3 +1122,10 @@ def test_shielded_holds_ctrl_c_until_its_block_is_done() -> None:
     with interruptible(), shielded():
         done.append("quiet")
     assert done == ["after the signal", "quiet"]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with shielded():  # ignored outside: ignored inside, nothing raised after
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -130,7 +130,10 @@ def _raise_interrupt() -> NoReturn:
 def shielded() -> Iterator[None]:
     """While inside, Ctrl-C waits: KeyboardInterrupt is raised once the block is done, so that
     what it does on a host (a restart: the old process stopped, the new one started and
-    recorded) is never cut in half."""
+    recorded) is never cut in half. Where Ctrl-C is ignored it stays ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
     pressed: list[bool] = []
     with ctrl_c(lambda: pressed.append(True)):
         yield
