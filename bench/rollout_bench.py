@@ -39,7 +39,6 @@ import time
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from shlex import quote
 from typing import Any
 
 import yaml
@@ -50,6 +49,7 @@ from fxkit.lab import Fleet
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import lab_wheelhouse  # type: ignore[import-not-found]  # noqa: E402  (the lab tests' wheels)
+from rollout_lb import edit_command  # type: ignore[import-not-found]  # noqa: E402  (beside this)
 
 FXKIT = Path(sys.executable).with_name("fxkit")
 LB = "/root/lb"
@@ -124,8 +124,6 @@ class Balancer:
     def __init__(self, fleet: Fleet, hosts: list[str]) -> None:
         self.held = ExitStack()
         self.conns = {h: self.held.enter_context(fleet.connect(h)) for h in hosts}
-        for conn in self.conns.values():
-            conn.run(f"mkdir -p {LB}")
         self.locks = {h: threading.Lock() for h in hosts}
         #: (event, "host/address:port", time.time() once it took effect)
         self.events: list[tuple[str, str, float]] = []
@@ -151,11 +149,8 @@ class Balancer:
         """Take the backend out of, or into, its host's rotation; what went wrong ("")."""
         host, event = fields["host"], fields["event"]
         backend = f"{fields['address']}:{fields['port']}"
-        q, line = quote(f"{LB}/backends"), quote(backend)
-        keep = f"grep -vxF -- {line} {q} 2>/dev/null"
-        new = f"{{ {keep}; echo {line}; }}" if event == "register" else f"{{ {keep}; true; }}"
         with self.locks[host]:
-            done = self.conns[host].run(f"{new} > {q}.tmp && mv -f -- {q}.tmp {q}")
+            done = self.conns[host].run(edit_command(f"{LB}/backends", backend, event))
             self.events.append((event, f"{host}/{backend}", time.time()))
         return "" if done.ok else done.stderr
 

@@ -25,6 +25,7 @@ import http.client
 import itertools
 import json
 import os
+import shlex
 import threading
 import time
 import urllib.error
@@ -57,6 +58,16 @@ class Backends:
             if not self.items:
                 return None
             return self.items[next(self.turn) % len(self.items)]
+
+
+def edit_command(path: str, backend: str, event: str) -> str:
+    """The shell command that takes ``backend`` (``ADDRESS:PORT``) out of the backends file
+    ``path`` (event ``deregister``) or puts it in (``register``), the file rewritten whole: the
+    hooks' edit, run on the balancer's host."""
+    q, line = shlex.quote(path), shlex.quote(backend)
+    keep = f"grep -vxF -- {line} {q} 2>/dev/null"
+    new = f"{{ {keep}; echo {line}; }}" if event == "register" else f"{{ {keep}; true; }}"
+    return f"mkdir -p -- $(dirname {q}) && {new} > {q}.tmp && mv -f -- {q}.tmp {q}"
 
 
 def proxy(listen: str, backends_file: str) -> None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from shlex import quote
+
+from rollout_lb import edit_command  # type: ignore[import-not-found]  # beside this file
 
 from fxkit.connection import ConnectOptions, connect
 from fxkit.inventory import Inventory
@@ -36,11 +37,8 @@ def main() -> int:
         return 2
     [host] = Inventory.load([args.inventory]).select(args.host)
     options = ConnectOptions(known_hosts=args.known_hosts)
-    q, line = quote(args.file), quote(args.backend)
-    keep = f"grep -vxF -- {line} {q} 2>/dev/null"
-    new = f"{{ {keep}; echo {line}; }}" if event == "register" else f"{{ {keep}; true; }}"
     with connect(host.name, host.vars, options) as conn:
-        done = conn.run(f"mkdir -p -- $(dirname {q}) && {new} > {q}.tmp && mv -f -- {q}.tmp {q}")
+        done = conn.run(edit_command(args.file, args.backend, event))
     if not done.ok:
         print(f"{args.host}: {done.stderr.strip()}", file=sys.stderr)
         return 1
