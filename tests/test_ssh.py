@@ -177,6 +177,29 @@ def test_a_changed_host_key_is_always_refused(lab_fleet, tmp_path, accept_new):
     assert own.read_text() == f"{fleet.address('lab01')} {lab02_key}\n"  # nothing recorded
 
 
+def test_known_hosts_files_are_parsed_once_while_unchanged(lab_fleet, tmp_path, monkeypatch):
+    """A fleet's connections share the parsed known_hosts (parsed per connection, a file with a
+    line per host costs N² lines); a file that changes is read again."""
+    fleet = lab_fleet(2)
+    own = tmp_path / "own_known_hosts"
+    own.write_text(fleet.known_hosts.read_text())
+    loads = []
+    real_load = paramiko.HostKeys.load
+    monkeypatch.setattr(
+        paramiko.HostKeys, "load", lambda keys, path: (loads.append(path), real_load(keys, path))
+    )
+    options = ConnectOptions(known_hosts=str(own))
+    for name in ("lab01", "lab02", "lab01"):
+        with SSHConnection(name, _without_lab_known_hosts(fleet, name), options) as conn:
+            assert conn.run("hostname").stdout.strip() == name
+    assert loads.count(str(own)) == 1, loads
+    # lab02's line removed: the file is read again, and lab02 is unknown now.
+    own.write_text(fleet.known_hosts.read_text().splitlines()[0] + "\n")
+    with pytest.raises(HostKeyError, match="unknown ssh-ed25519 host key"):
+        SSHConnection("lab02", _without_lab_known_hosts(fleet, "lab02"), options).open()
+    assert loads.count(str(own)) == 2, loads
+
+
 # -- unreachable hosts ------------------------------------------------------------------------
 
 
