@@ -58,6 +58,7 @@ PEERS = {"ansible": "ansible-core==2.19.14", "pyinfra": "pyinfra==3.10.0"}
 TOOLS = ("fxkit", "pyinfra", "ansible")
 PR_SET_CHILD_SUBREAPER = 36
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+CORES = os.cpu_count() or 1
 
 console = Console()
 
@@ -316,6 +317,12 @@ def _cpu_with_reaped(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / CLOCK_TICK
 
 
+def machine_idle() -> float:
+    """Seconds the machine's CPUs have been idle (idle + iowait, all CPUs together)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[4]) + int(fields[5])) / CLOCK_TICK
+
+
 def hosts_cpu(pids: list[int]) -> float:
     return sum(map(_cpu_with_reaped, pids))
 
@@ -368,6 +375,8 @@ class Run:
     #: SSH channels the tool opened (a command, an SFTP session) and SFTP requests it sent.
     channels: int = 0
     sftp_requests: int = 0
+    #: Seconds the machine's CPUs (all together) stood idle during the run.
+    machine_idle_s: float = 0.0
 
     @property
     def host_tasks(self) -> int:
@@ -440,13 +449,13 @@ def measure(
         pids0 = last_pids(sshds)
         cpu0, hosts0 = children_cpu(), hosts_cpu(sshds)
         with open(workdir / "output", "w+") as out:
-            start = time.perf_counter()
+            start, idle0 = time.perf_counter(), machine_idle()
             proc = subprocess.Popen(
                 tool.argv(inventory, workdir), cwd=workdir, env=env, stdout=out, stderr=out
             )
             # wait4: this child's own rusage, so ru_maxrss is the peak of this run alone.
             _, status, usage = os.wait4(proc.pid, 0)
-            wall = time.perf_counter() - start
+            wall, idle = time.perf_counter() - start, machine_idle() - idle0
             proc.returncode = os.waitstatus_to_exitcode(status)
             out.seek(0)
             output = out.read()
@@ -472,7 +481,7 @@ def measure(
         raise BenchError(f"{tool.name}'s second run changed {counts.changed} things:\n{output}")
     return Run(tool.name, len(names), round_, phase, wall, cpu, hosts, counts.changed,
                len(counts.changed_hosts), round(usage.ru_maxrss / 1024, 1), spawns,
-               ssh["channels"], ssh["sftp_requests"])  # fmt: skip
+               ssh["channels"], ssh["sftp_requests"], idle)  # fmt: skip
 
 
 # -- round trips and spawns of each operation ---------------------------------------------
@@ -571,7 +580,8 @@ class Bench:
                         f"{run.hosts_cpu_s:6.2f} hosts; {run.changed} changed; per task: "
                         f"{run.host_spawns / run.host_tasks:.2f} spawns, "
                         f"{run.channels / run.host_tasks:.2f} channels, "
-                        f"{run.sftp_requests / run.host_tasks:.2f} SFTP requests"
+                        f"{run.sftp_requests / run.host_tasks:.2f} SFTP requests; machine idle "
+                        f"{run.machine_idle_s:.2f} CPU-s"
                     )
 
     def check_state(self, tool: Tool, names: list[str], phase: str) -> None:
@@ -610,6 +620,8 @@ def summarize(runs: list[Run], tools: Sequence[str]) -> list[dict]:
                 "controller_cpu_ms_per_host_task": round(1000 * cpu / (hosts * TASKS_PER_HOST), 2),
                 "hosts_cpu_ms_per_host_task": round(1000 * host_cpu / (hosts * TASKS_PER_HOST), 2),
                 "controller_peak_mib": statistics.median(r.controller_peak_mib for r in chosen),
+                "machine_busy_pct": round(100 * statistics.median(
+                    1 - r.machine_idle_s / (r.wall_s * CORES) for r in chosen)),
                 **{f"{key}_per_host_task": round(statistics.median(
                     getattr(r, key) for r in chosen) / (hosts * TASKS_PER_HOST), 2)
                    for key in ("host_spawns", "channels", "sftp_requests")},
@@ -755,8 +767,9 @@ def markdown(report: dict) -> str:
     """The result tables as Markdown, for docs/BENCHMARKS.md."""
     lines = ["| hosts | run | tool | wall s (median) | all rounds | × fxkit | controller CPU-s "
              "| controller CPU ms / host-task | hosts CPU ms / host-task | controller peak MiB "
-             "| host spawns / task | SSH channels / task | SFTP requests / task |",
-             "|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| host spawns / task | SSH channels / task | SFTP requests / task "
+             "| machine busy % |",
+             "|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for row in report["summary"]:
         ratio = "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}"
         lines.append(
@@ -766,7 +779,7 @@ def markdown(report: dict) -> str:
             f"| {row['hosts_cpu_ms_per_host_task']:.1f} "
             f"| {row.get('controller_peak_mib', 0):.0f} | "
             + " | ".join(f"{row.get(key, 0):.2f}" for key in PER_TASK)
-            + " |"
+            + f" | {row.get('machine_busy_pct', '-')} |"
         )
     growth = scaling(report["summary"])
     if growth:
