@@ -162,6 +162,34 @@ def test_new_host_keys_are_accepted_with_the_option_and_recorded(lab_fleet, tmp_
         assert conn.run("hostname").stdout.strip() == "lab02"
 
 
+def test_known_hosts_files_are_parsed_once_while_unchanged(lab_fleet, tmp_path):
+    """Clients given the same unchanged files share one parse (one per run, not one per host);
+    a file that changed is read again, and its keys verify as before."""
+    from fxkit.connection.hostkeys import load_known_hosts
+
+    fleet = lab_fleet(2)
+    own = tmp_path / "known_hosts"
+    lab01, lab02 = fleet.known_hosts.read_text().splitlines()[:2]
+    own.write_text(lab01 + "\n")
+    first, second, third = paramiko.SSHClient(), paramiko.SSHClient(), paramiko.SSHClient()
+    load_known_hosts(first, [own])
+    load_known_hosts(second, [own])
+    assert first._system_host_keys is second._system_host_keys
+    with open(own, "a") as f:
+        f.write(lab02 + "\n")
+    load_known_hosts(third, [own])
+    assert third._system_host_keys is not first._system_host_keys
+    host02 = lab02.split(" ", 1)[0]
+    assert host02 in third._system_host_keys and host02 not in first._system_host_keys
+    options = ConnectOptions(known_hosts=str(tmp_path / "nothing-here"))
+    hostvars = {
+        **fleet.hostvars("lab02"),
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={own}",
+    }
+    with SSHConnection("lab02", hostvars, options) as conn:
+        assert conn.run("echo ok").stdout == "ok\n"
+
+
 @pytest.mark.parametrize("accept_new", [False, True])
 def test_a_changed_host_key_is_always_refused(lab_fleet, tmp_path, accept_new):
     fleet = lab_fleet(2)
