@@ -58,6 +58,7 @@ PEERS = {"ansible": "ansible-core==2.19.14", "pyinfra": "pyinfra==3.10.0"}
 TOOLS = ("fxkit", "pyinfra", "ansible")
 PR_SET_CHILD_SUBREAPER = 36
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+CORES = os.cpu_count() or 1
 
 console = Console()
 
@@ -197,13 +198,37 @@ def pyinfra_tool() -> Tool:
     return Tool("pyinfra", version, settings, argv, {}, lambda out, _: parse_pyinfra(out))
 
 
+#: pyinfra's line for one operation on one host. pyinfra pads the ``[host]`` prefix to the
+#: inventory's longest name (``Host.init``, pyinfra/api/host.py), so ``[lab01]  Success``
+#: where lab100 is in the same run.
+PYINFRA_HOST_LINE = re.compile(r"^\s+\[(\S+)\] *(Success|Error|Could not connect)", re.MULTILINE)
+#: The last row of pyinfra's results table: operations x hosts, changed, failed, unchanged.
+PYINFRA_TOTAL = re.compile(r"^\s+Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", re.M)
+
+
 def parse_pyinfra(output: str) -> Counts:
-    """Counts from pyinfra's per-operation lines: ``[host] Success`` is a change."""
+    """Counts from pyinfra's per-operation lines (``[host] Success`` is a change), checked
+    against the totals of its own results table, so that a line the parser misses stops the
+    benchmark instead of reading as a host left unchanged."""
     counts = Counts()
-    for host in re.findall(r"^\s+\[(\S+)\] Success", output, re.MULTILINE):
-        counts.changed += 1
-        counts.changed_hosts.add(host)
-    counts.failed = len(re.findall(r"^\s+\[\S+\] (?:Error|Could not connect)", output, re.M))
+    op_errors = 0
+    for host, status in PYINFRA_HOST_LINE.findall(output):
+        if status == "Success":
+            counts.changed += 1
+            counts.changed_hosts.add(host)
+        else:
+            counts.failed += 1
+            op_errors += status == "Error"
+    totals = PYINFRA_TOTAL.findall(output)
+    if not totals:
+        raise BenchError("pyinfra printed no results table (no 'Grand total' row)")
+    changed, failed = (0 if cell == "-" else int(cell) for cell in totals[-1][1:3])
+    if counts.changed != changed:
+        raise BenchError(
+            f"pyinfra's results table counts {changed} changes, its per-host lines "
+            f"{counts.changed}: the benchmark misreads pyinfra's output"
+        )
+    counts.failed += max(0, failed - op_errors)
     return counts
 
 
@@ -292,6 +317,12 @@ def _cpu_with_reaped(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / CLOCK_TICK
 
 
+def machine_idle() -> float:
+    """Seconds the machine's CPUs have been idle (idle + iowait, all CPUs together)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[4]) + int(fields[5])) / CLOCK_TICK
+
+
 def hosts_cpu(pids: list[int]) -> float:
     return sum(map(_cpu_with_reaped, pids))
 
@@ -344,6 +375,8 @@ class Run:
     #: SSH channels the tool opened (a command, an SFTP session) and SFTP requests it sent.
     channels: int = 0
     sftp_requests: int = 0
+    #: Seconds the machine's CPUs (all together) stood idle during the run.
+    machine_idle_s: float = 0.0
 
     @property
     def host_tasks(self) -> int:
@@ -394,9 +427,16 @@ def children_cpu() -> float:
 
 
 def measure(
-    tool: Tool, fleet: Fleet, names: list[str], inventory: Path, phase: str, round_: int
+    tool: Tool,
+    fleet: Fleet,
+    names: list[str],
+    inventory: Path,
+    phase: str,
+    round_: int,
+    output_file: Path | None = None,
 ) -> Run:
-    """Run the tool once; check it succeeded; return its wall time and CPU use."""
+    """Run the tool once; check it succeeded; return its wall time and CPU use. ``output_file``:
+    a file that receives the tool's output (stdout and stderr), checked or not."""
     keep = {info["pid"] for info in fleet.hosts.values()} | set(_our_children())
     sshds = sshd_pids(fleet, names)
     with tempfile.TemporaryDirectory(prefix=f"provbench-{tool.name}-") as tmp:
@@ -409,16 +449,18 @@ def measure(
         pids0 = last_pids(sshds)
         cpu0, hosts0 = children_cpu(), hosts_cpu(sshds)
         with open(workdir / "output", "w+") as out:
-            start = time.perf_counter()
+            start, idle0 = time.perf_counter(), machine_idle()
             proc = subprocess.Popen(
                 tool.argv(inventory, workdir), cwd=workdir, env=env, stdout=out, stderr=out
             )
             # wait4: this child's own rusage, so ru_maxrss is the peak of this run alone.
             _, status, usage = os.wait4(proc.pid, 0)
-            wall = time.perf_counter() - start
+            wall, idle = time.perf_counter() - start, machine_idle() - idle0
             proc.returncode = os.waitstatus_to_exitcode(status)
             out.seek(0)
             output = out.read()
+        if output_file is not None:
+            output_file.write_text(output)
         tool.teardown(workdir)
         reap_orphans(keep)
         wait_sessions_closed(sshds)
@@ -439,7 +481,7 @@ def measure(
         raise BenchError(f"{tool.name}'s second run changed {counts.changed} things:\n{output}")
     return Run(tool.name, len(names), round_, phase, wall, cpu, hosts, counts.changed,
                len(counts.changed_hosts), round(usage.ru_maxrss / 1024, 1), spawns,
-               ssh["channels"], ssh["sftp_requests"])  # fmt: skip
+               ssh["channels"], ssh["sftp_requests"], idle)  # fmt: skip
 
 
 # -- round trips and spawns of each operation ---------------------------------------------
@@ -514,18 +556,21 @@ class Bench:
     fleet: Fleet
     tools: list[Tool]
     workdir: Path
+    #: Where each run's output is kept (None: nowhere).
+    outputs: Path | None = None
     runs: list[Run] = field(default_factory=list)
     reference: dict[str, str] = field(default_factory=dict)
 
     def round(self, count: int, round_: int, record: bool = True) -> None:
         """Every tool once (first run, then second run), in an order that rotates by round."""
-        names = sorted(self.fleet.hosts)[:count]
+        names = sorted(self.fleet.hosts, key=lambda name: self.fleet.hosts[name]["index"])[:count]
         inventory = write_inventories(self.fleet, names, self.workdir)
         shift = round_ % len(self.tools)
         for tool in self.tools[shift:] + self.tools[:shift]:
             reset(self.fleet, names)
             for phase in ("first", "second"):
-                run = measure(tool, self.fleet, names, inventory, phase, round_)
+                kept = self.outputs and self.outputs / f"{count}-{round_}-{tool.name}-{phase}.txt"
+                run = measure(tool, self.fleet, names, inventory, phase, round_, kept)
                 self.check_state(tool, names, phase)
                 if record:
                     self.runs.append(run)
@@ -535,7 +580,8 @@ class Bench:
                         f"{run.hosts_cpu_s:6.2f} hosts; {run.changed} changed; per task: "
                         f"{run.host_spawns / run.host_tasks:.2f} spawns, "
                         f"{run.channels / run.host_tasks:.2f} channels, "
-                        f"{run.sftp_requests / run.host_tasks:.2f} SFTP requests"
+                        f"{run.sftp_requests / run.host_tasks:.2f} SFTP requests; machine idle "
+                        f"{run.machine_idle_s:.2f} CPU-s"
                     )
 
     def check_state(self, tool: Tool, names: list[str], phase: str) -> None:
@@ -574,6 +620,8 @@ def summarize(runs: list[Run], tools: Sequence[str]) -> list[dict]:
                 "controller_cpu_ms_per_host_task": round(1000 * cpu / (hosts * TASKS_PER_HOST), 2),
                 "hosts_cpu_ms_per_host_task": round(1000 * host_cpu / (hosts * TASKS_PER_HOST), 2),
                 "controller_peak_mib": statistics.median(r.controller_peak_mib for r in chosen),
+                "machine_busy_pct": round(100 * statistics.median(
+                    1 - r.machine_idle_s / (r.wall_s * CORES) for r in chosen)),
                 **{f"{key}_per_host_task": round(statistics.median(
                     getattr(r, key) for r in chosen) / (hosts * TASKS_PER_HOST), 2)
                    for key in ("host_spawns", "channels", "sftp_requests")},
@@ -591,6 +639,42 @@ def targets(rows: list[dict], hosts: int = 32) -> dict[str, bool | None]:
         result[f"{phase}: >= 15x faster than ansible-core"] = (
             None if ansible is None else ansible >= 15
         )
+    return result
+
+
+#: Issue 26 section 1, at every host count measured with both tools: fxkit's speed-up over
+#: pyinfra (first, second run) and its hosts' CPU per task against pyinfra's.
+SPEEDUP_TARGETS = {"first": 2.0, "second": 2.5}
+HOSTS_CPU_TARGET = 0.6
+#: ... and how fxkit's wall time grows from 64 to 128 hosts.
+GROWTH_TARGET = 2.05
+
+
+def limit_targets(rows: list[dict]) -> list[dict]:
+    """Issue 26's targets against the summary: each with what was measured and whether it is met
+    (speed-ups are pyinfra's wall / fxkit's; CPU ratios fxkit's hosts CPU / pyinfra's)."""
+    by = {(r["hosts"], r["phase"], r["tool"]): r for r in rows}
+    result = []
+    for hosts, phase, tool in by:
+        fx = by.get((hosts, phase, "fxkit"))
+        if tool != "pyinfra" or fx is None:
+            continue
+        py = by[hosts, phase, tool]
+        cpu = fx["hosts_cpu_ms_per_host_task"] / py["hosts_cpu_ms_per_host_task"]
+        result += [
+            {"target": f"{hosts} hosts, {phase} run: >= {SPEEDUP_TARGETS[phase]}x pyinfra",
+             "measured": py["vs_fxkit"], "met": py["vs_fxkit"] >= SPEEDUP_TARGETS[phase]},
+            {"target": f"{hosts} hosts, {phase} run: hosts' CPU per task <= "
+             f"{HOSTS_CPU_TARGET}x pyinfra's", "measured": round(cpu, 2),
+             "met": cpu <= HOSTS_CPU_TARGET},
+        ]  # fmt: skip
+    for phase in SPEEDUP_TARGETS:
+        small, large = by.get((64, phase, "fxkit")), by.get((128, phase, "fxkit"))
+        if small and large:
+            growth = large["wall_s_median"] / small["wall_s_median"]
+            result.append({"target": f"fxkit {phase} run: growth 64 -> 128 hosts <= "
+                           f"{GROWTH_TARGET}x", "measured": round(growth, 2),
+                           "met": growth <= GROWTH_TARGET})  # fmt: skip
     return result
 
 
@@ -622,6 +706,9 @@ def render(rows: list[dict], goals: dict[str, bool | None]) -> None:
     for goal, met in goals.items():
         mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "not measured"}[met]
         console.print(f"target at 32 hosts, {goal}: {mark}")
+    for goal26 in limit_targets(rows):
+        mark = "[green]met[/]" if goal26["met"] else "[red]missed[/]"
+        console.print(f"issue 26: {goal26['target']}: {goal26['measured']:.2f}, {mark}")
 
 
 def machine() -> dict[str, object]:
@@ -680,8 +767,9 @@ def markdown(report: dict) -> str:
     """The result tables as Markdown, for docs/BENCHMARKS.md."""
     lines = ["| hosts | run | tool | wall s (median) | all rounds | × fxkit | controller CPU-s "
              "| controller CPU ms / host-task | hosts CPU ms / host-task | controller peak MiB "
-             "| host spawns / task | SSH channels / task | SFTP requests / task |",
-             "|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| host spawns / task | SSH channels / task | SFTP requests / task "
+             "| machine busy % |",
+             "|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for row in report["summary"]:
         ratio = "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}"
         lines.append(
@@ -691,7 +779,7 @@ def markdown(report: dict) -> str:
             f"| {row['hosts_cpu_ms_per_host_task']:.1f} "
             f"| {row.get('controller_peak_mib', 0):.0f} | "
             + " | ".join(f"{row.get(key, 0):.2f}" for key in PER_TASK)
-            + " |"
+            + f" | {row.get('machine_busy_pct', '-')} |"
         )
     growth = scaling(report["summary"])
     if growth:
@@ -706,6 +794,11 @@ def markdown(report: dict) -> str:
                 f"| {r['tool']} | {r['phase']} | {cells} | {r['growth']:.1f}x "
                 f"| {r['s_per_added_host']:.3f} |"
             )
+    goals = limit_targets(report["summary"])
+    if goals:
+        lines += ["", "| target (issue 26) | measured | met |", "|---|---:|---|"]
+        lines += [f"| {g['target']} | {g['measured']:.2f} | {'yes' if g['met'] else '**no**'} |"
+                  for g in goals]  # fmt: skip
     if report.get("per_operation"):
         lines += ["", "| fxkit operation | run | SSH channels | SFTP requests | host processes |",
                   "|---|---|---:|---:|---:|"]  # fmt: skip
@@ -739,6 +832,7 @@ def run_benchmark(args: argparse.Namespace, chosen: list[str]) -> dict:
             "summary": rows,
             "scaling": scaling(rows),
             "targets_at_32_hosts": targets(rows),
+            "targets_issue26": limit_targets(rows),
             "runs": [asdict(run) for run in bench.runs],
         }  # fmt: skip
 
@@ -746,7 +840,9 @@ def run_benchmark(args: argparse.Namespace, chosen: list[str]) -> dict:
         tempfile.TemporaryDirectory(prefix="provbench-") as tmp,
         lab_fleet(args.lab_dir, args.prefix, max(count for count, _ in plan)) as fleet,
     ):
-        bench = Bench(fleet, tools, Path(tmp))
+        if args.outputs:
+            args.outputs.mkdir(parents=True, exist_ok=True)
+        bench = Bench(fleet, tools, Path(tmp), args.outputs)
         console.print("warm-up (not recorded): every tool once on the smallest fleet")
         bench.round(min(count for count, _ in plan), 0, record=False)
         for count, rounds in plan:
@@ -773,6 +869,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "provision.json")
     parser.add_argument("--lab-dir", type=Path, default=REPO / ".cache" / "bench-lab")
     parser.add_argument("--prefix", default="127.88.0", help="the fleet's addresses (127.x.y)")
+    parser.add_argument(
+        "--outputs", type=Path, help="keep every run's output here (HOSTS-ROUND-TOOL-RUN.txt)"
+    )
     parser.add_argument("--report", action="store_true", help="only show the --json file's tables")
     parser.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
     parser.add_argument(
@@ -786,8 +885,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS)}")
     if args.per_op:
         with lab_fleet(args.lab_dir, args.prefix, 1) as fleet:
-            report = {"summary": [], "per_operation": per_operation(fleet, sorted(fleet.hosts)[0])}
-        console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
+            ops = {"summary": [], "per_operation": per_operation(fleet, sorted(fleet.hosts)[0])}
+        console.print(markdown(ops), markup=False, highlight=False, soft_wrap=True)
         return 0
     if args.report:
         report = json.loads(args.json.read_text())

@@ -158,6 +158,24 @@ def test_parse_pyinfra_output() -> None:
     assert lost.failed == 1
 
 
+def test_parse_pyinfra_reads_padded_host_prefixes() -> None:
+    """With lab100 in the inventory pyinfra prints ``[lab01]  Success`` (its prefix padded to
+    the longest name): every host's changes are read."""
+    first = bench.parse_pyinfra((DATA / "pyinfra-first-names.txt").read_text())
+    assert (first.changed, first.failed) == (60, 0)
+    assert first.changed_hosts == {"lab01", "lab02", "lab100"}
+
+
+def test_parse_pyinfra_stops_on_a_line_it_misses() -> None:
+    """A change in pyinfra's results table that no per-host line shows stops the benchmark."""
+    output = (DATA / "pyinfra-first-names.txt").read_text()
+    unread = output.replace("    [lab02]  Success\n", "    [lab02]  Succeeded\n", 1)
+    with pytest.raises(bench.BenchError, match="table counts 60 changes, its per-host lines 59"):
+        bench.parse_pyinfra(unread)
+    with pytest.raises(bench.BenchError, match="no results table"):
+        bench.parse_pyinfra(output.split("--> Results:")[0])
+
+
 def test_parse_fxkit_event_log() -> None:
     first = bench.parse_fxkit_events((DATA / "fxkit-first.events.json").read_text())
     assert (first.changed, first.failed, first.changed_hosts) == (40, 0, {"lab01", "lab02"})
@@ -192,6 +210,22 @@ def test_summary_medians_ratios_and_targets() -> None:
         "second: faster than pyinfra": True,
         "second: >= 15x faster than ansible-core": False,
     }
+
+
+def test_issue26_targets_from_the_summary() -> None:
+    """Speed-ups and hosts' CPU against pyinfra at every host count, growth from 64 to 128."""
+    walls = {("fxkit", 64): 10.0, ("fxkit", 128): 21.0, ("pyinfra", 64): 25.0,
+             ("pyinfra", 128): 40.0}  # fmt: skip
+    runs = [_run(tool, phase, wall / (2 if phase == "second" else 1), 1, hosts)
+            for (tool, hosts), wall in walls.items() for phase in ("first", "second")]  # fmt: skip
+    goals = {g["target"]: (g["measured"], g["met"]) for g in
+             bench.limit_targets(bench.summarize(runs, ["fxkit", "pyinfra"]))}  # fmt: skip
+    assert goals["64 hosts, first run: >= 2.0x pyinfra"] == (2.5, True)
+    assert goals["128 hosts, second run: >= 2.5x pyinfra"] == (1.9, False)
+    assert goals["128 hosts, first run: hosts' CPU per task <= 0.6x pyinfra's"] == (0.52, True)
+    assert goals["64 hosts, second run: hosts' CPU per task <= 0.6x pyinfra's"] == (0.4, True)
+    assert goals["fxkit first run: growth 64 -> 128 hosts <= 2.05x"] == (2.1, False)
+    assert len(goals) == 10
 
 
 # -- the whole benchmark, fxkit only, on a real 2-host lab fleet -------------------------------
