@@ -35,6 +35,7 @@ UNIT = "[Unit]\nDescription=check mode\n[Service]\nExecStart=/bin/true\n"
 CASES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "directory": (("/opt/fxkit-check/deep",), {"mode": "0750"}),
     "file": (("/etc/hostname",), {"content": "renamed\n", "mode": "0600", "backup": True}),
+    "link": (("/opt/fxkit-check-link", "fxkit-check-target"), {}),
     "line": (("/etc/security/limits.conf", "*  soft  memlock  unlimited"), {}),
     "block": (("/etc/hosts", "10.0.0.1 fx100-a"), {}),
     "command": (("touch /root/ran",), {"creates": "/root/ran", "unless": "false"}),

@@ -12,6 +12,7 @@ from fxkit.connection.local import LocalConnection
 from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, OpError, Status
 from fxkit.ops.files import directory, file
+from fxkit.ops.files import link as link_op
 
 
 def make_ctx(check: bool = False, diff: bool = False) -> OpContext:
@@ -190,3 +191,23 @@ def test_paths_are_checked(tmp_path: Path) -> None:
         directory(make_ctx(), "//", state="absent")
     with pytest.raises(OpError, match="bad path"):
         file(make_ctx(), "", "x")
+
+
+def test_link_creates_relinks_at_once_and_refuses_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "v-1").mkdir()
+    (tmp_path / "v-2").mkdir()
+    link = tmp_path / "current"
+    would = link_op(make_ctx(check=True, diff=True), str(link), "v-1")
+    assert would.status is Status.CHANGED and would.msg == f"would link {link} -> v-1"
+    assert would.diff == "link: absent -> v-1\n" and not link.is_symlink()
+    made = link_op(make_ctx(), str(link), "v-1")
+    assert made.status is Status.CHANGED and os.readlink(link) == "v-1"
+    assert link_op(make_ctx(), str(link), "v-1").status is Status.OK
+    moved = link_op(make_ctx(diff=True), str(link), "v-2")
+    assert moved.status is Status.CHANGED and moved.diff == "link: v-1 -> v-2\n"
+    assert os.readlink(link) == "v-2" and sorted(os.listdir(tmp_path)) == ["current", "v-1", "v-2"]
+    refused = link_op(make_ctx(), str(tmp_path / "v-1"), "v-2")
+    assert refused.failed and "is a directory, not a link" in refused.msg
+    assert (tmp_path / "v-1").is_dir() and not (tmp_path / "v-1").is_symlink()
+    with pytest.raises(OpError, match="bad link target"):
+        link_op(make_ctx(), str(link), "")

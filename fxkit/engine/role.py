@@ -390,6 +390,7 @@ class Host:
     # -- operations: one typed method each (a test checks them against fxkit.ops.OPERATIONS) --
     directory = operation(ops.directory)
     file = operation(ops.file)
+    link = operation(ops.link)
     line = operation(ops.line)
     block = operation(ops.block)
     command = operation(ops.command)

@@ -7,7 +7,7 @@ from fxkit.ops.base import OpContext, Operation, OpError, Result, Status
 from fxkit.ops.boot import reboot
 from fxkit.ops.checkpoints import stage
 from fxkit.ops.commands import command
-from fxkit.ops.files import directory, file
+from fxkit.ops.files import directory, file, link
 from fxkit.ops.filesystems import filesystem
 from fxkit.ops.instances import instance, instance_ready
 from fxkit.ops.kernel import kernel_cmdline, module, sysctl
@@ -27,6 +27,7 @@ OPERATIONS: dict[str, Operation] = {
     for op in (
         directory,
         file,
+        link,
         line,
         block,
         command,

@@ -338,6 +338,37 @@ def file(
     )
 
 
+def link(ctx: OpContext, path: str, target: str) -> Result:
+    """Ensure ``path`` is a symbolic link to ``target`` (as written: a relative target is
+    relative to the link's folder). A link to elsewhere is replaced at once (a new link renamed
+    over it: no moment without one); a file or directory there is an error, left as it is.
+
+    Example::
+
+        host.link("/opt/fxkit/venvs/qwen32b", "qwen32b.venvs/v-0123456789ab")
+    """
+    check_path(path)
+    if not target or "\0" in target:
+        raise OpError(f"bad link target {target!r} for {path}")
+    info = ctx.fresh(FileStat, path)
+    if info.exists and info.type != "link":
+        return failed(
+            f"{path} exists and is a {info.type}, not a link: move it away to let fxkit link it"
+        )
+    q = quote(path)
+    old = ctx.read(f"readlink -- {q}").stdout.rstrip("\n") if info.exists else ""
+    if old == target:
+        return ok(f"links to {target}")
+    tmp = quote(f"{path}.fxkit-link")
+    verb = "relink" if old else "link"
+    return ctx.change(
+        f"ln -sfn -- {quote(target)} {tmp} && mv -fT -- {tmp} {q}",
+        would=f"{verb} {path} -> {target}",
+        done=f"{verb}ed {path} -> {target}",
+        diff=f"link: {old or 'absent'} -> {target}\n",
+    )
+
+
 def in_directory(ctx: OpContext, path: str, write: Callable[[], Result]) -> Result:
     """``write()`` a file of a configuration directory (``*.d``, a unit directory), creating the
     directory first where the host lacks it (a system without kmod has no /etc/modprobe.d)."""
