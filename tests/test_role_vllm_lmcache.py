@@ -14,17 +14,23 @@ expanded). :func:`systemd_argv` applies these rules to the files the role writes
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fxkit.connection.local import LocalConnection
 from fxkit.engine.role import RoleLoader, roles_path
 from fxkit.engine.variables import HostVars, Layer
 from fxkit.errors import VarError
+from fxkit.facts.base import FactCache
+from fxkit.ops.base import OpContext, Status
+from fxkit.rollout.revision import record_json, write_command
 
 ROLE = RoleLoader(roles_path(None)).load("vllm_lmcache")
 CODE = inspect.getmodule(ROLE.apply)
@@ -96,8 +102,10 @@ def test_tp4x2_makes_two_instances_of_four_gpus_on_consecutive_ports(wheel: str)
     assert first.unit == "vllm@tp4-0.service"
     assert first.env_file == "/etc/fxkit/vllm/llama/tp4-0.env"
     assert first.served_name == "Llama-3.1-8B-Instruct" and first.model == MODEL
+    venv = CODE.venv(v)
+    assert re.fullmatch(r"/opt/fxkit/venvs/llama\.venvs/v-[0-9a-f]{12}", venv)
     assert first.argv == [
-        "/opt/fxkit/venvs/llama/bin/vllm", "serve", MODEL,
+        f"{venv}/bin/vllm", "serve", MODEL,
         "--served-model-name", "Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000",
         "--tensor-parallel-size", "4", "--load-format", "fxkit",
         "--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}',
@@ -139,7 +147,7 @@ def test_the_probe_takes_only_the_flags_it_has_and_vllm_s_spellings(wheel: str) 
     )
     first, _ = CODE.instance_specs(v)
     assert first.argv == [
-        "/opt/fxkit/venvs/default/bin/fxkit", "serve-probe", MODEL,
+        f"{CODE.venv(v)}/bin/fxkit", "serve-probe", MODEL,
         "--served-model-name", "Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000",
         "--load-format", "fxkit", "--threads=8",
     ]  # fmt: skip
@@ -184,7 +192,7 @@ def test_systemd_analyze_accepts_the_unit(wheel: str, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     )
-    program = "/opt/fxkit/venvs/default/bin/vllm"  # not installed on this machine
+    program = f"{CODE.venv(v)}/bin/vllm"  # not installed on this machine
     complaints = [
         line for line in done.stderr.splitlines()
         if line != f"vllm@tp4-0.service: Command {program} is not executable: No such file or "
@@ -444,3 +452,49 @@ def test_a_disk_folder_on_the_shared_model_namespace_is_refused(wheel: str) -> N
     with pytest.raises(VarError, match="owner gpu01"):
         CODE.validate_all({"gpu02": wrong}, Fleet({"gpu02": initiator("gpu02", shared)}))
     CODE.validate_all({"gpu01": own}, alone)  # /mnt/local is no fabric mount there: not checked
+
+
+# -- a venv per set of pins -------------------------------------------------------------------
+
+
+def test_each_set_of_pins_has_its_venv_and_flags_share_one(wheel: str) -> None:
+    base = host_vars(wheel)
+    assert re.fullmatch(r"/opt/fxkit/venvs/default\.venvs/v-[0-9a-f]{12}", CODE.venv(base))
+    assert CODE.current_venv(base) == "/opt/fxkit/venvs/default"
+    same = host_vars(wheel, vllm_lmcache_extra_args=["--max-num-seqs=8"])
+    assert CODE.venv(same) == CODE.venv(base)  # another revision, the same venv
+    assert CODE.revision_plan(same).inputs != CODE.revision_plan(base).inputs
+    for other in (
+        {"vllm_lmcache_vllm_version": "0.20.2+rocm721"},
+        {"vllm_lmcache_packages": ["numpy"]},
+        {"vllm_lmcache_python": "/usr/bin/python3.12"},
+    ):
+        assert CODE.venv(host_vars(wheel, **other)) != CODE.venv(base), other
+
+
+def test_pruning_removes_the_venvs_no_kept_revision_names(wheel: str, tmp_path: Path) -> None:
+    """The role's prune op through a LocalConnection: three revisions on two venvs, keep 1."""
+    folder, venvs, env_dir = tmp_path / "revisions", tmp_path / "d.venvs", tmp_path / "env"
+    env_dir.mkdir()
+    plans = [
+        CODE.revision_plan(host_vars(wheel, **more))
+        for more in ({"vllm_lmcache_packages": ["numpy"]}, {}, {"vllm_lmcache_extra_args": ["-x"]})
+    ]
+    ids = [f"r-00000000000{i}" for i in range(3)]
+    made = [CODE.venv_path(str(venvs), dict(plan.inputs["venv"])) for plan in plans]
+    conn = LocalConnection("localhost")
+    for i, (rev, plan) in enumerate(zip(ids, plans, strict=True)):
+        record = record_json(rev, plan.inputs, "").encode()
+        assert conn.run(write_command(str(folder), rev), stdin=record).ok
+        os.utime(folder / f"{rev}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+        Path(made[i]).mkdir(parents=True, exist_ok=True)
+    assert made[1] == made[2] != made[0]
+    (venvs / "notes").mkdir()  # not a venv's name: never removed
+    (env_dir / "tp4-0.env").write_text(f"FXKIT_REVISION='{ids[1]}'\n")  # r1 in use
+    rev = replace(plans[2], folder=str(folder), keep=1, env_dirs=(str(env_dir),))
+    ctx = OpContext(conn, FactCache(conn))
+    done = CODE.prune(ctx, rev, str(venvs))
+    assert done.status is Status.CHANGED, done
+    assert done.data == {"removed": [ids[0]], "venvs": [made[0]]}
+    assert sorted(p.name for p in venvs.iterdir()) == sorted(["notes", Path(made[1]).name])
+    assert CODE.prune(ctx, rev, str(venvs)).status is Status.OK

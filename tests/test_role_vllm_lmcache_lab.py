@@ -33,7 +33,15 @@ from tests.lab_helpers import changes, events_of, sh, snapshot
 ROLE = RoleLoader(roles_path(None)).load("vllm_lmcache")
 CODE = inspect.getmodule(ROLE.apply)
 HOSTS = ["lab01", "lab02"]
+#: The deployment's link to the venv its variables want (each set of pins has its own venv).
 VENV = "/opt/fxkit/venvs/probe"
+
+
+def venv_of(variables: dict[str, Any]) -> str:
+    """The venv the role makes for ``variables`` (``<prefix>/probe.venvs/v-<digest>``)."""
+    given = {**variables, "vllm_lmcache_bind_host": "127.0.0.1"}  # (per host; not a pin)
+    layers = [Layer("role defaults", ROLE.defaults), Layer("inventory", given)]
+    return str(CODE.venv(ROLE.typed(HostVars("lab01", layers))))
 
 
 def lab_vars(house: Path, **values: Any) -> dict[str, Any]:
@@ -84,14 +92,19 @@ def test_check_mode_changes_nothing_then_a_run_converges_and_a_rerun_changes_not
     converged: dict[str, Any],
 ) -> None:
     check, first, second = converged["check"], converged["first"], converged["second"]
+    venv = venv_of(converged["vars"])
+    assert venv.startswith("/opt/fxkit/venvs/probe.venvs/v-")
     assert check.code == 0, check.output
     assert converged["changed_by_check"] == {"lab01": [], "lab02": []}
-    assert ("virtualenv /opt/fxkit/venvs/probe", f"would change virtualenv: absent -> {VENV}, "
+    assert (f"virtualenv {venv}", f"would change virtualenv: absent -> {venv}, "
             "torch: absent -> 2.13.0+cpu") in events_of(check, "lab01", "changed")  # fmt: skip
     assert first.code == 0, first.output
     for host in HOSTS:
         done = [op for op, _ in events_of(first, host, "changed")]
-        assert f"virtualenv {VENV}" in done and "unit vllm@.service" in done
+        assert f"virtualenv {venv}" in done and "unit vllm@.service" in done
+        assert f"link {VENV}" in done
+        with converged["fleet"].connect(host) as conn:
+            assert sh(conn, f"readlink {VENV}").strip() == "probe.venvs/" + venv.rsplit("/", 1)[1]
         # A run acts on the instances it is given only (none here): no environment file.
         assert not any(op.startswith(("env file", "instance")) for op in done)
         assert [op for op, _ in events_of(first, host, "failed")] == []
@@ -103,8 +116,9 @@ def test_check_mode_changes_nothing_then_a_run_converges_and_a_rerun_changes_not
 @pytest.mark.lab
 def test_the_venv_has_fxkit_and_the_torch_installed_first(converged: dict[str, Any]) -> None:
     fleet = converged["fleet"]
+    venv = venv_of(converged["vars"])
     [(_, verified)] = [
-        e for e in events_of(converged["second"], "lab01", "ok") if e[0] == f"verify {VENV}"
+        e for e in events_of(converged["second"], "lab01", "ok") if e[0] == f"verify {venv}"
     ]
     assert "torch 2.13.0+cpu, fxkit 0.1.0, fxkit.loader imports" in verified
     with fleet.connect("lab01") as conn:
@@ -224,18 +238,23 @@ def test_lmcache_from_a_pinned_commit_is_built_for_hip_once(converged: dict[str,
         built = play_role(fleet, converged["folder"], "vllm_lmcache", "lab01", variables)
         assert built.code == 0, built.output
         done = [op for op, _ in events_of(built, "lab01", "changed")]
-        assert done[:-1] == [
+        # Another LMCache: another venv beside the first (kept for its revision), linked.
+        venv, first = venv_of(variables), venv_of(converged["vars"])
+        assert venv != first and f"virtualenv {venv}" in done
+        src = done.index("directory /opt/fxkit/src")
+        assert done[src : src + 3] == [
             "directory /opt/fxkit/src",
             "git /opt/fxkit/src/lmcache-probe",
             f"build LMCache {commit[:12]} for HIP",
         ]
-        assert done[-1].startswith("revision r-")  # another LMCache: another revision
+        assert f"link {VENV}" in done and done[-1].startswith("revision r-")
         said = sh(
             conn,
             f"{VENV}/bin/python -c 'import importlib.resources as r; "
             'print(r.files("lmcache").joinpath("built_with.json").read_text())\'',
         )
         assert json.loads(said) == {"LMCACHE_TARGET_DEVICE": "HIP", "CXX": "hipcc"}
-        assert sh(conn, f"cat {VENV}/.fxkit-lmcache-commit").strip() == commit
+        assert sh(conn, f"cat {venv}/.fxkit-lmcache-commit").strip() == commit
+        assert sh(conn, f"test -x {first}/bin/fxkit && echo kept").strip() == "kept"
         again = play_role(fleet, converged["folder"], "vllm_lmcache", "lab01", variables)
         assert again.code == 0 and events_of(again, "lab01", "changed") == []

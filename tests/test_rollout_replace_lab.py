@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 from test_play_lab import FXKIT
-from test_rollout_vllm_lab import HOSTS, TOKEN, inventory, pids, rows
+from test_rollout_vllm_lab import HOSTS, TOKEN, inventory, pids, programs, rows
 from test_rollout_vllm_lab import lab as lab  # the module's fixture: its fleet and checkpoint
 
 pytestmark = pytest.mark.lab
@@ -143,8 +143,12 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
     before = serving(lab, variant(lab, "base.yml"))
     [r1] = {s["running"] for s in before.values()}
     try:
-        # An upgrade without surge: one instance at a time, deregistered and drained first.
-        new = variant(lab, "new.yml", vllm_lmcache_unit_options={"Nice": "5"})
+        # An upgrade without surge: one instance at a time, deregistered and drained first. The
+        # new revision has another package: its own venv, made while the old one serves.
+        old_programs = programs(lab)
+        more = [*lab["vars"]["vllm_lmcache_packages"], "numpy"]
+        new = variant(lab, "new.yml", vllm_lmcache_unit_options={"Nice": "5"},
+                      vllm_lmcache_packages=more)  # fmt: skip
         # Check mode: each batch's whole run in check mode; nothing drained, switched or kept.
         code, out, report = run_rollout(lab, new, "--serial", "4", "--check", "--diff")
         assert code == 0, out
@@ -166,6 +170,14 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         assert all(after[k]["pid"] != before[k]["pid"] for k in before)
         assert {k: s["port"] for k, s in after.items()} == {k: s["port"] for k, s in before.items()}
         assert {r["revision"] for r in found.values()} == {r2}
+        # Each instance runs from the new venv; the old one is kept for r1.
+        new_programs = programs(lab)
+        [old_venv] = {path.rsplit("/bin/", 1)[0] for path in old_programs.values()}
+        [new_venv] = {path.rsplit("/bin/", 1)[0] for path in new_programs.values()}
+        assert new_venv != old_venv and new_venv.startswith("/opt/fxkit/venvs/probe.venvs/v-")
+        for host in HOSTS:
+            with lab["fleet"].connect(host) as conn:
+                assert conn.run(f"test -x {old_venv}/bin/fxkit").ok, host
         # Each batch's run prepared the revision before its instance was drained (one run per
         # batch); the instance's environment file was written under the revision's name.
         assert out.count(" (its revision): ") == len(report["batches"]), out
@@ -187,6 +199,7 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         assert all(s["health"] == "ready" for s in undone.values())
         assert all(undone[k]["pid"] != after[k]["pid"] for k in after)
         assert {k: s["port"] for k, s in undone.items()} == {k: s["port"] for k, s in after.items()}
+        assert programs(lab) == old_programs  # r1 runs from its own venv again
 
         # A revision that fails to start: the canary is rolled back, nothing else is touched.
         bad = variant(lab, "bad.yml", vllm_lmcache_model="/srv/fast/missing",

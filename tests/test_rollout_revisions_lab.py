@@ -3,7 +3,8 @@ fleet and checkpoint of tests/test_rollout_vllm_lab.py): the same variables give
 revision on both hosts; a change to the unit file alone is a new revision and restarts every
 instance; ``fxkit rollout status`` shows the revision each instance runs and the one wanted,
 ``history`` the revisions each host keeps; a host keeps its last 2, and an older one while an
-instance still runs it."""
+instance still runs it; a revision with other pins has its own venv, removed with the last
+revision that names it."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from typing import Any
 import pytest
 import yaml
 from test_play_lab import FXKIT
-from test_rollout_vllm_lab import HOSTS, inventory, pids, rollout, rows
+from test_rollout_vllm_lab import HOSTS, inventory, pids, programs, rollout, rows
 from test_rollout_vllm_lab import lab as lab  # the module's fixture: its fleet and checkpoint
 
 pytestmark = pytest.mark.lab
 
 REVISIONS = "/var/lib/fxkit/revisions/probe"
+VENVS = "/opt/fxkit/venvs/probe.venvs"
 
 
 def variant(fx: dict[str, Any], name: str, **values: Any) -> Path:
@@ -136,3 +138,35 @@ def test_revisions_status_unit_only_change_and_history_pruning(lab: dict[str, An
     now = running(lab, nice7)
     assert now["lab01/tp4-0"][2] == r4 and now["lab01/tp4-1"][2] == r2
     assert now["lab02/tp4-0"][2] == r2 and now["lab01/tp4-1"][0] == second["lab01/tp4-1"][0]
+
+    # Every revision so far has the same pins: one venv, the deployment's link to it.
+    [venv_a] = venvs(lab, "lab01")
+    assert programs(lab)["lab01/tp4-0"].startswith(f"{VENVS}/{venv_a}/bin/")
+    # r5 adds a package: its own venv beside the first, which tp4-1 (on r2) runs from.
+    more = [*lab["vars"]["vllm_lmcache_packages"], "numpy"]
+    play_one(lab, variant(lab, "venv.yml", vllm_lmcache_packages=more), "lab01", "tp4-0")
+    r5 = env_revision(lab, "lab01", "tp4-0")
+    [venv_b] = set(venvs(lab, "lab01")) - {venv_a}
+    assert programs(lab)["lab01/tp4-0"].startswith(f"{VENVS}/{venv_b}/bin/")
+    assert programs(lab)["lab01/tp4-1"].startswith(f"{VENVS}/{venv_a}/bin/")
+    assert link(lab, "lab01") == f"probe.venvs/{venv_b}"
+    # r6 and r7 (the first pins again): r5 and r4 pruned, and with r5 the venv no revision kept
+    # names; tp4-1 still runs r2 (kept) from the first.
+    for nice in ("8", "9"):
+        play_one(lab, variant(lab, f"nice{nice}.yml", vllm_lmcache_unit_options={"Nice": nice}),
+                 "lab01", "tp4-0")  # fmt: skip
+    r7 = env_revision(lab, "lab01", "tp4-0")
+    assert r5 not in kept(lab, "lab01") and kept(lab, "lab01")[0] == r7
+    assert venvs(lab, "lab01") == [venv_a] and link(lab, "lab01") == f"probe.venvs/{venv_a}"
+    assert programs(lab)["lab01/tp4-1"].startswith(f"{VENVS}/{venv_a}/bin/")
+
+
+def venvs(fx: dict[str, Any], host: str) -> list[str]:
+    """The deployment's venvs on ``host``."""
+    with fx["fleet"].connect(host) as conn:
+        return conn.run(f"ls {VENVS}").stdout.split()
+
+
+def link(fx: dict[str, Any], host: str) -> str:
+    with fx["fleet"].connect(host) as conn:
+        return conn.run("readlink /opt/fxkit/venvs/probe").stdout.strip()

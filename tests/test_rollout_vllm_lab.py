@@ -112,6 +112,16 @@ def pids(lab: dict[str, Any]) -> dict[str, int]:
     return found
 
 
+def programs(lab: dict[str, Any]) -> dict[str, str]:
+    """The program each instance runs (its process's first word: the venv it runs from)."""
+    found = {}
+    for key, pid in pids(lab).items():
+        with lab["fleet"].connect(key.split("/")[0]) as conn:
+            words = conn.run(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").stdout.split("\n")
+        found[key] = words[0]
+    return found
+
+
 def get(lab: dict[str, Any], host: str, url: str) -> str:
     with lab["fleet"].connect(host) as conn:
         done = conn.run(f"{VENV}/bin/python -c 'import sys, urllib.request as u; "

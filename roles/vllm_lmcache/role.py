@@ -17,6 +17,7 @@ a host, and names the instances of a batch in :data:`SELECT`.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import posixpath
@@ -42,17 +43,22 @@ from fxkit.engine.rolevars import (
     pattern,
 )
 from fxkit.facts.commands import CommandOutput
+from fxkit.facts.files import FileStat
 from fxkit.facts.python import VenvPackages
 from fxkit.facts.system import Mount, Mounts
 from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok, skipped
 from fxkit.ops.files import file as write_file
+from fxkit.ops.files import link as make_link
 from fxkit.ops.instances import STATE_DIR, instance, instance_ready
 from fxkit.ops.transfer import copy
 from fxkit.rollout.revision import (
     ENV_VAR,
+    ID_LENGTH,
     REVISIONS_DIR,
     RevisionPlan,
+    list_command,
     model_digest,
+    parse_list,
     prune_command,
     record_json,
     revision_id,
@@ -70,6 +76,8 @@ PSEUDO_FS = frozenset(
 _LAYOUT = re.compile(r"\s*TP([1-9][0-9]*)(?:x([1-9][0-9]*))?\s*", re.IGNORECASE)
 _WHEEL = re.compile(r"([A-Za-z0-9_.]+)-([0-9][^-]*)-.+\.whl")
 _URL = re.compile(r"(https?|file)://\S+")
+#: A venv's folder name (:func:`venv_path`).
+_VENV = re.compile(rf"v-[0-9a-f]{{{ID_LENGTH}}}")
 #: What systemd's ExecStart takes as the program itself, written as it is (no shell).
 _PROGRAM = re.compile(r"/[^\s%\\\"'$;]*")
 #: The variable the rollout sets to the instances a batch acts on (``HOST/NAME`` each).
@@ -198,7 +206,9 @@ class Vars(RoleVars):
         "default", description="the deployment's name: its venv and config folder"
     )
     vllm_lmcache_venv_prefix: Folder = Field(
-        "/opt/fxkit/venvs", description="where the virtualenvs are made"
+        "/opt/fxkit/venvs",
+        description="where the virtualenvs are made (`<deployment>.venvs/`, and a link "
+        "`<deployment>` to the one in use)",
     )
     vllm_lmcache_config_dir: Folder = Field(
         "/etc/fxkit/vllm",
@@ -437,7 +447,39 @@ def deployment_dir(v: Vars, folder: str) -> str:
     return posixpath.join(folder, v.vllm_lmcache_deployment)
 
 
+def venv_pins(v: Vars) -> dict[str, Any]:
+    """What makes the venv: the Python that makes it and every pin installed in it."""
+    return {
+        "python": v.vllm_lmcache_python,
+        "vllm": v.vllm_lmcache_vllm_version,
+        "torch": v.vllm_lmcache_torch_version,
+        "lmcache": v.vllm_lmcache_lmcache_version,
+        "lmcache_git": v.vllm_lmcache_lmcache_git_version,
+        "packages": list(v.vllm_lmcache_packages),
+        "fxkit": fxkit_wheel(v).name,
+    }
+
+
+def venvs_dir(v: Vars) -> str:
+    """The deployment's venvs, one per distinct :func:`venv_pins`."""
+    return deployment_dir(v, v.vllm_lmcache_venv_prefix) + ".venvs"
+
+
+def venv_path(folder: str, pins: dict[str, Any]) -> str:
+    """The venv of ``pins`` in ``folder``: ``v-`` and 12 hex digits of their sha256, so that a
+    revision keeps its own venv and the same pins share one."""
+    digest = hashlib.sha256(json.dumps(pins, sort_keys=True).encode()).hexdigest()
+    return posixpath.join(folder, "v-" + digest[:ID_LENGTH])
+
+
 def venv(v: Vars) -> str:
+    """This run's venv (its instances' programs run from it)."""
+    return venv_path(venvs_dir(v), venv_pins(v))
+
+
+def current_venv(v: Vars) -> str:
+    """``<prefix>/<deployment>``: a link to the venv the variables want now, for the commands
+    of other plays (the G2 gate's ``fxkit``)."""
     return deployment_dir(v, v.vllm_lmcache_venv_prefix)
 
 
@@ -866,9 +908,10 @@ def apply(host: Host, v: Vars) -> None:
 
 
 def environment(host: Host, v: Vars) -> None:
-    """The virtualenv: vLLM (or torch), a torch pin, LMCache, fxkit; torch verified."""
+    """The revision's virtualenv (vLLM or torch, a torch pin, LMCache, fxkit; torch verified),
+    beside those of earlier revisions, and the deployment's link to it."""
     path = venv(v)
-    host.directory(posixpath.dirname(path), mode="0755")
+    host.directory(venvs_dir(v), mode="0755")
     house = wheelhouse(v)
     if house is not None:
         host.directory(wheel_dir(v), mode="0755")
@@ -905,6 +948,21 @@ def environment(host: Host, v: Vars) -> None:
     args = pip_source_args(v) if house else ["--find-links", wheel_dir(v)]
     host.virtualenv(path, fxkit, python=python, pip_args=[*args, *constrained])
     host.task(f"verify {path}").call(verify_venv, path, torch)
+    link = current_venv(v)
+    target = posixpath.relpath(path, posixpath.dirname(link))
+    host.task(f"link {link}").call(link_current, link, target)
+
+
+def link_current(ctx: OpContext, link: str, target: str) -> Result:
+    """:func:`fxkit.ops.files.link`, except over the venv an fxkit before revisions' venvs
+    made at ``link`` (a folder, its instances may still run from it): left as it is."""
+    if ctx.fresh(FileStat, link).type == "directory":
+        return skipped(
+            f"{link} is the venv of an earlier fxkit, left as it is (instances may run from it); "
+            f"this revision's is {target}: remove {link} once none runs from it, and the next "
+            "run links it"
+        )
+    return make_link(ctx, link, target)
 
 
 def lmcache_from_git(host: Host, v: Vars, constrained: list[str]) -> None:
@@ -1120,18 +1178,10 @@ def revision_plan(v: Vars) -> RevisionPlan:
     environment, LMCache's configuration and the unit. The bind address is left out (it differs
     per host, nothing else does): the same variables give the same revision on every host."""
     manifest = posixpath.join(v.vllm_lmcache_model, ".fxkit-stage.json")
-    venv_pins = {
-        "vllm": v.vllm_lmcache_vllm_version,
-        "torch": v.vllm_lmcache_torch_version,
-        "lmcache": v.vllm_lmcache_lmcache_version,
-        "lmcache_git": v.vllm_lmcache_lmcache_git_version,
-        "packages": list(v.vllm_lmcache_packages),
-        "fxkit": fxkit_wheel(v).name,
-    }
     first = v.vllm_lmcache_layout[0]
     flags = [(flag, value) for flag, var, value in _arguments(v, first, 0) if var != "FXKIT_HOST"]
     inputs = {
-        "venv": venv_pins,
+        "venv": venv_pins(v),
         "model": v.vllm_lmcache_model,
         "command": command(v),
         "flags": [list(pair) for pair in flags[:2] + flags[3:]] + list(v.vllm_lmcache_extra_args),
@@ -1180,18 +1230,40 @@ def record_revision(
 
 
 def prune_revisions(host: Host, v: Vars) -> None:
-    """The host keeps ``vllm_lmcache_revision_history`` revisions, and those in use."""
+    """The host keeps ``vllm_lmcache_revision_history`` revisions, and those in use; and the
+    venvs of those it keeps."""
     rev = revision_plan(v)
-    host.task(f"prune revisions in {rev.folder}").call(prune, rev)
+    host.task(f"prune revisions in {rev.folder}").call(prune, rev, venvs_dir(v))
 
 
-def prune(ctx: OpContext, rev: RevisionPlan) -> Result:
+def prune(ctx: OpContext, rev: RevisionPlan, venvs: str) -> Result:
     if ctx.check:
         return skipped("check mode: revisions are pruned after a run")
     done = ctx.read(prune_command(rev.folder, rev.keep, rev.env_dirs))
     if not done.ok:
         return failed(f"cannot prune {rev.folder}: {done.stderr.strip()[-300:]}")
     removed = done.stdout.split()
-    if not removed:
+    stale = unused_venvs(ctx, rev.folder, venvs)
+    if stale:
+        gone = ctx.read("rm -rf -- " + " ".join(quote(path) for path in stale))
+        if not gone.ok:
+            return failed(f"cannot remove {', '.join(stale)}: {gone.stderr.strip()[-300:]}")
+    what = [f"revision(s) {', '.join(removed)}"] if removed else []
+    what += [f"venv(s) {', '.join(stale)}"] if stale else []
+    if not what:
         return ok(f"{rev.folder}: nothing to prune (keeps {rev.keep})")
-    return changed(f"removed revision(s) {', '.join(removed)} (keeps {rev.keep})", removed=removed)
+    return changed(f"removed {' and '.join(what)} (keeps {rev.keep})", removed=removed, venvs=stale)
+
+
+def unused_venvs(ctx: OpContext, folder: str, venvs: str) -> list[str]:
+    """The venvs of ``venvs`` that no revision record kept in ``folder`` names (none when the
+    records cannot be read: a venv is never removed on a guess)."""
+    listed = ctx.read(list_command(folder))
+    records = parse_list(listed.stdout) if listed.ok else []
+    pins = [k.inputs["venv"] for k in records if isinstance(k.inputs.get("venv"), dict)]
+    used = {venv_path(venvs, p) for p in pins}
+    if not used:
+        return []
+    present = ctx.read(f"ls -A -- {quote(venvs)} 2>/dev/null || true").stdout.split()
+    paths = [posixpath.join(venvs, name) for name in present if _VENV.fullmatch(name)]
+    return [path for path in paths if path not in used]
