@@ -7,7 +7,9 @@ An upgrade with ``--max-surge 1 --serial 1``: each of lab01's instances gets a c
 revision on GPUs 8-11 and port 8002, in the balancer before the instance is drained and
 replaced in its slot, retired after; lab02's instances fall back to draining first. Checked:
 the PIDs, revisions and ports of the instances, the copies gone afterwards (no record, no
-environment file, nothing on port 8002), and the client's 0 failed requests.
+environment file, nothing on port 8002), and the client's 0 failed requests. Then ``fxkit
+rollout undo --max-surge 1``: the same, back to the first revision, each copy started as that
+revision ran.
 """
 
 from __future__ import annotations
@@ -79,6 +81,39 @@ def test_upgrade_with_surge_and_fallback(lab: dict[str, Any]) -> None:
         assert {k: s["port"] for k, s in after.items()} == {k: s["port"] for k, s in before.items()}
         for host in HOSTS:
             assert copies_left(lab, host) == "", host
+
+        # Undo with surge: lab01's instances each served by a copy of r1 (its kept run, on the
+        # copy's GPUs and port) while they return to r1; lab02's drained first.
+        code, out, report = run_rollout(lab, new, "--serial", "1", "--max-surge", "1", what="undo")
+        assert code == 0, out
+        found = rows(report)
+        assert {r["status"] for r in found.values()} == {"ready"}, out
+        assert {r["revision"] for r in found.values()} == {r1}
+        assert all(r["previous"] == r2 and r["drained"] for r in found.values()), found
+        for name in ("tp4-0", "tp4-1"):
+            assert found[f"lab01/{name}"]["surge"].startswith(f"{name}-surge (port 8002"), found
+            assert found[f"lab02/{name}"]["surge"] == "", found
+        assert "surge copies lab01/tp4-0-surge" in out and "lab01/tp4-0-surge: ready" in out, out
+        undone = status(lab, new)
+        assert {s["running"] for s in undone.values()} == {r1}
+        assert all(s["health"] == "ready" for s in undone.values()), undone
+        assert all(undone[k]["pid"] != after[k]["pid"] for k in after)
+        assert {k: s["port"] for k, s in undone.items()} == {k: s["port"] for k, s in after.items()}
+        for host in HOSTS:
+            assert copies_left(lab, host) == "", host
+
+        # Undo to a revision no host keeps a run of: every instance fails, untouched.
+        code, out, report = run_rollout(
+            lab, new, "--serial", "4", "--max-surge", "1", "--to", "r-000000000000", what="undo"
+        )
+        assert code == 1, out
+        found = rows(report)
+        assert {r["status"] for r in found.values()} == {"failed"}, out
+        assert all("keeps no run of r-000000000000" in r["msg"] for r in found.values()), found
+        assert "4 of 4 instances failed" in report["stopped"], report["stopped"]
+        assert {k: s["pid"] for k, s in status(lab, new).items()} == {
+            k: s["pid"] for k, s in undone.items()
+        }
     finally:
         traffic = stop_traffic(lab)
     for host, counts in traffic.items():

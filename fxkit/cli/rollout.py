@@ -191,6 +191,14 @@ def _report(result: Rollout, report: Path | None) -> None:
 @click.option("--to", "to", metavar="REVISION", help="The revision (default: the previous one).")
 @click.option("--serial", metavar="N[,N]", help="Instances per batch, as for the rollout.")
 @click.option(
+    "--max-surge",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Per host, start this many of a batch's instances on the earlier revision beside "
+    "them first, as for the rollout; an instance with no room is drained first.",
+)
+@click.option(
     "--max-fail-percentage",
     type=click.FloatRange(0, 100),
     help="Stop (and roll the batch back) after a batch in which more instances failed.",
@@ -204,6 +212,7 @@ def undo(
     playbook: str,
     to: str | None,
     serial: str | None,
+    max_surge: int,
     max_fail_percentage: float | None,
     deregister_hook: str | None,
     register_hook: str | None,
@@ -213,12 +222,14 @@ def undo(
     **params: Any,
 ) -> None:
     """Return every instance to an earlier revision (`fxkit rollout history` lists them),
-    batch by batch, each drained first; a failed batch is rolled back.
+    batch by batch, each drained first (or with a surge copy serving); a failed batch is rolled
+    back.
 
     \b
     Example:
       fxkit rollout undo -i inventory/mi308x.yml --serial 1
       fxkit rollout undo -i inventory/mi308x.yml --to r-1a2b3c4d5e6f
+      fxkit rollout undo -i hosts.yml --max-surge 1 --deregister-hook CMD --register-hook CMD
 
     Exit code: as for the rollout.
     """
@@ -237,6 +248,7 @@ def undo(
             serial=_serial(serial) if serial else None,
             max_fail_percentage=max_fail_percentage,
             hooks=_hooks(deregister_hook, register_hook, drain_timeout, smoke_prompt),
+            max_surge=max_surge,
         )
     finally:
         if log:

@@ -132,13 +132,18 @@ class Batches:
         if not copies:
             return group, None
         self.recorder.note(f"batch {number}/{count}: surge copies {_names(copies)}")
-        self.drain.switch(copies, self.surge.specs)
+        self.start_copies(copies)
         self.tell(copies)
         rest = self.surge.failed(group, copies)
         error = self.surge.register([c for c in copies if c.status is InstanceStatus.READY])
         if error:
             return rest, f"batch {number}/{count}: {error}; the batch did not start"
         return rest, self.judge(number, count, group) if len(rest) < len(group) else None
+
+    def start_copies(self, copies: list[Instance]) -> None:
+        """Start the surge copies on the revision the batch prepared, and await them."""
+        assert self.surge is not None and self.drain is not None
+        self.drain.switch(copies, self.surge.specs)
 
     def undo(self, group: list[Instance], interrupted: bool) -> str:
         """Roll the group back; the report's words for it."""

@@ -14,6 +14,9 @@ old one, by both, by the copy, by both again, by the new one.
 An instance with no room falls back to draining first (max unavailable). A copy that does not
 become ready fails its instance: the copy is stopped, the old instance was never touched and
 serves on, and the rollout stops as for any failed batch.
+
+``fxkit rollout undo --max-surge N`` starts its copies as the target revision ran (``runs``:
+the kept run of each instance, :mod:`fxkit.rollout.undo`), on the copy's GPUs and port.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fxkit.ops.base import OpContext
 from fxkit.ops.instances import instance
 from fxkit.rollout.drain import metrics_url, wait_drained
 from fxkit.rollout.report import Hooks, Instance, InstanceStatus
+from fxkit.rollout.rollback import Previous
 from fxkit.rollout.state import InstanceState, opened
 from fxkit.rollout.swap import target
 
@@ -50,6 +54,9 @@ class Surge:
     copies: dict[str, Instance] = field(default_factory=dict)
     #: Each copy's spec (by its unit): its command line, environment and environment file.
     specs: dict[str, Any] = field(default_factory=dict)
+    #: The run each instance's copy starts as (by the instance's key; undo's); else the role's
+    #: spec of the wanted revision.
+    runs: dict[str, Previous] = field(default_factory=dict)
 
     def plan(self, group: list[Instance]) -> list[Instance]:
         """The copies the group's changing instances get (as :class:`Instance`, ``batch``
@@ -60,7 +67,8 @@ class Surge:
             v = self.role.Vars.of(self.hostvars[host])
             by_name = {s.name: s for s in self.role.instance_specs(v)}
             mine = [i for i in changing if i.host == host][: self.per_node]
-            fitting = self.role.surge_copies(v, [by_name[i.name] for i in mine])  # type: ignore[attr-defined]
+            specs = [self.as_run(by_name[i.name], self.runs.get(i.key)) for i in mine]
+            fitting = self.role.surge_copies(v, specs)  # type: ignore[attr-defined]
             for item, spec in zip(mine, fitting, strict=False):
                 copy = replace(
                     item, name=spec.name, unit=spec.unit, gpus=list(spec.gpus), port=spec.port,
@@ -71,6 +79,11 @@ class Surge:
                 planned.append(copy)
                 self.copies[item.key] = copy
         return planned
+
+    @staticmethod
+    def as_run(spec: Any, run: Previous | None) -> Any:
+        """``spec`` with the command line and environment of ``run`` (none: as it is)."""
+        return spec if run is None else replace(spec, argv=list(run.argv), env=dict(run.env))
 
     def register(self, copies: list[Instance]) -> str | None:
         """Put the ready copies in the load balancer; why not (None: done)."""

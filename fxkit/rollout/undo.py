@@ -1,6 +1,6 @@
 """``fxkit rollout undo [--to REVISION]``: the whole deployment back to an earlier revision, in
 batches, by the rollout's rules (drain and hooks, ``max_fail_percentage``, rollback of a failed
-batch).
+batch, and with ``--max-surge`` a copy on free GPUs that serves while the instance is replaced).
 
 Each instance starts again exactly as it ran on that revision: the run kept on its host when
 the revision was replaced or became ready (:func:`fxkit.rollout.rollback.keep`). Without
@@ -13,18 +13,19 @@ the next ``fxkit rollout`` brings it back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from fxkit.engine.record import Recorder
 from fxkit.engine.runner import RunOptions, interruptible
-from fxkit.errors import FxkitError, masked_errors
+from fxkit.errors import FxkitError, PlaybookError, masked_errors
 from fxkit.rollout import batches, folders, instances_of, planner, serving_hosts
 from fxkit.rollout.batches import Batches
 from fxkit.rollout.report import Hooks, Instance, InstanceStatus, Rollout
-from fxkit.rollout.rollback import load, restore
-from fxkit.rollout.state import HostHistory, InstanceState, gather, opened
+from fxkit.rollout.rollback import Previous, load, restore
+from fxkit.rollout.state import HostHistory, InstanceState, gather
+from fxkit.rollout.surge import Surge
 from fxkit.rollout.swap import Swap
 
 
@@ -32,30 +33,62 @@ from fxkit.rollout.swap import Swap
 class UndoBatches(Batches):
     """Batches that start each instance as its target revision ran, instead of a playbook."""
 
+    #: The run each changing instance of the batch returns to (by its key).
+    runs: dict[str, Previous] = field(default_factory=dict)
+
+    def batch(self, number: int, count: int, group: list[Instance], order: list[str]) -> str | None:
+        """Read the target's run of each changing instance first: one its host keeps no run
+        for fails, untouched (neither drained nor given a copy), and counts against
+        ``max_fail_percentage`` as any failure does."""
+        assert self.drain is not None
+        swap, rest = self.drain, []
+        for item in group:
+            if swap.changing(item):
+                ctx = swap.context(item.host)
+                state = swap.before[item.key]
+                run = load(ctx.conn, ctx.become, swap.folders[item.host], state.wanted, item.name)
+                if run is None:
+                    item.status = InstanceStatus.FAILED
+                    item.msg = f"{item.host} keeps no run of {state.wanted} for {item.name}"
+                    continue
+                self.runs[item.key] = run
+            rest.append(item)
+        stopped = super().batch(number, count, rest, order) if rest else None
+        if stopped or len(rest) == len(group):
+            return stopped
+        stopped = self.judge(number, count, group)
+        return stopped + self.undo(rest, False) if stopped else None
+
+    def start_copies(self, copies: list[Instance]) -> None:
+        """Start the surge copies as the target revision ran, and await them."""
+        assert self.surge is not None
+        for copy in copies:
+            spec = self.surge.specs[copy.unit]
+            self.restart(copy, Previous(spec.argv, spec.env))
+
     def step(self, number: int, count: int, group: list[Instance], order: list[str]) -> bool:
         assert self.drain is not None
         swap = self.drain
         self.recorder.note(f"batch {number}/{count}: {', '.join(i.key for i in group)}")
         for item in group:
-            state = swap.before[item.key]
-            if not swap.changing(item):
-                item.status, item.revision = InstanceStatus.UNCHANGED, state.running
-                continue
-            with opened(swap.runner, item.host, swap.hostvars[item.host]) as (conn, become):
-                run = load(conn, become, swap.folders[item.host], state.wanted, item.name)
-                if run is None:
-                    item.status = InstanceStatus.FAILED
-                    item.msg = f"{item.host} keeps no run of {state.wanted} for {item.name}"
-                    continue
-                done = restore(
-                    conn, become, item.unit, run, item.ready_url, item.served_name,
-                    swap.hooks.ready_timeout,
-                )  # fmt: skip
-            item.restarted = True
-            item.status = InstanceStatus.FAILED if done.failed else InstanceStatus.READY
-            item.msg = done.msg
-            item.time_to_ready_s = done.data.get("time_to_ready_s")
+            if swap.changing(item):
+                self.restart(item, self.runs[item.key])
+            else:
+                item.status, item.revision = InstanceStatus.UNCHANGED, swap.before[item.key].running
         return False
+
+    def restart(self, item: Instance, run: Previous) -> None:
+        """Start ``item`` as ``run`` ran and await it: its status, message and time to ready."""
+        assert self.drain is not None
+        ctx = self.drain.context(item.host)
+        done = restore(
+            ctx.conn, ctx.become, item.unit, run, item.ready_url, item.served_name,
+            self.drain.hooks.ready_timeout,
+        )  # fmt: skip
+        item.restarted = True
+        item.status = InstanceStatus.FAILED if done.failed else InstanceStatus.READY
+        item.msg = done.msg
+        item.time_to_ready_s = done.data.get("time_to_ready_s")
 
 
 def undo(
@@ -68,14 +101,21 @@ def undo(
     serial: list[int | str] | None = None,
     max_fail_percentage: float | None = None,
     hooks: Hooks | None = None,
+    max_surge: int = 0,
 ) -> Rollout:
     """Return every instance of the playbook's serving role to revision ``to`` (default: the
-    previous one), batch by batch (see the module's docstring)."""
+    previous one), batch by batch (see the module's docstring); with ``max_surge``, each
+    instance's target revision started beside it first, as :mod:`fxkit.rollout.surge` does."""
     book, hosts, runner = planner(playbook, inventory, options, recorder)
     with masked_errors(runner.recorder.redact):
         play, role, hostvars = serving_hosts(runner)
         instances = instances_of(role, hostvars.values())
         states, histories = gather(runner, role, hostvars)
+        if max_surge and not hasattr(role, "surge_copies"):
+            raise PlaybookError(
+                "--max-surge needs a serving role that defines surge_copies(v, specs)",
+                hint="roles/vllm_lmcache does; or leave out --max-surge",
+            )
     target = to or _previous(states, histories)
     before: dict[str, InstanceState] = {
         f"{s.host}/{s.name}": replace(s, wanted=target) for s in states
@@ -90,7 +130,10 @@ def undo(
         for item in group:
             item.batch, item.previous = number, before[item.key].running
     run = UndoBatches(book, hosts, options, recorder, limit or 0.0, role.SELECT)
-    run.drain = Swap(runner, hostvars, before, hooks or Hooks(), folders(role, hostvars))
+    hooks = hooks or Hooks()
+    run.drain = Swap(runner, hostvars, before, hooks, folders(role, hostvars))
+    if max_surge:
+        run.surge = Surge(runner, role, hostvars, before, hooks, max_surge, runs=run.runs)
     try:
         with interruptible():
             result.stopped = run.all(groups)
