@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rich.console import Console
 from fxkit.cli.play import (
     CONNECT_OPTIONS,
     TARGET_OPTIONS,
+    F,
     connect_options_from,
     options_from,
     run_options,
@@ -63,6 +65,13 @@ HOOK_OPTIONS = [
 ]
 
 
+def surge_option(text: str) -> Callable[[F], F]:
+    """``--max-surge N`` (default 0: no surge), with its help ``text``."""
+    return click.option(
+        "--max-surge", type=click.IntRange(min=0), default=0, show_default=True, help=text
+    )
+
+
 class RolloutGroup(click.Group):
     """``fxkit rollout [run] PLAYBOOK ...``: a first word that names no subcommand runs the
     rollout, as before there were subcommands."""
@@ -94,14 +103,10 @@ def rollout() -> None:
     help="At most this many instances of one host in a batch (replaced at once); a batch "
     "that would take more is cut into several. The fleet's limit is --serial.",
 )
-@click.option(
-    "--max-surge",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Per host, start this many of a batch's changing instances' new revisions beside the "
+@surge_option(
+    "Per host, start this many of a batch's changing instances' new revisions beside the "
     "old ones first, on GPUs the layout leaves free and ports after its own, and move traffic "
-    "to them (hooks) while the old ones are replaced; an instance with no room is drained first.",
+    "to them (hooks) while the old ones are replaced; an instance with no room is drained first."
 )
 @click.option(
     "--max-fail-percentage",
@@ -190,13 +195,9 @@ def _report(result: Rollout, report: Path | None) -> None:
 @click.argument("playbook", default="rollout")
 @click.option("--to", "to", metavar="REVISION", help="The revision (default: the previous one).")
 @click.option("--serial", metavar="N[,N]", help="Instances per batch, as for the rollout.")
-@click.option(
-    "--max-surge",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Per host, start this many of a batch's instances on the earlier revision beside "
-    "them first, as for the rollout; an instance with no room is drained first.",
+@surge_option(
+    "Per host, start this many of a batch's instances on the earlier revision beside them "
+    "first, as for the rollout; an instance with no room is drained first."
 )
 @click.option(
     "--max-fail-percentage",
