@@ -311,11 +311,18 @@ def _caller() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "role"
 
 
+@functools.lru_cache(maxsize=1024)
+def _signature(op: Callable[..., Result]) -> inspect.Signature:
+    """``op``'s signature, read once (inspect reads it anew at every call: a role makes many;
+    bounded, as a role may pass a new callable each time)."""
+    return inspect.signature(op)
+
+
 def _check_arguments(
     name: str, op: Operation, ctx: OpContext, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     """A wrong argument in a role is the role's mistake: say which, at the role's line."""
-    signature = inspect.signature(op)
+    signature = _signature(op)
     params = list(signature.parameters)[1:]  # after ctx
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     unknown = [k for k in kwargs if k not in params and not takes_any]
@@ -346,10 +353,10 @@ class operation(Generic[P]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    @property
+    @functools.cached_property
     def signature(self) -> inspect.Signature:
         """The method's signature: the operation's, without ``ctx``."""
-        full = inspect.signature(self.op)
+        full = _signature(self.op)
         return full.replace(parameters=list(full.parameters.values())[1:])
 
     @overload
@@ -458,6 +465,8 @@ class Host:
     if not TYPE_CHECKING:  # a type checker reports a misspelt operation itself
 
         def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):  # a protocol probed (copy.copy asks for __setstate__)
+                raise AttributeError(name)
             known = list(type(self).operations())
             close = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean host.{close[0]}?)" if close else ""
