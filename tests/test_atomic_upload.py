@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sync_helpers import stopped, when
 
-from fxkit.connection.atomic import TEMP_MARK
+from fxkit.connection.atomic import OPENSSL_FROM, TEMP_MARK
 from fxkit.connection.base import buffers
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import FxkitError
@@ -75,8 +75,15 @@ def test_content_without_its_whole_sha256_line_is_not_installed(tmp_path: Path, 
     assert target.read_bytes() == b"old content\n" and _temps(tmp_path) == []
 
 
+#: Content hashed on the host by coreutils, and by openssl where installed (OPENSSL_FROM).
+SIZES = pytest.mark.parametrize(
+    "content", [b"new content", b"n" * (OPENSSL_FROM + 5)], ids=["small", "openssl-sized"]
+)
+
+
+@SIZES
 @pytest.mark.parametrize("where", [0, 10, -2], ids=["content", "content-end", "sha256-line"])
-def test_corrupted_content_is_not_installed(tmp_path: Path, where: int) -> None:
+def test_corrupted_content_is_not_installed(tmp_path: Path, where: int, content: bytes) -> None:
     class Corrupting(LocalConnection):
         def execute(self, command, *, become, timeout, stdin):  # type: ignore[no-untyped-def]
             flipped = bytearray(b"".join(buffers(stdin)))
@@ -86,8 +93,10 @@ def test_corrupted_content_is_not_installed(tmp_path: Path, where: int) -> None:
     target = tmp_path / "f"
     target.write_bytes(b"old")
     with pytest.raises(FxkitError, match="corrupted"):
-        Corrupting("localhost").put(str(target), b"new content")
+        Corrupting("localhost").put(str(target), content)
     assert target.read_bytes() == b"old" and _temps(tmp_path) == []
+    LocalConnection("localhost").put(str(target), content)
+    assert target.read_bytes() == content and _temps(tmp_path) == []
 
 
 def test_temp_files_of_dead_writers_are_removed_by_the_next_write(tmp_path: Path) -> None:
