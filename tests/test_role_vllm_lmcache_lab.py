@@ -258,3 +258,5 @@ def test_lmcache_from_a_pinned_commit_is_built_for_hip_once(converged: dict[str,
         assert sh(conn, f"test -x {first}/bin/fxkit && echo kept").strip() == "kept"
         again = play_role(fleet, converged["folder"], "vllm_lmcache", "lab01", variables)
         assert again.code == 0 and events_of(again, "lab01", "changed") == []
+        # The fleet is shared with the rollout tests: a third venv would not fit its tmpfs.
+        sh(conn, f"rm -rf {venv}")

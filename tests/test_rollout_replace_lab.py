@@ -142,6 +142,7 @@ def serving(lab: dict[str, Any], inv: Path) -> dict[str, dict[str, Any]]:
 def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
     before = serving(lab, variant(lab, "base.yml"))
     [r1] = {s["running"] for s in before.values()}
+    new_venv = ""
     try:
         # An upgrade without surge: one instance at a time, deregistered and drained first. The
         # new revision has another package: its own venv, made while the old one serves.
@@ -245,6 +246,9 @@ def test_replace_without_surge_rollback_and_ctrl_c(lab: dict[str, Any]) -> None:
         assert all(s["health"] == "ready" and s["pid"] for s in ended.values()), ended
     finally:
         traffic = stop_traffic(lab)
+        for host in HOSTS if new_venv else ():  # no instance runs from it now; the fleet is
+            with lab["fleet"].connect(host) as conn:  # shared, and a third venv would not fit
+                conn.run(f"rm -rf {new_venv}")
     for host, counts in traffic.items():
         assert counts["sent"] > 100, (host, counts)
         assert counts["failed"] == 0, (host, counts["failures"])
