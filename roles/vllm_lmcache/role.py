@@ -956,13 +956,14 @@ def environment(host: Host, v: Vars) -> None:
 def link_current(ctx: OpContext, link: str, target: str) -> Result:
     """:func:`fxkit.ops.files.link`, except over the venv an fxkit before revisions' venvs
     made at ``link`` (a folder, its instances may still run from it): left as it is."""
-    if ctx.fresh(FileStat, link).type == "directory":
+    done = make_link(ctx, link, target)
+    if done.failed and ctx.fresh(FileStat, link).type == "directory":  # (a stat on failure only)
         return skipped(
             f"{link} is the venv of an earlier fxkit, left as it is (instances may run from it); "
             f"this revision's is {target}: remove {link} once none runs from it, and the next "
             "run links it"
         )
-    return make_link(ctx, link, target)
+    return done
 
 
 def lmcache_from_git(host: Host, v: Vars, constrained: list[str]) -> None:
@@ -1243,7 +1244,7 @@ def prune(ctx: OpContext, rev: RevisionPlan, venvs: str) -> Result:
     if not done.ok:
         return failed(f"cannot prune {rev.folder}: {done.stderr.strip()[-300:]}")
     removed = done.stdout.split()
-    stale = unused_venvs(ctx, rev.folder, venvs)
+    stale = unused_venvs(ctx, rev.folder, venvs) if removed else []  # (else none became unused)
     if stale:
         gone = ctx.read("rm -rf -- " + " ".join(quote(path) for path in stale))
         if not gone.ok:
