@@ -8,6 +8,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ from fxkit.facts import (
     VenvPackages,
 )
 from fxkit.facts.kernel import sysctl_path
-from fxkit.facts.system import OsInfo
+from fxkit.facts.system import OsInfo, SessionMemory
 
 
 @pytest.fixture
@@ -74,6 +75,50 @@ def test_kernel_cpu_memory(facts: FactCache) -> None:
     memory = facts.get(Memory)
     total_kb = int(re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)[1])
     assert memory.total == total_kb * 1024 and 0 < memory.available <= memory.total
+
+
+def test_session_memory_sums_a_session_and_leaves_out_the_others(facts: FactCache) -> None:
+    # A session of two processes (a shell and its child), each holding 64 MiB it wrote: the
+    # fact's sum against each one's RssAnon read here; this test's own session left out.
+    hold = "b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(60)"
+    code = f"python3 -c {hold!r} & python3 -c {hold!r}; wait"
+    leader = subprocess.Popen(["setsid", "sh", "-c", code])
+    try:
+        for _ in range(100):
+            members = [
+                p for p in Path("/proc").glob("[0-9]*")
+                if _field(p / "stat", 3) == str(leader.pid) and _rss_anon(p) >= 64 << 20
+            ]  # fmt: skip
+            if len(members) == 2:
+                break
+            time.sleep(0.1)
+        held = facts.get(SessionMemory, leader.pid, os.getsid(0))
+        expected = sum(_rss_anon(p) for p in Path("/proc").glob("[0-9]*")
+                       if _field(p / "stat", 3) == str(leader.pid))  # fmt: skip
+        assert len(members) == 2
+        # (the shell's few pages may move between the two reads)
+        assert abs(held[leader.pid] - expected) < 1 << 20 and held[leader.pid] >= 128 << 20
+        assert os.getsid(0) in held  # this session is one too
+        assert facts.get(SessionMemory, 2**22 + 7) == {}  # no such session
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()
+
+
+def _field(stat: Path, index: int) -> str:
+    """Field ``index`` after the command of /proc/PID/stat (0: the state); "" once gone."""
+    try:
+        return stat.read_text().rpartition(") ")[2].split()[index]
+    except (OSError, IndexError):
+        return ""
+
+
+def _rss_anon(proc: Path) -> int:
+    try:
+        found = re.search(r"^RssAnon:\s+(\d+) kB", (proc / "status").read_text(), re.M)
+    except OSError:
+        return 0
+    return int(found[1]) * 1024 if found else 0
 
 
 def test_mounts_and_escapes(facts: FactCache) -> None:

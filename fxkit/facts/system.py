@@ -120,6 +120,39 @@ class Memory(Fact[MemoryInfo]):
         return MemoryInfo(fields)
 
 
+#: "PID SID" of each line of /proc/PID/stat whose session (the 4th field after the command's
+#: ")", proc(5)) is one of those in ``w`` (space-separated, a space at each end).
+_IN_SESSIONS = r'{p = $1; sub(/.*\) /, ""); if (index(w, " " $4 " ")) print p, $4}'
+
+
+class SessionMemory(Fact[dict[int, int]]):
+    """The resident anonymous memory (bytes) of the processes of each session given by its
+    leader's PID (a service's whole process tree: systemd and a direct start both make each
+    instance a session of its own): the sum of ``RssAnon`` in their ``/proc/PID/status``
+    (proc(5)). A session with no process (or a kernel without ``RssAnon``, before 4.5) is left
+    out; a host without awk fails the fact. Memory a driver maps into a process (pinned GPU
+    host buffers) may not count in it."""
+
+    def command(self, *sessions: int) -> str:
+        want = " ".join(str(int(s)) for s in sessions)
+        select = f"awk -v w={shlex.quote(f' {want} ')} {shlex.quote(_IN_SESSIONS)}"
+        return (
+            f"command -v awk >/dev/null && cat /proc/[0-9]*/stat 2>/dev/null | {select} | "
+            "while read -r p s; do r=$(grep -s '^RssAnon:' /proc/$p/status) || continue; "
+            'echo "$s $r"; done'
+        )
+
+    def parse(self, result: RunResult, *sessions: int) -> dict[int, int]:
+        if not result.ok:
+            raise FactError.from_result("session memory", result)
+        found: dict[int, int] = {}
+        for line in result.stdout.splitlines():
+            words = line.replace(":", " ").split()  # SID RssAnon: N kB
+            if len(words) == 4 and words[0].isdigit() and words[2].isdigit():
+                found[int(words[0])] = found.get(int(words[0]), 0) + int(words[2]) * 1024
+        return found
+
+
 @dataclass(frozen=True)
 class Mount:
     device: str
