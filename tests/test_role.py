@@ -204,6 +204,22 @@ def test_own_operations_run_through_call(host_api, tmp_path: Path) -> None:
     assert host.events()[-1]["operation"] == f"stamp {tmp_path}/s"
 
 
+def test_a_method_of_an_unhashable_object_runs_through_call(host_api, tmp_path: Path) -> None:
+    class Stamper:
+        """Defines __eq__ without __hash__: its bound methods are unhashable."""
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Stamper)
+
+        def stamp(self, ctx: OpContext, path: str) -> Result:
+            return ctx.change(f"touch {path}", would=f"stamp {path}", done=f"stamped {path}")
+
+    host = host_api()
+    assert host.call(Stamper().stamp, f"{tmp_path}/s").changed and (tmp_path / "s").exists()
+    with pytest.raises(PlaybookError, match="unexpected argument 'nope'"):
+        host.call(Stamper().stamp, f"{tmp_path}/s", nope=1)
+
+
 def test_a_task_keyword_passed_as_an_argument_is_refused_at_the_role_s_line(host_api) -> None:
     with pytest.raises(PlaybookError, match=r"unexpected argument 'ignore_errors'") as err:
         host_api().command("true", ignore_errors=True)  # type: ignore[call-arg]

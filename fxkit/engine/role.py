@@ -312,10 +312,18 @@ def _caller() -> str:
 
 
 @functools.lru_cache(maxsize=1024)
+def _cached_signature(op: Callable[..., Result]) -> inspect.Signature:
+    return inspect.signature(op)
+
+
 def _signature(op: Callable[..., Result]) -> inspect.Signature:
     """``op``'s signature, read once (inspect reads it anew at every call: a role makes many;
-    bounded, as a role may pass a new callable each time)."""
-    return inspect.signature(op)
+    bounded, as a role may pass a new callable each time); an unhashable callable (a method of
+    an unhashable object) is read each time."""
+    try:
+        return _cached_signature(op)
+    except TypeError:
+        return inspect.signature(op)
 
 
 def _check_arguments(
