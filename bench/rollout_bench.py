@@ -335,6 +335,7 @@ def main() -> None:
                 "balancer_not_serving_s": out_of_rotation.get(backend(i)),
                 "register_hook_s": i["register_s"],
                 "surge": i.get("surge", ""),
+                "no_surge": i.get("no_surge", ""),
             }
             for i in report["instances"]
         },

@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from test_runner import write
 
+from fxkit.cli import cli
 from fxkit.engine.playbook import Playbook
 from fxkit.engine.record import HostResult, Outcome, PlaybookResult, Recorder, TaskResult
 from fxkit.engine.role import RoleLoader
@@ -200,3 +202,20 @@ def test_a_node_limit_cuts_a_batch_that_takes_too_many_of_one_host(tmp_path: Pat
     assert per_node == [["h1/i0", "h2/i0"], ["h1/i1", "h2/i1"], ["h1/i2", "h2/i2"]]
     canary = [[i.key for i in g] for g in batches(play, instances, True, per_node=1)]
     assert canary == [["h1/i0"], ["h2/i0", "h1/i1"], ["h2/i1", "h1/i2"], ["h2/i2"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--surge-memory-reserve", "nan", "--max-surge", "1"], "not a number of GiB"),
+        (["--surge-memory-reserve", "inf", "--max-surge", "1"], "is not in the range"),
+        (["--surge-memory-reserve", "5"], "--surge-memory-reserve needs --max-surge N"),
+        (["undo", "--surge-memory-reserve", "5"], "--surge-memory-reserve needs --max-surge N"),
+    ],
+)
+def test_a_surge_memory_reserve_is_a_number_and_needs_surge(
+    tmp_path: Path, args: list[str], error: str
+) -> None:
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    h1:\n")
+    result = CliRunner().invoke(cli, ["rollout", *args, "-i", str(tmp_path / "hosts.yml")])
+    assert result.exit_code == 2 and error in result.output, result.output

@@ -1,11 +1,15 @@
 """Surge copies of roles/vllm_lmcache without a lab host: where they go (GPUs the layout leaves
 free, ports after the layout's), what they run (the instance's command line and environment with
-their own port and GPUs), and an instance with no room getting none. The rollout with copies on
-lab hosts: tests/test_rollout_surge_lab.py."""
+their own port and GPUs), an instance with no room getting none, and the memory a copy declares.
+The rollout with copies on lab hosts: tests/test_rollout_surge_lab.py."""
 
 from __future__ import annotations
 
 from test_role_vllm_lmcache import CODE, host_vars, wheel  # noqa: F401 (the module's fixture)
+
+from fxkit.rollout.report import Hooks, Instance
+from fxkit.rollout.state import InstanceState
+from fxkit.rollout.surge import Surge
 
 
 def test_a_copy_takes_free_gpus_and_the_next_port(wheel: str) -> None:  # noqa: F811
@@ -27,9 +31,83 @@ def test_a_copy_takes_free_gpus_and_the_next_port(wheel: str) -> None:  # noqa: 
 def test_copies_share_the_free_gpus_until_none_are_left(wheel: str) -> None:  # noqa: F811
     v = host_vars(wheel, vllm_lmcache_layout=[[0], [1], [2]], vllm_lmcache_gpus=5)
     found = CODE.surge_copies(v, CODE.instance_specs(v))  # type: ignore[union-attr]
-    assert [(c.name, c.gpus, c.port) for c in found] == [
+    assert [(c.name, c.gpus, c.port) if c else None for c in found] == [
         ("tp1-0-surge", (3,), 8003),
         ("tp1-1-surge", (4,), 8004),
-    ]  # tp1-2: no GPU left, no copy
+        None,  # tp1-2: no GPU left, no copy
+    ]
     full = host_vars(wheel, vllm_lmcache_layout="TP4x2")  # 8 GPUs, all in the layout
-    assert CODE.surge_copies(full, CODE.instance_specs(full)) == []  # type: ignore[union-attr]
+    assert CODE.surge_copies(full, CODE.instance_specs(full)) == [None, None]  # type: ignore[union-attr]
+
+
+def test_a_larger_instance_without_room_leaves_its_gpus_to_a_smaller_one(wheel: str) -> None:  # noqa: F811
+    v = host_vars(wheel, vllm_lmcache_layout=[[0, 1, 2, 3], [4]], vllm_lmcache_gpus=7)
+    big, small = CODE.instance_specs(v)  # type: ignore[union-attr]
+    none, copy = CODE.surge_copies(v, [big, small])  # type: ignore[union-attr]
+    assert none is None and (copy.name, copy.gpus, copy.port) == ("tp1-1-surge", (5,), 8002)
+
+
+def test_a_copy_declares_lmcache_s_cpu_buffer(wheel: str) -> None:  # noqa: F811
+    # LMCache 0.5.6 allocates max_local_cpu_size GiB whole per GPU worker at start
+    # (lmcache/v1/storage_backend/local_cpu_backend.py, LocalCPUBackend.initialize_allocator;
+    # the wheel's source, pip download lmcache==0.5.6 --no-deps).
+    v = host_vars(wheel, vllm_lmcache_layout=[[0, 1], [2]], vllm_lmcache_max_local_cpu_size=1.5)
+    two, one = CODE.instance_specs(v)  # type: ignore[union-attr]
+    assert CODE.surge_memory(v, two) == 3 * 2**30  # type: ignore[union-attr]
+    assert CODE.surge_memory(v, one) == int(1.5 * 2**30)  # type: ignore[union-attr]
+    # local_cpu off still allocates it (lmcache/v1/storage_backend/__init__.py: "always
+    # created because other backends might need it as a buffer"), unless its size is 0.
+    off = host_vars(wheel, vllm_lmcache_local_cpu=False, vllm_lmcache_layout="TP4x2")
+    assert CODE.surge_memory(off, CODE.instance_specs(off)[0]) == 4 * 5 * 2**30  # type: ignore[union-attr]
+    for bare in (
+        host_vars(wheel, vllm_lmcache_max_local_cpu_size=0),
+        host_vars(wheel, vllm_lmcache_kv_connector=None),
+        host_vars(wheel, vllm_lmcache_server="serve-probe", vllm_lmcache_vllm_version=False,
+                  vllm_lmcache_torch_version="2.13.0+cpu"),
+    ):  # fmt: skip
+        assert CODE.surge_memory(bare, CODE.instance_specs(bare)[0]) == 0  # type: ignore[union-attr]
+
+
+class _Read(Surge):
+    """A Surge whose hosts' memory figures are given (the reading itself: SessionMemory's test
+    in tests/test_facts.py and tests/test_rollout_surge_lab.py)."""
+
+    figures: tuple[dict[int, int], int] = ({}, 0)
+
+    def memory(self, host: str, items: list[Instance]) -> tuple[dict[int, int], int]:
+        return self.figures
+
+
+def test_copies_are_accepted_by_gpus_then_the_node_limit_then_memory(wheel: str) -> None:  # noqa: F811
+    v = host_vars(wheel, vllm_lmcache_layout=[[0], [1], [2], [3]], vllm_lmcache_gpus=7,
+                  vllm_lmcache_kv_connector=None)  # fmt: skip
+    specs = CODE.instance_specs(v)  # type: ignore[union-attr]
+    items = [Instance("gpu01", s.name, s.unit, list(s.gpus), s.port, s.served_name) for s in specs]
+    before = {i.key: InstanceState("gpu01", i.name, i.unit, i.port, 100 + n, "r-a", "r-b", "ready")
+              for n, i in enumerate(items)}  # fmt: skip
+    surge = _Read(None, CODE, {}, before, Hooks(), per_node=2)  # type: ignore[arg-type]
+    copies = CODE.surge_copies(v, specs)  # type: ignore[union-attr]
+    assert [c.name if c else None for c in copies] == [
+        "tp1-0-surge", "tp1-1-surge", "tp1-2-surge", None
+    ]  # fmt: skip
+    gib = 2**30
+    # tp1-0 does not fit in memory (5 GiB of 4), tp1-1 and tp1-2 fit (1 + 1 GiB): both taken,
+    # the node's limit of 2 counting accepted copies only; tp1-3 has no GPU.
+    surge.figures = ({100: 5 * gib, 101: gib, 102: gib, 103: gib}, 4 * gib)
+    reasons = surge.room("gpu01", v, items, copies)
+    assert reasons[0].startswith("no room in gpu01's memory: its copy needs 5.00 GiB"), reasons
+    assert reasons[1:3] == ["", ""] and reasons[3].startswith("no free GPUs"), reasons
+    # The limit: a third copy that fits is refused for it.
+    surge.figures = ({100: gib, 101: gib, 102: gib}, 10 * gib)
+    assert surge.room("gpu01", v, items[:3], copies[:3])[2].endswith("(--max-surge)")
+    # What an instance holds was not read: no copy for it.
+    surge.figures = ({101: gib}, 10 * gib)
+    reasons = surge.room("gpu01", v, items[:2], copies[:2])
+    assert reasons[0].startswith("what it holds in memory could not be read") and reasons[1] == ""
+    # LMCache's buffer (the role's surge_memory) counts on top of what the instance holds.
+    lm = host_vars(wheel, vllm_lmcache_layout=[[0]], vllm_lmcache_gpus=2,
+                   vllm_lmcache_max_local_cpu_size=2)  # fmt: skip
+    one = CODE.instance_specs(lm)  # type: ignore[union-attr]
+    surge.figures = ({100: gib}, int(2.5 * gib))
+    [why] = surge.room("gpu01", lm, items[:1], CODE.surge_copies(lm, one))  # type: ignore[union-attr]
+    assert why.startswith("no room in gpu01's memory: its copy needs 3.00 GiB"), why

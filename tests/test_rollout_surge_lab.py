@@ -9,11 +9,13 @@ replaced in its slot, retired after; lab02's instances fall back to draining fir
 the PIDs, revisions and ports of the instances, the copies gone afterwards (no record, no
 environment file, nothing on port 8002), and the client's 0 failed requests. Then ``fxkit
 rollout undo --max-surge 1``: the same, back to the first revision, each copy started as that
-revision ran.
+revision ran. Last, surge with a memory reserve larger than the nodes have: no copy, each
+instance drained first, the report saying why.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from shlex import quote
 from typing import Any
@@ -114,6 +116,25 @@ def test_upgrade_with_surge_and_fallback(lab: dict[str, Any]) -> None:
         assert {k: s["pid"] for k, s in status(lab, new).items()} == {
             k: s["pid"] for k, s in undone.items()
         }
+
+        # A node keeps a memory reserve larger than it has: lab01's instances get no copy and
+        # are drained first, and the report says why (lab02's: no free GPUs), with what the
+        # instance holds (its processes' RssAnon, read on the host) as the copy's need.
+        code, out, report = run_rollout(
+            lab, new, "--serial", "2", "--max-surge", "1", "--surge-memory-reserve", "100000"
+        )
+        assert code == 0, out
+        found = rows(report)
+        assert {r["status"] for r in found.values()} == {"ready"}, out
+        assert {r["surge"] for r in found.values()} == {""}, found
+        assert all(r["drained"] for r in found.values()), found
+        for name in ("tp4-0", "tp4-1"):
+            why = found[f"lab01/{name}"]["no_surge"]
+            need = re.match(r"no room in lab01's memory: its copy needs ([0-9.]+) GiB", why)
+            assert need and float(need[1]) > 0 and "reserve of 100000.00 GiB" in why, why
+            assert found[f"lab02/{name}"]["no_surge"].startswith("no free GPUs"), found
+        assert "no surge copy for lab01/tp4-0: no room in lab01's memory" in out, out
+        assert {s["running"] for s in status(lab, new).values()} == {r2}
     finally:
         traffic = stop_traffic(lab)
     for host, counts in traffic.items():

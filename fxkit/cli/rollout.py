@@ -66,10 +66,39 @@ HOOK_OPTIONS = [
 
 
 def surge_option(text: str) -> Callable[[F], F]:
-    """``--max-surge N`` (default 0: no surge), with its help ``text``."""
-    return click.option(
-        "--max-surge", type=click.IntRange(min=0), default=0, show_default=True, help=text
+    """``--max-surge N`` (default 0: no surge), with its help ``text``, and
+    ``--surge-memory-reserve GIB``."""
+    return with_options(
+        [
+            click.option(
+                "--max-surge", type=click.IntRange(min=0), default=0, show_default=True, help=text
+            ),
+            click.option(
+                "--surge-memory-reserve",
+                metavar="GIB",
+                type=click.FloatRange(min=0, max=2**30),  # (nan passes a range: see _reserve)
+                callback=_reserve,
+                default=0.0,
+                show_default=True,
+                help="Memory each node keeps available beside its surge copies: a copy starts "
+                "only where the node's MemAvailable less this holds what its instance's "
+                "processes hold now; else the instance is drained first.",
+            ),
+        ]
     )
+
+
+def _reserve(ctx: click.Context, param: click.Parameter, gib: float) -> int:
+    """``--surge-memory-reserve`` in bytes (nan refused)."""
+    if gib != gib:
+        raise click.BadParameter("not a number of GiB", ctx, param)
+    return int(gib * 2**30)
+
+
+def _no_lone_reserve(max_surge: int, reserve: int) -> None:
+    """A reserve without surge would be ignored: say so."""
+    if reserve and not max_surge:
+        raise click.UsageError("--surge-memory-reserve needs --max-surge N (N > 0)")
 
 
 class RolloutGroup(click.Group):
@@ -126,6 +155,7 @@ def run(
     canary: bool,
     max_unavailable_per_node: int | None,
     max_surge: int,
+    surge_memory_reserve: int,
     max_fail_percentage: float | None,
     deregister_hook: str | None,
     register_hook: str | None,
@@ -147,6 +177,7 @@ def run(
     Exit code: 0 when every instance it acted on is ready, 1 when one failed or the rollout
     stopped, 2 for a mistake in the command line or the files, 130 when interrupted.
     """
+    _no_lone_reserve(max_surge, surge_memory_reserve)
     hooks = _hooks(deregister_hook, register_hook, drain_timeout, smoke_prompt)
     options, recorder, log = options_from(params)
     batches = _serial(serial) if serial else None
@@ -162,6 +193,7 @@ def run(
             hooks=hooks,
             max_unavailable_per_node=max_unavailable_per_node,
             max_surge=max_surge,
+            surge_memory_reserve=surge_memory_reserve,
         )
     finally:
         if log:
@@ -214,6 +246,7 @@ def undo(
     to: str | None,
     serial: str | None,
     max_surge: int,
+    surge_memory_reserve: int,
     max_fail_percentage: float | None,
     deregister_hook: str | None,
     register_hook: str | None,
@@ -238,6 +271,7 @@ def undo(
         raise click.UsageError(
             "undo has no check mode: fxkit rollout history shows what it would do"
         )
+    _no_lone_reserve(max_surge, surge_memory_reserve)
     options, recorder, log = options_from(params)
     try:
         result = run_undo(
@@ -250,6 +284,7 @@ def undo(
             max_fail_percentage=max_fail_percentage,
             hooks=_hooks(deregister_hook, register_hook, drain_timeout, smoke_prompt),
             max_surge=max_surge,
+            surge_memory_reserve=surge_memory_reserve,
         )
     finally:
         if log:

@@ -164,6 +164,7 @@ def rollout(
     hooks: Hooks | None = None,
     max_unavailable_per_node: int | None = None,
     max_surge: int = 0,
+    surge_memory_reserve: int = 0,
 ) -> Rollout:
     """Roll the playbook's instances out (see :mod:`fxkit.rollout`). Each batch's run records
     with a :meth:`~Recorder.fresh` copy of ``recorder``: its listeners show and log it (see
@@ -204,7 +205,7 @@ def rollout(
     if switches and not options.check:  # check mode: the batch's whole run shows what changes
         run.prepare, run.drain.role = str(role.PREPARE), role  # type: ignore[attr-defined]
     if max_surge:
-        run.surge = Surge(runner, role, hostvars, before, hooks, max_surge)
+        run.surge = Surge(runner, role, hostvars, before, hooks, max_surge, surge_memory_reserve)
     try:
         with interruptible():
             result.stopped = run.all(groups)

@@ -129,6 +129,10 @@ class Batches:
         are left), and why the rollout stopped (None: it goes on)."""
         assert self.surge is not None and self.drain is not None
         copies = self.surge.plan(group)
+        for item in group:
+            if item.no_surge:
+                self.recorder.note(f"batch {number}/{count}: no surge copy for {item.key}: "
+                                   f"{item.no_surge}; it is drained first")  # fmt: skip
         if not copies:
             return group, None
         self.recorder.note(f"batch {number}/{count}: surge copies {_names(copies)}")

@@ -59,6 +59,9 @@ class Instance:
     register_s: float | None = None
     #: Its surge copy while it was replaced ("": none, it was drained first): name, port, GPUs.
     surge: str = ""
+    #: Why it had no surge copy though surge was on: no free GPUs, no room in memory, the
+    #: node's copies at their limit ("": it had one, or surge was off, or it did not change).
+    no_surge: str = ""
 
     @property
     def key(self) -> str:

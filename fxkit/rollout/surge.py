@@ -11,9 +11,14 @@ fleet ends on its layout; once that is ready and registered, the copy is deregis
 and stopped, and its GPUs are free for the next batch. The instance is served all along: by the
 old one, by both, by the copy, by both again, by the new one.
 
-An instance with no room falls back to draining first (max unavailable). A copy that does not
-become ready fails its instance: the copy is stopped, the old instance was never touched and
-serves on, and the rollout stops as for any failed batch.
+A copy needs memory too: what its instance's processes hold now (resident anonymous memory,
+:class:`fxkit.facts.system.SessionMemory`) plus what the role's ``surge_memory(v, spec)`` says
+its variables take (LMCache's CPU buffer, allocated whole at start, which a GPU driver's
+mapping may hide from the first), must fit in the node's ``MemAvailable`` less the reserve
+(``--surge-memory-reserve``), the copies accepted before it counted. An instance with no room
+(GPUs or memory) falls back to draining first (max unavailable), and the report says why
+(``no_surge``). A copy that does not become ready fails its instance: the copy is stopped, the
+old instance was never touched and serves on, and the rollout stops as for any failed batch.
 
 ``fxkit rollout undo --max-surge N`` starts its copies as the target revision ran (``runs``:
 the kept run of each instance, :mod:`fxkit.rollout.undo`), on the copy's GPUs and port.
@@ -29,7 +34,8 @@ from fxkit.engine.rolevars import RoleVars
 from fxkit.engine.runner import Runner
 from fxkit.engine.serving import ServingRole
 from fxkit.engine.variables import HostVars
-from fxkit.facts.base import FactCache
+from fxkit.facts.base import FactCache, FactError
+from fxkit.facts.system import Memory, SessionMemory
 from fxkit.ops.base import OpContext
 from fxkit.ops.instances import instance
 from fxkit.rollout.drain import metrics_url, wait_drained
@@ -50,6 +56,8 @@ class Surge:
     hooks: Hooks
     #: Copies that may run at once per node.
     per_node: int
+    #: Bytes of memory each node keeps available beside its copies.
+    reserve: int = 0
     #: Each instance's copy (by the instance's key), while it runs.
     copies: dict[str, Instance] = field(default_factory=dict)
     #: Each copy's spec (by its unit): its command line, environment and environment file.
@@ -60,16 +68,21 @@ class Surge:
 
     def plan(self, group: list[Instance]) -> list[Instance]:
         """The copies the group's changing instances get (as :class:`Instance`, ``batch``
-        and ``previous`` those of the instance they stand beside)."""
+        and ``previous`` those of the instance they stand beside); each instance that gets
+        none is told why (``no_surge``)."""
         changing = [i for i in group if _changing(self.before.get(i.key))]
         planned = []
         for host in dict.fromkeys(i.host for i in changing):
             v = self.role.Vars.of(self.hostvars[host])
             by_name = {s.name: s for s in self.role.instance_specs(v)}
-            mine = [i for i in changing if i.host == host][: self.per_node]
+            mine = [i for i in changing if i.host == host]
             specs = [self.as_run(by_name[i.name], self.runs.get(i.key)) for i in mine]
             fitting = self.role.surge_copies(v, specs)  # type: ignore[attr-defined]
-            for item, spec in zip(mine, fitting, strict=False):
+            reasons = self.room(host, v, mine, fitting)
+            for item, spec, why in zip(mine, fitting, reasons, strict=True):
+                if why:
+                    item.no_surge = why
+                    continue
                 copy = replace(
                     item, name=spec.name, unit=spec.unit, gpus=list(spec.gpus), port=spec.port,
                     ready_url=spec.ready_url, status=InstanceStatus.NOT_RUN, msg="",
@@ -79,6 +92,56 @@ class Surge:
                 planned.append(copy)
                 self.copies[item.key] = copy
         return planned
+
+    def room(self, host: str, v: RoleVars, items: list[Instance], copies: list[Any]) -> list[str]:
+        """Why each of ``items`` gets no copy on ``host``, in order ("": it gets ``copies``'
+        one): no free GPUs (no copy), the node's copies at ``per_node``, or no room in memory.
+        A copy needs what its instance's processes hold now plus what the role's
+        ``surge_memory(v, spec)`` says its variables take (buffers a driver maps may not show
+        in what they hold), out of the node's MemAvailable less the reserve and the copies
+        accepted before it. Where what an instance holds cannot be read, it gets no copy."""
+        declared = getattr(self.role, "surge_memory", None)
+        held, left = self.memory(host, [i for i, c in zip(items, copies, strict=True) if c])
+        reasons, accepted = [], 0
+        for item, copy in zip(items, copies, strict=True):
+            pid = self.before[item.key].pid
+            if copy is None:
+                reasons.append(f"no free GPUs for it on {host} beside the layout")
+            elif accepted == self.per_node:
+                reasons.append(f"{host} runs {self.per_node} copies at once at most (--max-surge)")
+            elif pid not in held:
+                reasons.append(
+                    f"what it holds in memory could not be read on {host} (/proc/{pid}/status)"
+                )
+            else:
+                need = held[pid] + (declared(v, copy) if declared else 0)
+                if need > left:
+                    reasons.append(
+                        f"no room in {host}'s memory: its copy needs {_gib(need)} (what the "
+                        f"instance holds and its buffers), {_gib(max(left, 0))} is available "
+                        f"(MemAvailable less the reserve of {_gib(self.reserve)} and the copies "
+                        "before it)"
+                    )
+                    continue
+                left -= need
+                accepted += 1
+                reasons.append("")
+        return reasons
+
+    def memory(self, host: str, items: list[Instance]) -> tuple[dict[int, int], int]:
+        """What the sessions of ``items``' instances hold on ``host`` (by PID), and the node's
+        MemAvailable less the reserve (nothing read when there are none; nothing held when
+        the host cannot say)."""
+        if not items:
+            return {}, 0
+        with opened(self.runner, host, self.hostvars[host]) as (conn, become):
+            facts = FactCache(conn)
+            try:
+                left = facts.get(Memory, become=become).available - self.reserve
+                pids = [self.before[i.key].pid for i in items]
+                return facts.get(SessionMemory, *pids, become=become), left
+            except FactError:
+                return {}, 0
 
     @staticmethod
     def as_run(spec: Any, run: Previous | None) -> Any:
@@ -131,6 +194,10 @@ class Surge:
 
     def running(self) -> list[Instance]:
         return list(self.copies.values())
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
 
 
 def _changing(state: InstanceState | None) -> bool:

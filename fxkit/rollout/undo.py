@@ -102,6 +102,7 @@ def undo(
     max_fail_percentage: float | None = None,
     hooks: Hooks | None = None,
     max_surge: int = 0,
+    surge_memory_reserve: int = 0,
 ) -> Rollout:
     """Return every instance of the playbook's serving role to revision ``to`` (default: the
     previous one), batch by batch (see the module's docstring); with ``max_surge``, each
@@ -133,7 +134,9 @@ def undo(
     hooks = hooks or Hooks()
     run.drain = Swap(runner, hostvars, before, hooks, folders(role, hostvars))
     if max_surge:
-        run.surge = Surge(runner, role, hostvars, before, hooks, max_surge, runs=run.runs)
+        run.surge = Surge(
+            runner, role, hostvars, before, hooks, max_surge, surge_memory_reserve, runs=run.runs
+        )
     try:
         with interruptible():
             result.stopped = run.all(groups)

@@ -1,6 +1,7 @@
-"""vllm_lmcache: vLLM with LMCache, one virtualenv per deployment, one systemd instance per GPU set.
+"""vllm_lmcache: vLLM with LMCache, a virtualenv per set of pins, one systemd instance per GPU set.
 
-1. the virtualenv ``<prefix>/<deployment>``: vLLM (pinned, from a wheel, a folder or an index),
+1. the virtualenv ``<prefix>/<deployment>.venvs/v-<digest of the pins>``, linked from
+   ``<prefix>/<deployment>``: vLLM (pinned, from a wheel, a folder or an index),
    LMCache (a pinned wheel, or built from a pinned git commit for HIP), fxkit (its loader and vLLM
    plugin) from a wheel built on the controller; every install after vLLM's is constrained to the
    torch vLLM brought, and torch's version is read back: a change fails the host;
@@ -1140,17 +1141,19 @@ def switch_ready(ctx: OpContext, v: Vars, spec: InstanceSpec) -> Result:
     )  # fmt: skip
 
 
-def surge_copies(v: Vars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
-    """A copy of each of ``specs`` (in order) that fits beside the layout: on the next free
+def surge_copies(v: Vars, specs: list[InstanceSpec]) -> list[InstanceSpec | None]:
+    """A copy of each of ``specs``, in order, where it fits beside the layout: on the next free
     GPUs of the node (``vllm_lmcache_gpus`` that no set of the layout takes; as many as the
     instance has, lowest first) and the next port after the layout's; named ``NAME-surge``.
-    An instance for which the GPUs left do not suffice gets no copy."""
+    None for an instance for which the GPUs left do not suffice (a later, smaller one may
+    still get a copy)."""
     taken = {gpu for gpus in v.vllm_lmcache_layout for gpu in gpus}
     free = [gpu for gpu in range(v.vllm_lmcache_gpus) if gpu not in taken]
     port = v.vllm_lmcache_base_port + len(v.vllm_lmcache_layout)
-    copies = []
+    copies: list[InstanceSpec | None] = []
     for spec in specs:
         if len(spec.gpus) > len(free):
+            copies.append(None)
             continue
         gpus, free = tuple(free[: len(spec.gpus)]), free[len(spec.gpus) :]
         name = f"{spec.name}-surge"
@@ -1169,6 +1172,19 @@ def surge_copies(v: Vars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
         )  # fmt: skip
         port += 1
     return copies
+
+
+def surge_memory(v: Vars, spec: InstanceSpec) -> int:
+    """Bytes of host memory a copy of ``spec`` takes by its variables: LMCache's CPU buffer,
+    ``max_local_cpu_size`` GiB per GPU worker, allocated whole when each worker's engine starts,
+    ``local_cpu`` or not (LMCache 0.5.6: lmcache/v1/storage_backend/__init__.py creates the
+    LocalCPUBackend "always ... because other backends might need it as a buffer" unless
+    ``enable_pd``, which the role never sets; local_cpu_backend.py
+    ``LocalCPUBackend.initialize_allocator``: ``MixedMemoryAllocator(int(cpu_size *
+    1024**3))``). serve-probe loads no LMCache: 0."""
+    if v.vllm_lmcache_server != "vllm" or not v.vllm_lmcache_kv_connector:
+        return 0
+    return int(v.vllm_lmcache_max_local_cpu_size * 2**30) * len(spec.gpus)
 
 
 # -- revisions (fxkit.rollout.revision) -------------------------------------------------------
