@@ -15,6 +15,8 @@
 # chromium: the gate reports' HTML page is opened and screenshotted headless (tests, docs/img/).
 # netcat-openbsd: nc, the raw TCP client of the serve-probe tests (hostile requests).
 # stress-ng: the load the whole suite is run under to prove it does not flake (docs/TESTING.md).
+# procps: ps, which lists a session's processes on lab hosts (the rollout's surge memory check,
+#   fxkit/facts/system.py SessionMemory).
 # systemd-timesyncd: the service of docs/HOWTO-ROLE.md's example role, which its test runs on a
 #   lab host (lab hosts use this machine's /usr).
 set -euo pipefail
@@ -40,6 +42,7 @@ command -v rsync >/dev/null || need+=(rsync)
 command -v chromium >/dev/null || need+=(chromium)
 command -v nc >/dev/null || need+=(netcat-openbsd)
 command -v stress-ng >/dev/null || need+=(stress-ng)
+command -v ps >/dev/null || need+=(procps)
 [ -x /usr/lib/systemd/systemd-timesyncd ] || need+=(systemd-timesyncd)
 # newuidmap reads /etc/subuid and /etc/subgid, which a minimal image may lack: empty files do
 # (the lab maps its uids in its own mount namespace and never writes them).

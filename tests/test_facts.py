@@ -78,10 +78,13 @@ def test_kernel_cpu_memory(facts: FactCache) -> None:
 
 
 def test_session_memory_sums_a_session_and_leaves_out_the_others(facts: FactCache) -> None:
-    # A session of two processes (a shell and its child), each holding 64 MiB it wrote: the
-    # fact's sum against each one's RssAnon read here; this test's own session left out.
+    # A session of a shell and two processes, each holding 64 MiB it wrote: the fact's sum
+    # against each one's RssAnon read here; this test's own session left out. The second
+    # renames itself with a newline and a forged stat line naming PID 1 (the review's attack):
+    # PID 1's memory must not be counted.
     hold = "b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(60)"
-    code = f"python3 -c {hold!r} & python3 -c {hold!r}; wait"
+    forge = "import ctypes; ctypes.CDLL(None).prctl(15, b'y\\n1 (z) S 0 0 ', 0, 0, 0); " + hold
+    code = f"python3 -c {hold!r} & python3 -c {forge!r}; wait"
     leader = subprocess.Popen(["setsid", "sh", "-c", code])
     try:
         for _ in range(100):

@@ -120,25 +120,23 @@ class Memory(Fact[MemoryInfo]):
         return MemoryInfo(fields)
 
 
-#: "PID SID" of each line of /proc/PID/stat whose session (the 4th field after the command's
-#: ")", proc(5)) is one of those in ``w`` (space-separated, a space at each end).
-_IN_SESSIONS = r'{p = $1; sub(/.*\) /, ""); if (index(w, " " $4 " ")) print p, $4}'
-
-
 class SessionMemory(Fact[dict[int, int]]):
     """The resident anonymous memory (bytes) of the processes of each session given by its
     leader's PID (a service's whole process tree: systemd and a direct start both make each
     instance a session of its own): the sum of ``RssAnon`` in their ``/proc/PID/status``
-    (proc(5)). A session with no process (or a kernel without ``RssAnon``, before 4.5) is left
-    out; a host without awk fails the fact. Memory a driver maps into a process (pinned GPU
-    host buffers) may not count in it."""
+    (proc(5)), the session's processes listed by ``ps``. A session with no process (or a
+    kernel without ``RssAnon``, before 4.5) is left out; a host without ps or awk fails the
+    fact. Memory a driver maps into a process (pinned GPU host buffers) may not count in it."""
 
     def command(self, *sessions: int) -> str:
         want = " ".join(str(int(s)) for s in sessions)
-        select = f"awk -v w={shlex.quote(f' {want} ')} {shlex.quote(_IN_SESSIONS)}"
+        # ps reads each process's session itself (procps): a command name with a space, a
+        # ")" or a newline cannot pass another process off as one of the session's.
+        select = f'awk -v w={shlex.quote(f" {want} ")} \'index(w, " " $2 " ") {{print $1, $2}}\''
         return (
-            f"command -v awk >/dev/null && cat /proc/[0-9]*/stat 2>/dev/null | {select} | "
-            "while read -r p s; do r=$(grep -s '^RssAnon:' /proc/$p/status) || continue; "
+            "command -v ps >/dev/null && command -v awk >/dev/null && "
+            f"ps -e -o pid= -o sid= | {select} | while read -r p s; do "
+            "r=$(grep -s '^RssAnon:' /proc/$p/status) || continue; "
             'echo "$s $r"; done'
         )
 
