@@ -74,7 +74,7 @@ class _Read(Surge):
 
     figures: tuple[dict[int, int], int] = ({}, 0)
 
-    def memory(self, host: str, items: list[Instance]) -> tuple[dict[int, int], int]:
+    def memory(self, host: str, pids: list[int]) -> tuple[dict[int, int], int]:
         return self.figures
 
 

@@ -101,10 +101,10 @@ class Surge:
         in what they hold), out of the node's MemAvailable less the reserve and the copies
         accepted before it. Where what an instance holds cannot be read, it gets no copy."""
         declared = getattr(self.role, "surge_memory", None)
-        held, left = self.memory(host, [i for i, c in zip(items, copies, strict=True) if c])
+        pids = [self.before[item.key].pid for item in items]
+        held, left = self.memory(host, [p for p, c in zip(pids, copies, strict=True) if c])
         reasons, accepted = [], 0
-        for item, copy in zip(items, copies, strict=True):
-            pid = self.before[item.key].pid
+        for pid, copy in zip(pids, copies, strict=True):
             if copy is None:
                 reasons.append(f"no free GPUs for it on {host} beside the layout")
             elif accepted == self.per_node:
@@ -128,17 +128,16 @@ class Surge:
                 reasons.append("")
         return reasons
 
-    def memory(self, host: str, items: list[Instance]) -> tuple[dict[int, int], int]:
-        """What the sessions of ``items``' instances hold on ``host`` (by PID), and the node's
+    def memory(self, host: str, pids: list[int]) -> tuple[dict[int, int], int]:
+        """What the sessions led by ``pids`` hold on ``host`` (by PID), and the node's
         MemAvailable less the reserve (nothing read when there are none; nothing held when
         the host cannot say)."""
-        if not items:
+        if not pids:
             return {}, 0
         with opened(self.runner, host, self.hostvars[host]) as (conn, become):
             facts = FactCache(conn)
             try:
                 left = facts.get(Memory, become=become).available - self.reserve
-                pids = [self.before[i.key].pid for i in items]
                 return facts.get(SessionMemory, *pids, become=become), left
             except FactError:
                 return {}, 0
