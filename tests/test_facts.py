@@ -8,7 +8,6 @@ import os
 import platform
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -82,19 +81,21 @@ def test_session_memory_sums_a_session_and_leaves_out_the_others(facts: FactCach
     # against each one's RssAnon read here; this test's own session left out. The second
     # renames itself with a newline and a forged stat line naming PID 1 (the review's attack):
     # PID 1's memory must not be counted.
-    hold = "b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(60)"
+    hold = (
+        "b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); print('held', flush=True); "
+        "import time; time.sleep(600)"
+    )
     forge = "import ctypes; ctypes.CDLL(None).prctl(15, b'y\\n1 (z) S 0 0 ', 0, 0, 0); " + hold
     code = f"python3 -c {hold!r} & python3 -c {forge!r}; wait"
-    leader = subprocess.Popen(["setsid", "sh", "-c", code])
+    leader = subprocess.Popen(["setsid", "sh", "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        for _ in range(100):
-            members = [
-                p for p in Path("/proc").glob("[0-9]*")
-                if _field(p / "stat", 3) == str(leader.pid) and _rss_anon(p) >= 64 << 20
-            ]  # fmt: skip
-            if len(members) == 2:
-                break
-            time.sleep(0.1)
+        assert leader.stdout is not None
+        # Each says "held" once its 64 MiB are written: no waiting on the clock.
+        assert [leader.stdout.readline(), leader.stdout.readline()] == ["held\n", "held\n"]
+        members = [
+            p for p in Path("/proc").glob("[0-9]*")
+            if _field(p / "stat", 3) == str(leader.pid) and _rss_anon(p) >= 64 << 20
+        ]  # fmt: skip
         held = facts.get(SessionMemory, leader.pid, os.getsid(0))
         expected = sum(_rss_anon(p) for p in Path("/proc").glob("[0-9]*")
                        if _field(p / "stat", 3) == str(leader.pid))  # fmt: skip
