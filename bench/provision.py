@@ -377,6 +377,8 @@ class Run:
     sftp_requests: int = 0
     #: Seconds the machine's CPUs (all together) stood idle during the run.
     machine_idle_s: float = 0.0
+    #: Commands sent to fxkit's host-side helper (a request on its open channel each).
+    helper_requests: int = 0
 
     @property
     def host_tasks(self) -> int:
@@ -481,7 +483,8 @@ def measure(
         raise BenchError(f"{tool.name}'s second run changed {counts.changed} things:\n{output}")
     return Run(tool.name, len(names), round_, phase, wall, cpu, hosts, counts.changed,
                len(counts.changed_hosts), round(usage.ru_maxrss / 1024, 1), spawns,
-               ssh["channels"], ssh["sftp_requests"], idle)  # fmt: skip
+               ssh["channels"], ssh["sftp_requests"], idle,
+               ssh.get("helper_requests", 0))  # fmt: skip
 
 
 # -- round trips and spawns of each operation ---------------------------------------------
@@ -489,14 +492,18 @@ def measure(
 
 @contextmanager
 def ssh_counted() -> Iterator[dict[str, int]]:
-    """Count, in this process, the SSH channels paramiko opens and the SFTP requests it sends
-    (as ``bench/provision_probe`` does in a tool's process)."""
+    """Count, in this process, the SSH channels paramiko opens, the SFTP requests it sends and
+    the commands sent to fxkit's host-side helper (as ``bench/provision_probe`` does in a
+    tool's process)."""
     import paramiko
     from paramiko.sftp_client import SFTPClient
 
-    counts = {"channels": 0, "sftp_requests": 0}
+    from fxkit.connection.helper import HelperClient
+
+    counts = {"channels": 0, "sftp_requests": 0, "helper_requests": 0}
     patched = [(paramiko.Transport, "open_channel", "channels"),
-               (SFTPClient, "_async_request", "sftp_requests")]  # fmt: skip
+               (SFTPClient, "_async_request", "sftp_requests"),
+               (HelperClient, "send", "helper_requests")]  # fmt: skip
     originals = [getattr(cls, name) for cls, name, _ in patched]
 
     def counting(original: Callable[..., object], key: str) -> Callable[..., object]:
@@ -580,7 +587,8 @@ class Bench:
                         f"{run.hosts_cpu_s:6.2f} hosts; {run.changed} changed; per task: "
                         f"{run.host_spawns / run.host_tasks:.2f} spawns, "
                         f"{run.channels / run.host_tasks:.2f} channels, "
-                        f"{run.sftp_requests / run.host_tasks:.2f} SFTP requests; machine idle "
+                        f"{run.sftp_requests / run.host_tasks:.2f} SFTP requests, "
+                        f"{run.helper_requests / run.host_tasks:.2f} helper requests; machine idle "
                         f"{run.machine_idle_s:.2f} CPU-s"
                     )
 
@@ -624,7 +632,7 @@ def summarize(runs: list[Run], tools: Sequence[str]) -> list[dict]:
                     1 - r.machine_idle_s / (r.wall_s * CORES) for r in chosen)),
                 **{f"{key}_per_host_task": round(statistics.median(
                     getattr(r, key) for r in chosen) / (hosts * TASKS_PER_HOST), 2)
-                   for key in ("host_spawns", "channels", "sftp_requests")},
+                   for key in ("host_spawns", "channels", "sftp_requests", "helper_requests")},
             })  # fmt: skip
     return rows
 
@@ -680,9 +688,10 @@ def limit_targets(rows: list[dict]) -> list[dict]:
 
 COLUMNS = ("hosts", "run", "tool", "wall s", "rounds", "x fxkit", "ctl CPU-s", "ctl ms/task",
            "hosts ms/task", "ctl peak MiB", "spawns/task", "channels/task",
-           "SFTP req/task")  # fmt: skip
+           "SFTP req/task", "helper req/task")  # fmt: skip
 #: The per-task counts of a summary row, as the tables show them.
-PER_TASK = ("host_spawns_per_host_task", "channels_per_host_task", "sftp_requests_per_host_task")
+PER_TASK = ("host_spawns_per_host_task", "channels_per_host_task", "sftp_requests_per_host_task",
+            "helper_requests_per_host_task")  # fmt: skip
 
 
 def render(rows: list[dict], goals: dict[str, bool | None]) -> None:
@@ -768,8 +777,8 @@ def markdown(report: dict) -> str:
     lines = ["| hosts | run | tool | wall s (median) | all rounds | × fxkit | controller CPU-s "
              "| controller CPU ms / host-task | hosts CPU ms / host-task | controller peak MiB "
              "| host spawns / task | SSH channels / task | SFTP requests / task "
-             "| machine busy % |",
-             "|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| helper requests / task | machine busy % |",
+             "|---:|---|---|---:|---|" + "---:|" * 10]  # fmt: skip
     for row in report["summary"]:
         ratio = "-" if row["vs_fxkit"] is None else f"{row['vs_fxkit']:.2f}"
         lines.append(
@@ -800,10 +809,11 @@ def markdown(report: dict) -> str:
         lines += [f"| {g['target']} | {g['measured']:.2f} | {'yes' if g['met'] else '**no**'} |"
                   for g in goals]  # fmt: skip
     if report.get("per_operation"):
-        lines += ["", "| fxkit operation | run | SSH channels | SFTP requests | host processes |",
-                  "|---|---|---:|---:|---:|"]  # fmt: skip
+        lines += ["", "| fxkit operation | run | SSH channels | SFTP requests | helper requests "
+                  "| host processes |", "|---|---|---:|---:|---:|---:|"]  # fmt: skip
         lines += [f"| {r['operation']} | {r['phase']} | {r['channels']} | {r['sftp_requests']} "
-                  f"| {r['host_spawns']} |" for r in report["per_operation"]]  # fmt: skip
+                  f"| {r.get('helper_requests', 0)} | {r['host_spawns']} |"
+                  for r in report["per_operation"]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -61,7 +61,10 @@ def fleet(lab_fleet) -> Fleet:
 
 @pytest.fixture
 def root(fleet: Fleet) -> Iterator:
-    with fleet.connect("lab01") as conn:
+    # Each command in an SSH session of its own: a probe writes into every descriptor on the
+    # host, and the host-side helper's stdin and stdout are the run's own line to the host
+    # (pipes to sshd, inside it), which the marker would garble.
+    with fleet.connect("lab01", fxkit_host_helper=False) as conn:
         yield conn
 
 

@@ -609,7 +609,8 @@ def test_bad_connection_settings_are_clear_errors(tmp_path, hostvars, config, me
 
 def test_stdin_goes_out_in_linear_time(lab_fleet, monkeypatch):
     """paramiko's sendall re-slices a bytes object for every 32 KiB packet (quadratic time):
-    every packet must be a slice of one memoryview over the caller's data, never a copy."""
+    every packet of the data must be a slice of one memoryview over the caller's data, never a
+    copy (the host-side helper's frames add their heads)."""
     fleet = lab_fleet(1)
     sent: list[object] = []
     original = paramiko.Channel.send
@@ -623,5 +624,8 @@ def test_stdin_goes_out_in_linear_time(lab_fleet, monkeypatch):
     with fleet.connect("lab01") as conn:
         result = conn.run("sha256sum", stdin=payload)
     assert result.stdout.split()[0] == hashlib.sha256(payload).hexdigest()
-    assert len(sent) >= 8 * 2**20 // 32768
-    assert all(isinstance(s, memoryview) and s.obj is payload for s in sent)
+    assert all(isinstance(s, memoryview) for s in sent)
+    data = [s for s in sent if s.obj is payload]  # type: ignore[attr-defined]
+    assert len(data) >= 8 * 2**20 // 32768
+    # The rest: the frames' heads and the command's request, a few hundred bytes.
+    assert sum(len(s) for s in sent if s.obj is not payload) < 1024  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """Counts a tool's SSH round trips for bench/provision.py: loaded (through PYTHONPATH) into the
 tool's own Python, it counts the SSH channels paramiko opens (one per command, one per SFTP
-session) and the SFTP requests it sends, and writes them as JSON to $FXBENCH_COUNTS at exit.
-fxkit and pyinfra both talk SSH through paramiko, so both are counted the same way."""
+session), the SFTP requests it sends and the commands sent to fxkit's host-side helper (one
+request on its open channel each), and writes them as JSON to $FXBENCH_COUNTS at exit. fxkit
+and pyinfra both talk SSH through paramiko, so both are counted the same way."""
 
 import atexit
 import json
@@ -13,7 +14,7 @@ if _path:
     import paramiko
     import paramiko.sftp_client
 
-    _counts = {"channels": 0, "sftp_requests": 0}
+    _counts = {"channels": 0, "sftp_requests": 0, "helper_requests": 0}
     _lock = threading.Lock()
 
     def _counting(cls, name, key):
@@ -28,6 +29,12 @@ if _path:
 
     _counting(paramiko.Transport, "open_channel", "channels")
     _counting(paramiko.sftp_client.SFTPClient, "_async_request", "sftp_requests")
+    try:
+        from fxkit.connection.helper import HelperClient
+    except ImportError:  # not fxkit
+        pass
+    else:
+        _counting(HelperClient, "send", "helper_requests")
 
     @atexit.register
     def _write():

@@ -23,6 +23,7 @@ alone would leave it running. Files are read over SFTP and written atomically
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -30,7 +31,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
@@ -49,6 +50,7 @@ from fxkit.connection.base import (
     timed_out,
 )
 from fxkit.connection.become import Started, Sudo, become_settings, reveal
+from fxkit.connection.helper import HelperClient, HelperEnded, interpreter, start_command
 from fxkit.connection.hostkeys import (
     AcceptNewKey,
     RefuseUnknownKey,
@@ -58,6 +60,7 @@ from fxkit.connection.hostkeys import (
 )
 from fxkit.errors import ConnectionFailed, FxkitError
 from fxkit.redaction import maskable
+from fxkit.varfiles import truthy
 
 if TYPE_CHECKING:
     from fxkit.connection import ConnectOptions
@@ -160,8 +163,13 @@ class SSHConnection(Connection):
         self.own_known_hosts = Path(options.known_hosts or default_known_hosts()).expanduser()
         self.secrets = maskable(s for s in (self.password, self.become_password) if s)
         self._lock = threading.Lock()
-        #: Commands running: (PID of their shell, its start marker, become), for cancel().
-        self._running: Running[tuple[int, str, bool]] = Running(lambda c: self._kill(*c))
+        #: How to kill each command running, for cancel().
+        self._running: Running[Callable[[], object]] = Running(lambda kill: kill())
+        #: The host-side helpers (:mod:`fxkit.connection.helper`): the login user's, and the
+        #: become user's through sudo (by whether a command needs sudo).
+        wanted = truthy(hostvars.get("fxkit_host_helper", True))
+        self._helpers = {False: _HelperSlot(False, wanted), True: _HelperSlot(True, wanted)}
+        self._python = interpreter(hostvars.get("ansible_python_interpreter"))
         # Resolved now, so that a mistake in the config shows before any host is contacted.
         self._fabric = self._resolve()
         self.user = self._fabric.user
@@ -301,6 +309,8 @@ class SSHConnection(Connection):
         return self._opened().transport
 
     def close(self) -> None:
+        for slot in self._helpers.values():
+            slot.stop()
         with self._lock:
             if self._connected is not None:
                 _close(self._connected)
@@ -317,7 +327,113 @@ class SSHConnection(Connection):
     def execute(
         self, command: str, *, become: bool, timeout: float | None, stdin: Stdin
     ) -> tuple[int, bytes, bytes]:
+        slot = self._helpers[self.needs_sudo(become)]
+        if slot.wanted and slot.lock.acquire(blocking=False):  # busy: a session of its own
+            try:
+                helper = self._started_helper(slot)
+                if helper is not None:
+                    return self._helper_exec(slot, helper, command, timeout, stdin)
+            finally:
+                slot.lock.release()
         return self._exec(command, become=become, timeout=timeout, stdin=stdin)
+
+    # -- the host-side helpers -----------------------------------------------------------
+
+    def _started_helper(self, slot: _HelperSlot) -> HelperClient | None:
+        """The slot's helper (started now on first use, through sudo for the become user's);
+        None where it cannot run (no interpreter, sudo refused): plain commands then."""
+        if slot.client is not None:
+            return slot.client
+        self._running.refuse(self._where)
+        transport = self._transport()
+        starter: Started = Sudo(self.become_user, self.become_password) if slot.sudo else Started()
+        try:
+            chan = transport.open_session(timeout=self.options.connect_timeout)
+            session = _Session(chan, transport, time.monotonic() + self.options.connect_timeout)
+            chan.exec_command(starter.command(start_command(self._python)))
+            if starter.start(session) is not None:
+                raise HelperEnded("it did not start")
+            helper = HelperClient(session)
+        except (HelperEnded, _Timeout):
+            chan.close()
+            slot.wanted = False
+            return None
+        except _LINK_ERRORS as exc:
+            raise self._lost(_describe(exc)) from None
+        session.deadline = None
+        slot.client, slot.session = helper, session
+        return helper
+
+    def _helper_exec(
+        self,
+        slot: _HelperSlot,
+        helper: HelperClient,
+        command: str,
+        timeout: float | None,
+        stdin: Stdin,
+    ) -> tuple[int, bytes, bytes]:
+        """Run ``command`` through the helper; past ``timeout`` it is killed as
+        :meth:`_helped_timeout` says."""
+        timeout = timeout if timeout is not None else self.options.command_timeout
+        session = slot.session
+        assert session is not None
+        session.deadline = time.monotonic() + timeout if timeout else None
+        try:
+            with self._running.recorded(functools.partial(self._cancel_helped, slot, helper)):
+                helper.send(command, stdin)
+                answer = helper.answer()
+                assert answer is not None
+                return answer
+        except _Timeout:
+            return self._helped_timeout(slot, helper, session, timeout or 0)
+        except HelperEnded as exc:
+            slot.stop(for_good=True)
+            self._running.refuse(self._where)
+            if not session.transport.is_active():
+                raise self._lost("the SSH transport closed") from None
+            reason = self.redact(str(exc)) or "no reason given"
+            err = f"fxkit: the host-side helper ended during the command: {reason}\n"
+            return 255, b"", err.encode()
+        except _LINK_ERRORS as exc:
+            raise self._lost(_describe(exc)) from None
+
+    def _helped_timeout(
+        self, slot: _HelperSlot, helper: HelperClient, session: _Session, timeout: float
+    ) -> tuple[int, bytes, bytes]:
+        """A command of the helper's past its timeout: its process group is killed over another
+        session (the helper may be busy feeding it its stdin) and what it wrote comes back. A
+        helper that does not answer then, or whose frames were cut, is stopped."""
+        answer, killed = None, False
+        with contextlib.suppress(_Timeout, HelperEnded, *_LINK_ERRORS):
+            while (answer := helper.answer(wait=False)) is None and session.pump():
+                pass  # what has arrived (past the deadline nothing is waited for)
+        if answer is None and helper.child is not None:
+            killed = self._kill_helped(slot, helper.pid, helper.child)
+            session.deadline = time.monotonic() + _KILL_GRACE
+            with contextlib.suppress(_Timeout, HelperEnded, *_LINK_ERRORS):
+                answer = helper.answer()
+        if answer is None or not helper.sent:
+            slot.stop()
+        if answer is None:
+            return TIMEOUT_RC, b"", timed_out(timeout, killed)
+        _, out, err = answer
+        return (TIMEOUT_RC, out, err + timed_out(timeout, True)) if killed else answer
+
+    def _cancel_helped(self, slot: _HelperSlot, helper: HelperClient) -> None:
+        """A cancel: kill the command the helper runs, and stop the helper."""
+        if helper.child is not None:
+            self._kill_helped(slot, helper.pid, helper.child)
+        slot.stop(for_good=True)
+
+    def _kill_helped(self, slot: _HelperSlot, helper: int, pid: int) -> bool:
+        """Kill the process group of ``pid``, the shell the helper ``helper`` started for a
+        command, if it still is (a PID can be reused: its parent is the helper until the helper
+        ends); True once the command no longer runs."""
+        return self._kill_script(
+            f"read -r s < /proc/{pid}/stat || exit 0; "
+            f'set -- ${{s##*") "}}; [ "$2" = {helper} ] && kill -s KILL -- -{pid}',
+            become=slot.sudo,
+        )
 
     def _exec(
         self,
@@ -348,8 +464,8 @@ class SSHConnection(Connection):
             if rc is not None:
                 return rc, bytes(session.out), bytes(session.err)
             assert starter.pid is not None
-            running = (starter.pid, starter.marker, become)
-            with self._running.recorded(running) if kill else contextlib.nullcontext():
+            stop = functools.partial(self._kill, starter.pid, starter.marker, become)
+            with self._running.recorded(stop) if kill else contextlib.nullcontext():
                 session.send_stdin(stdin)
                 session.drain()
                 return session.exit_status(), bytes(session.out), bytes(session.err)
@@ -391,10 +507,14 @@ class SSHConnection(Connection):
         """Kill the process group of the command's shell ``pid`` (over another channel), if that
         process is still the command's (its command line holds ``marker``: a PID can be
         reused); True once the command no longer runs."""
-        script = (
+        return self._kill_script(
             f"read -r s < /proc/{pid}/stat || exit 0; grep -qF {marker} /proc/{pid}/cmdline || "
-            'exit 0; set -- ${s##*") "}; [ "$3" -gt 1 ] && kill -s KILL -- "-$3"'
+            'exit 0; set -- ${s##*") "}; [ "$3" -gt 1 ] && kill -s KILL -- "-$3"',
+            become,
         )
+
+    def _kill_script(self, script: str, become: bool) -> bool:
+        """Run a kill ``script`` in a session of its own; True when it succeeded."""
         try:
             rc, _, _ = self._exec(
                 script, become=become, timeout=_KILL_GRACE, stdin=None, kill=False
@@ -493,6 +613,28 @@ class SSHConnection(Connection):
         )
 
 
+class _HelperSlot:
+    """One host-side helper of a connection (the login user's, or the become user's through
+    sudo): its client and session once started, and the lock its command holds."""
+
+    def __init__(self, sudo: bool, wanted: bool) -> None:
+        self.sudo = sudo
+        #: False once it cannot run here (no interpreter, sudo refused, it died).
+        self.wanted = wanted
+        self.client: HelperClient | None = None
+        self.session: _Session | None = None
+        self.lock = threading.Lock()
+
+    def stop(self, for_good: bool = False) -> None:
+        """Close its session: the helper kills the command it runs and exits. The next command
+        starts another, or, ``for_good``, runs in a session of its own."""
+        session, self.session, self.client = self.session, None, None
+        if for_good:
+            self.wanted = False
+        if session is not None:
+            session.chan.close()
+
+
 class _Transport(paramiko.Transport):
     """paramiko's transport with AES-GCM preferred: one pass over each packet instead of AES-CTR
     and then HMAC-SHA256 (0.18 instead of 0.32 CPU seconds per 100 MB sent, measured here); and
@@ -565,12 +707,12 @@ class _Session:
         """Send ``stdin`` and close the command's stdin, in linear time: paramiko's sendall
         copies the rest of a bytes object for every 32 KiB packet; a memoryview slices free."""
         for view in buffers(stdin):
-            if not self._send(view):
+            if not self.write(view):
                 return  # the command ended before reading it all: its exit status says why
         self.chan.settimeout(None)
         self.chan.shutdown_write()
 
-    def _send(self, view: memoryview) -> bool:
+    def write(self, view: memoryview) -> bool:
         """Send all of ``view``; False when the command ended before reading it."""
         while view:
             if self.deadline is not None:

@@ -1,0 +1,170 @@
+"""The host-side helper (fxkit/connection/helper.py) against real sshd and python3 (lab hosts):
+one session for the run's commands, the plain commands where it cannot run, and nothing it
+started left running."""
+
+from __future__ import annotations
+
+import threading
+
+import paramiko
+import pytest
+from sync_helpers import SAFETY, Meeting, run_past_timeout, when
+
+from fxkit.connection.helper import HelperClient
+from fxkit.errors import ConnectionFailed
+from fxkit.lab import SUDO_USER
+
+pytestmark = pytest.mark.lab
+
+
+def _parent(conn) -> int:
+    return int(conn.run("echo $PPID").stdout)
+
+
+def _sessions(monkeypatch) -> list[object]:
+    """Every SSH session the controller opens from now on."""
+    opened: list[object] = []
+    original = paramiko.Transport.open_session
+
+    def spy(transport, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(args)
+        return original(transport, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko.Transport, "open_session", spy)
+    return opened
+
+
+def test_commands_after_the_first_need_no_session_of_their_own(lab_fleet, monkeypatch):
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        opened = _sessions(monkeypatch)
+        parents = {_parent(conn) for _ in range(10)}
+        assert len(opened) == 1  # the helper's
+        helper = conn._helpers[False].client
+        assert isinstance(helper, HelperClient) and parents == {helper.pid}
+        cmdline = conn.run(f"tr '\\0' ' ' < /proc/{helper.pid}/cmdline").stdout
+        assert cmdline.startswith("python3 -I -S -c ")
+        # What a command sees is what it saw in a session of its own.
+        result = conn.run("echo out; echo err >&2; cat; exit 3", stdin=b"in")
+        assert (result.rc, result.stdout, result.stderr) == (3, "out\nin", "err\n")
+        assert conn.run("kill -s TERM $$").rc == 128 + 15
+        assert len(opened) == 1
+    # Closing the connection ends the helper on the host.
+    with fleet.connect("lab01") as other:
+        when(lambda: not other.run(f"kill -0 {helper.pid}").ok, "the helper ended")
+
+
+@pytest.mark.parametrize(
+    "hostvars",
+    [{"ansible_python_interpreter": "/nonexistent/python3"}, {"fxkit_host_helper": "false"}],
+)
+def test_without_the_helper_every_command_has_a_session(lab_fleet, monkeypatch, hostvars):
+    """A host without the interpreter (here: the inventory names one that is not there), or
+    with the helper switched off, runs plain commands."""
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01", **hostvars) as conn:
+        opened = _sessions(monkeypatch)
+        assert [conn.run(f"echo {i}").stdout for i in range(3)] == ["0\n", "1\n", "2\n"]
+        assert not conn._helpers[False].wanted
+        started = 1 if "ansible_python_interpreter" in hostvars else 0  # the try
+        assert len(opened) == 3 + started
+
+
+def test_a_command_that_ends_the_helper_fails_and_the_next_runs_alone(lab_fleet):
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        helper = _parent(conn)
+        result = conn.run("kill -s KILL $PPID; sleep 5")
+        assert result.rc == 255
+        assert "the host-side helper ended during the command" in result.stderr
+        assert conn.run("echo $PPID").stdout.strip() != str(helper)
+        assert not conn._helpers[False].wanted
+
+
+def test_commands_from_two_threads_at_once(lab_fleet):
+    """One command holds the helper; another thread's runs in a session of its own meanwhile."""
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        helper = _parent(conn)
+        meeting = Meeting(conn)
+        results: list[str] = []
+        first = threading.Thread(
+            target=lambda: results.append(conn.run(f"{meeting.reach}; echo $PPID").stdout)
+        )
+        first.start()
+        meeting.wait()  # holds the helper's lock until it ends: this ran beside it
+        first.join(SAFETY)
+        assert results == [f"{helper}\n"]
+
+
+def test_a_cancel_kills_the_helpers_command_with_its_children(lab_fleet):
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as watcher:
+        conn = fleet.connect("lab01")
+        conn.open()
+        meeting = Meeting(conn)
+        outcome: list[object] = []
+
+        def long_command() -> None:
+            try:
+                command = f"sleep 300 & echo $! > /tmp/helped-child; {meeting.reach}; wait"
+                outcome.append(conn.run(command).rc)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=long_command)
+        thread.start()
+        meeting.wait()
+        child = watcher.run("cat /tmp/helped-child").stdout.strip()
+        conn.cancel()
+        thread.join(SAFETY)
+        # Killed (as a command in a session of its own: its status), or the link closed first.
+        assert outcome and (isinstance(outcome[0], ConnectionFailed) or outcome[0] == 137)
+        with pytest.raises(ConnectionFailed, match="interrupted"):
+            conn.run("true")
+        when(
+            lambda: (
+                watcher.run(
+                    f"[ ! -e /proc/{child} ] || grep -q '^[^ ]* ([^)]*) [ZX]' /proc/{child}/stat"
+                ).ok
+            ),
+            "the command's child was killed",
+        )
+
+
+def test_a_timeout_while_the_command_leaves_its_stdin_unread(lab_fleet):
+    """The helper blocks feeding a command that does not read its stdin: the kill comes over
+    another session, the output written so far comes back, and the next command runs."""
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        meeting = Meeting(conn)
+        payload = b"x" * (32 << 20)  # far more than the pipe and the SSH window hold
+        result = run_past_timeout(
+            conn, f"echo started; {meeting.reach}; sleep 300", meeting, 0.5, stdin=payload
+        )
+        assert result.rc == 124 and result.stdout == "started\n", result
+        assert "timed out after 0.5 s; it was killed" in result.stderr
+        assert conn.run("echo still usable").stdout == "still usable\n"
+
+
+def test_become_commands_share_one_helper_started_through_sudo(lab_fleet, monkeypatch):
+    fleet = lab_fleet(1)
+    password = fleet.become_password()
+    if password is None:
+        pytest.skip("sudo is not installed: lab hosts have no non-root user (apt-get install sudo)")
+    with fleet.connect("lab01", ansible_user=SUDO_USER, ansible_become_password=password) as conn:
+        opened = _sessions(monkeypatch)
+        runs = [conn.run("echo $(id -un) $PPID", become=True) for _ in range(5)]
+        assert len({r.stdout for r in runs}) == 1, runs
+        user, parent = runs[0].stdout.split()
+        helper = conn._helpers[True].client
+        assert user == "root" and helper is not None and int(parent) == helper.pid
+        assert conn.run("id -un").stdout == f"{SUDO_USER}\n"  # the login user's own helper
+        assert len(opened) == 2
+        # Past its timeout a root command is killed through sudo (it is not the login user's).
+        meeting = Meeting(conn)
+        result = run_past_timeout(
+            conn, f"echo started; {meeting.reach}; sleep 300", meeting, 0.5, become=True
+        )
+        assert result.rc == 124 and "it was killed" in result.stderr, result
+        assert conn.run("id -u", become=True).stdout == "0\n"
