@@ -5,6 +5,7 @@ tests/test_ssh_helper.py."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import select
 import subprocess
@@ -64,6 +65,13 @@ def test_commands_statuses_and_output(helper):
     rc, out, err = _run(helper, "cat; cat >&2 < /dev/null; head -c 3000000 /dev/zero >&2", big)
     assert (rc, out, len(err)) == (0, big, 3000000)
     assert helper.child is not None and helper.child != helper.pid
+
+
+def test_stdin_beyond_what_the_helper_holds_waits_for_a_slow_reader(helper):
+    big = os.urandom(12 << 20)  # three times helper_host.HELD
+    rc, out, _ = _run(helper, "sleep 0.5; sha256sum", big)
+    assert (rc, out.split()[0].decode()) == (0, hashlib.sha256(big).hexdigest())
+    assert _run(helper, "wc -c", b"") == (0, b"0\n", b"")
 
 
 def test_a_command_that_leaves_its_stdin_unread(helper):

@@ -13,8 +13,10 @@ Frames both ways: a kind byte, the payload's length (4 bytes, big-endian), the p
   ``r``: its exit status (signed 4 bytes, 128 + N when killed by signal N), the length of its
   stdout (4 bytes), its stdout, its stderr.
 
-Each command runs in a session of its own, so that fxkit can kill its process group (past its
-timeout, on a Ctrl-C) over another SSH session, as it does any command's. When the helper's
+One thread: a loop over the helper's stdin and the command's pipes, so that the host starts
+nothing but the command's ``sh`` (a thread would take a PID too). Each command runs in a
+session of its own, so that fxkit can kill its process group (past its timeout, on a Ctrl-C)
+over another SSH session, as it does any command's. When the helper's
 stdin ends (fxkit closed the session, was killed, the link dropped), the running command's
 stdin ends, its process group gets SIGHUP (a terminal's hangup), and the helper exits.
 """
@@ -26,113 +28,165 @@ import selectors
 import signal
 import struct
 import subprocess
-import threading
 
 FRAME = struct.Struct(">cI")
 ANSWER = struct.Struct(">iI")
+#: Bytes of stdin held for a command that has not read them, before frames are left waiting.
+HELD = 4 << 20
 
 
-def read_exact(size: int) -> "bytes | None":
-    data = bytearray()
-    while len(data) < size:
-        chunk = os.read(0, size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
+def send(kind: bytes, payload: bytes) -> None:
+    data = memoryview(FRAME.pack(kind, len(payload)) + payload)
+    while data:
+        data = data[os.write(1, data) :]
+
+
+class Command:
+    """A running command: its shell, the stdin it has yet to read, its output so far."""
+
+    def __init__(self, request: dict) -> None:
+        pipe = subprocess.PIPE
+        self.proc = subprocess.Popen(
+            ["/bin/sh", "-c", request["command"]],
+            stdin=pipe if request["stdin"] else subprocess.DEVNULL,
+            stdout=pipe,
+            stderr=pipe,
+            bufsize=0,
+            start_new_session=True,
+        )
+        self.pending = []  # type: list[memoryview]
+        self.held = 0
+        self.ending = False
+        #: Its stdout and stderr: what each has written, and the pipes still open.
+        pipes = (self.proc.stdout, self.proc.stderr)
+        self.open = {pipe.fileno(): pipe for pipe in pipes if pipe is not None}
+        self.output = {fd: bytearray() for fd in self.open}
 
 
 class Helper:
     def __init__(self) -> None:
-        self.out_lock = threading.Lock()
-        self.proc = None  # type: subprocess.Popen[bytes] | None
-
-    def send(self, kind: bytes, payload: bytes) -> None:
-        with self.out_lock:
-            data = memoryview(FRAME.pack(kind, len(payload)) + payload)
-            while data:
-                data = data[os.write(1, data) :]
+        self.selector = selectors.DefaultSelector()
+        self.inbox = bytearray()
+        self.command = None  # type: Command | None
+        self.reading = True
 
     def serve(self) -> None:
-        self.send(b"h", str(os.getpid()).encode())
+        send(b"h", str(os.getpid()).encode())
+        self.selector.register(0, selectors.EVENT_READ, self.read_frames)
         while True:
-            head = read_exact(FRAME.size)
-            if head is None:
-                break
-            kind, size = FRAME.unpack(head)
-            payload = read_exact(size)
-            if payload is None:
-                break
-            if kind == b"x":
-                self.start(json.loads(payload.decode()))
-            elif kind == b"i":
-                self.feed(payload)
-            elif kind == b"e":
-                self.end_stdin()
-        self.hang_up()
+            for key, _ in self.selector.select():
+                if key.data(key.fd) is False:
+                    return
 
-    def start(self, request: dict) -> None:
-        self.proc = subprocess.Popen(
-            ["/bin/sh", "-c", request["command"]],
-            stdin=subprocess.PIPE if request["stdin"] else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            bufsize=0,
-            start_new_session=True,
-        )
-        self.send(b"p", str(self.proc.pid).encode())
-        worker = threading.Thread(target=self.collect, args=(self.proc,))
-        worker.daemon = True
-        worker.start()
+    # -- from fxkit
 
-    def feed(self, data: bytes) -> None:
-        stdin = self.proc.stdin if self.proc else None
-        if stdin is None or stdin.closed:
-            return
+    def read_frames(self, fd: int) -> bool:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            self.hang_up()
+            return False
+        self.inbox += chunk
+        while len(self.inbox) >= FRAME.size:
+            kind, size = FRAME.unpack_from(self.inbox)
+            if len(self.inbox) < FRAME.size + size:
+                break
+            payload = memoryview(bytes(self.inbox[FRAME.size : FRAME.size + size]))
+            del self.inbox[: FRAME.size + size]
+            self.handle(kind, payload)
+        return True
+
+    def handle(self, kind: bytes, payload: memoryview) -> None:
+        command = self.command
+        if kind == b"x":
+            command = self.command = Command(json.loads(bytes(payload).decode()))
+            send(b"p", str(command.proc.pid).encode())
+            for pipe in command.open.values():
+                self.selector.register(pipe, selectors.EVENT_READ, self.read_output)
+        elif command is None or command.proc.stdin is None or command.proc.stdin.closed:
+            return  # stdin of a command that ended or stopped reading it
+        elif kind == b"i" and payload:
+            if not command.pending:
+                os.set_blocking(command.proc.stdin.fileno(), False)
+                self.selector.register(command.proc.stdin, selectors.EVENT_WRITE, self.feed)
+            command.pending.append(payload)
+            command.held += len(payload)
+            self.pause(command.held > HELD)
+        elif kind == b"e":
+            command.ending = True
+            if not command.pending:
+                command.proc.stdin.close()
+
+    def pause(self, paused: bool) -> None:
+        """Stop reading frames while a command has too much stdin unread (or go on again)."""
+        if paused == self.reading:
+            self.reading = not paused
+            if paused:
+                self.selector.unregister(0)
+            else:
+                self.selector.register(0, selectors.EVENT_READ, self.read_frames)
+
+    # -- to and from the command
+
+    def feed(self, fd: int) -> bool:
+        command = self.command
+        assert command is not None and command.proc.stdin is not None
         try:
-            view = memoryview(data)
-            while view:
-                view = view[stdin.write(view) :]
+            sent = os.write(fd, command.pending[0])
+        except BlockingIOError:
+            return True
         except OSError:  # it ended before reading it all: its exit status says why
-            stdin.close()
+            self.close_stdin(command)
+            return True
+        command.held -= sent
+        command.pending[0] = command.pending[0][sent:]
+        if not command.pending[0]:
+            command.pending.pop(0)
+        if not command.pending:
+            self.selector.unregister(fd)
+            if command.ending:
+                command.proc.stdin.close()
+        self.pause(command.held > HELD)
+        return True
 
-    def end_stdin(self) -> None:
-        stdin = self.proc.stdin if self.proc else None
+    def close_stdin(self, command: Command) -> None:
+        stdin = command.proc.stdin
         if stdin is not None and not stdin.closed:
-            with contextlib.suppress(OSError):
-                stdin.close()
+            if command.pending:
+                self.selector.unregister(stdin)
+            stdin.close()
+        command.pending, command.held = [], 0
+        self.pause(False)
 
-    def collect(self, proc: "subprocess.Popen[bytes]") -> None:
-        pipes = (proc.stdout, proc.stderr)
-        output = {pipe.fileno(): bytearray() for pipe in pipes if pipe is not None}
-        out, err = output.values()
-        selector = selectors.DefaultSelector()
-        for fd in output:
-            selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
-            for key, _ in selector.select():
-                chunk = os.read(key.fd, 65536)
-                if chunk:
-                    output[key.fd] += chunk
-                else:
-                    selector.unregister(key.fd)
-        rc = proc.wait()
-        for pipe in pipes:
-            if pipe is not None:
-                pipe.close()
+    def read_output(self, fd: int) -> bool:
+        command = self.command
+        assert command is not None
+        chunk = os.read(fd, 1 << 16)
+        if chunk:
+            command.output[fd] += chunk
+            return True
+        self.selector.unregister(fd)
+        command.open.pop(fd).close()
+        if not command.open:
+            self.finish(command)
+        return True
+
+    def finish(self, command: Command) -> None:
+        rc = command.proc.wait()
+        self.close_stdin(command)
+        self.command = None
+        out, err = command.output.values()
         rc = 128 - rc if rc < 0 else rc
-        self.send(b"r", ANSWER.pack(rc, len(out)) + bytes(out) + bytes(err))
+        send(b"r", ANSWER.pack(rc, len(out)) + bytes(out) + bytes(err))
 
     def hang_up(self) -> None:
         """fxkit is gone: the running command's stdin ends and its process group gets SIGHUP,
         so that it ends as its traps say (a write removes its temp file)."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            self.end_stdin()
+        command = self.command
+        if command is not None and command.proc.poll() is None:
+            self.close_stdin(command)
             with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGHUP)
+                os.killpg(command.proc.pid, signal.SIGHUP)
 
 
 if __name__ == "__main__":
     Helper().serve()
-    os._exit(0)
