@@ -10,7 +10,7 @@ import paramiko
 import pytest
 from sync_helpers import SAFETY, Meeting, run_past_timeout, when
 
-from fxkit.connection.helper import HelperClient
+from fxkit.connection.helper import BULK, HelperClient
 from fxkit.errors import ConnectionFailed
 from fxkit.lab import SUDO_USER
 
@@ -68,6 +68,26 @@ def test_without_the_helper_every_command_has_a_session(lab_fleet, monkeypatch, 
         assert not conn._helpers[False].wanted
         started = 1 if "ansible_python_interpreter" in hostvars else 0  # the try
         assert len(opened) == 3 + started
+
+
+def test_an_upload_goes_in_a_session_of_its_own(lab_fleet, monkeypatch):
+    """sshd hands a big stdin to the command directly; through the helper every byte would be
+    copied once more on the host."""
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        helper = _parent(conn)
+        opened = _sessions(monkeypatch)
+        big = bytes(BULK)
+        assert conn.run("wc -c; echo $PPID", stdin=big).stdout.split()[0] == str(BULK)
+        assert len(opened) == 1
+        conn.put("/tmp/bulk", big)  # content_stream: its first chunk tells
+        assert len(opened) == 2
+        conn.put("/tmp/small", bytes(BULK - 1))
+        assert conn.run("wc -c < /tmp/small; echo $PPID", stdin=b"x").stdout.split() == [
+            str(BULK - 1),
+            str(helper),
+        ]
+        assert len(opened) == 2
 
 
 def test_a_command_that_ends_the_helper_fails_and_the_next_runs_alone(lab_fleet):
@@ -138,7 +158,9 @@ def test_a_timeout_while_the_command_leaves_its_stdin_unread(lab_fleet):
     fleet = lab_fleet(1)
     with fleet.connect("lab01") as conn:
         meeting = Meeting(conn)
-        payload = b"x" * (32 << 20)  # far more than the pipe and the SSH window hold
+        # Far more than the pipe, the helper (4 MiB) and the SSH window hold; a first chunk
+        # under BULK, so that it goes through the helper.
+        payload = iter([b"x", b"x" * (32 << 20)])
         result = run_past_timeout(
             conn, f"echo started; {meeting.reach}; sleep 300", meeting, 0.5, stdin=payload
         )

@@ -6,13 +6,14 @@ stays open, where a command of its own costs a new SSH session, the login shell,
 sudo). A host without the interpreter (``python3``, or the inventory's
 ``ansible_python_interpreter``) keeps the plain commands, as does a host whose
 ``fxkit_host_helper`` is false, and so does a command that arrives while the helper is busy
-with another thread's.
+with another thread's, or one given :data:`BULK` stdin.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -23,6 +24,9 @@ from fxkit.connection.base import Stdin, buffers
 SOURCE = Path(helper_host.__file__).read_text(encoding="utf-8")
 #: Largest piece of a command's stdin in one frame.
 PIECE = 1 << 20
+#: Stdin from which a command runs in a session of its own (an upload): sshd hands it to the
+#: command directly, where the helper would copy every byte once more on the host.
+BULK = 1 << 20
 #: Interpreters of ``ansible_python_interpreter`` that mean "find it" (Ansible's discovery).
 DISCOVER = frozenset({"auto", "auto_silent", "auto_legacy", "auto_legacy_silent"})
 
@@ -42,6 +46,19 @@ class Channel(Protocol):
 
     def pump(self) -> bool:
         """Wait for output and collect it; False when the output has ended."""
+
+
+def bulk(stdin: Stdin) -> tuple[Stdin, bool]:
+    """``stdin`` (the same bytes, whole) and whether it is :data:`BULK`: a buffer by its length,
+    an iterator (:func:`fxkit.connection.atomic.content_stream`) by its first chunk."""
+    if stdin is None:
+        return None, False
+    if not isinstance(stdin, Iterator):
+        return stdin, len(stdin) >= BULK
+    first = next(stdin, None)
+    if first is None:
+        return iter(()), False
+    return itertools.chain((first,), stdin), len(first) >= BULK
 
 
 def interpreter(value: object) -> str:
@@ -74,8 +91,8 @@ class HelperClient:
     def send(self, command: str, stdin: Stdin) -> None:
         """Start ``command`` on the host and send its stdin."""
         self.child, self.sent = None, False
-        request = {"command": command, "stdin": stdin is not None}
-        self._send(b"x", memoryview(json.dumps(request).encode()))
+        request = (b"0" if stdin is None else b"1") + command.encode()
+        self._send(b"x", memoryview(request))
         if stdin is not None:
             for view in buffers(stdin):
                 for start in range(0, len(view), PIECE):

@@ -7,32 +7,37 @@ nothing else. Only the standard library, Python 3.6 or later (what a host's pyth
 
 Frames both ways: a kind byte, the payload's length (4 bytes, big-endian), the payload.
 
-- to the helper: ``x`` a command (JSON ``{"command", "stdin"}``), then ``i`` its stdin in
-  pieces and ``e`` the end of its stdin (when ``stdin`` is true);
+- to the helper: ``x`` a command (``1`` when its stdin follows, else ``0``, then the command),
+  then ``i`` its stdin in pieces and ``e`` the end of its stdin;
 - from the helper: ``h`` its PID once started; per command ``p`` the PID of its shell, then
   ``r``: its exit status (signed 4 bytes, 128 + N when killed by signal N), the length of its
   stdout (4 bytes), its stdout, its stderr.
 
-One thread: a loop over the helper's stdin and the command's pipes, so that the host starts
-nothing but the command's ``sh`` (a thread would take a PID too). Each command runs in a
+One thread, a ``poll`` loop over the helper's stdin and the command's pipes, and ``fork`` and
+``exec`` of ``/bin/sh`` itself: the host starts nothing but the command's ``sh`` (a thread
+would take a PID too), and the helper imports only built-in modules, so that it starts as fast
+as a bare ``python3`` (``subprocess`` and ``json`` took more CPU to import than the helper then
+spends on a run's commands). Each command runs in a
 session of its own, so that fxkit can kill its process group (past its timeout, on a Ctrl-C)
 over another SSH session, as it does any command's. When the helper's
 stdin ends (fxkit closed the session, was killed, the link dropped), the running command's
 stdin ends, its process group gets SIGHUP (a terminal's hangup), and the helper exits.
 """
 
-import contextlib
-import json
 import os
-import selectors
-import signal
+import select
 import struct
-import subprocess
+
+try:
+    import _signal as signals  # type: ignore[import-not-found]  # built in; signal imports enum
+except ImportError:  # pragma: no cover - every CPython 3 has it
+    import signal as signals
 
 FRAME = struct.Struct(">cI")
 ANSWER = struct.Struct(">iI")
 #: Bytes of stdin held for a command that has not read them, before frames are left waiting.
 HELD = 4 << 20
+READ = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
 def send(kind: bytes, payload: bytes) -> None:
@@ -41,47 +46,72 @@ def send(kind: bytes, payload: bytes) -> None:
         data = data[os.write(1, data) :]
 
 
+def spawn(command: bytes, stdin: bool) -> "tuple[int, int | None, int, int]":
+    """Fork ``/bin/sh -c command`` in a session of its own: its PID, then the ends of its
+    stdin (None: /dev/null), stdout and stderr pipes (not inherited by later commands)."""
+    child_in, feed = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), None)
+    out, child_out = os.pipe()
+    err, child_err = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setsid()
+            for fd, target in ((child_in, 0), (child_out, 1), (child_err, 2)):
+                os.dup2(fd, target)
+            # Python ignores SIGPIPE, and an ignored signal stays ignored across exec.
+            signals.signal(signals.SIGPIPE, signals.SIG_DFL)
+            os.execv(b"/bin/sh", [b"/bin/sh", b"-c", command])
+        finally:
+            os._exit(127)
+    for fd in (child_in, child_out, child_err):
+        os.close(fd)
+    return pid, feed, out, err
+
+
+def status(wait_status: int) -> int:
+    """An exit status as a shell reports it (128 + N when killed by signal N)."""
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
 class Command:
     """A running command: its shell, the stdin it has yet to read, its output so far."""
 
-    def __init__(self, request: dict) -> None:
-        pipe = subprocess.PIPE
-        self.proc = subprocess.Popen(
-            ["/bin/sh", "-c", request["command"]],
-            stdin=pipe if request["stdin"] else subprocess.DEVNULL,
-            stdout=pipe,
-            stderr=pipe,
-            bufsize=0,
-            start_new_session=True,
-        )
+    def __init__(self, request: memoryview) -> None:
+        self.pid, self.feed, out, err = spawn(bytes(request[1:]), request[:1] == b"1")
         self.pending = []  # type: list[memoryview]
         self.held = 0
         self.ending = False
-        #: Its stdout and stderr: what each has written, and the pipes still open.
-        pipes = (self.proc.stdout, self.proc.stderr)
-        self.open = {pipe.fileno(): pipe for pipe in pipes if pipe is not None}
-        self.output = {fd: bytearray() for fd in self.open}
+        #: What its stdout and stderr wrote, by pipe, and the pipes still open.
+        self.output = {out: bytearray(), err: bytearray()}
+        self.open = {out, err}
 
 
 class Helper:
     def __init__(self) -> None:
-        self.selector = selectors.DefaultSelector()
+        self.poll = select.poll()
         self.inbox = bytearray()
         self.command = None  # type: Command | None
         self.reading = True
 
     def serve(self) -> None:
         send(b"h", str(os.getpid()).encode())
-        self.selector.register(0, selectors.EVENT_READ, self.read_frames)
+        self.poll.register(0, READ)
         while True:
-            for key, _ in self.selector.select():
-                if key.data(key.fd) is False:
-                    return
+            for fd, _ in self.poll.poll():
+                if fd == 0:
+                    if not self.read_frames():
+                        return
+                elif self.command is not None and fd == self.command.feed:
+                    self.feed(self.command)
+                elif self.command is not None and fd in self.command.open:
+                    self.read_output(self.command, fd)
 
     # -- from fxkit
 
-    def read_frames(self, fd: int) -> bool:
-        chunk = os.read(fd, 1 << 16)
+    def read_frames(self) -> bool:
+        chunk = os.read(0, 1 << 16)
         if not chunk:
             self.hang_up()
             return False
@@ -90,7 +120,7 @@ class Helper:
             kind, size = FRAME.unpack_from(self.inbox)
             if len(self.inbox) < FRAME.size + size:
                 break
-            payload = memoryview(bytes(self.inbox[FRAME.size : FRAME.size + size]))
+            payload = memoryview(self.inbox[FRAME.size : FRAME.size + size])
             del self.inbox[: FRAME.size + size]
             self.handle(kind, payload)
         return True
@@ -98,94 +128,90 @@ class Helper:
     def handle(self, kind: bytes, payload: memoryview) -> None:
         command = self.command
         if kind == b"x":
-            command = self.command = Command(json.loads(bytes(payload).decode()))
-            send(b"p", str(command.proc.pid).encode())
-            for pipe in command.open.values():
-                self.selector.register(pipe, selectors.EVENT_READ, self.read_output)
-        elif command is None or command.proc.stdin is None or command.proc.stdin.closed:
+            command = self.command = Command(payload)
+            send(b"p", str(command.pid).encode())
+            for fd in command.open:
+                self.poll.register(fd, READ)
+        elif command is None or command.feed is None:
             return  # stdin of a command that ended or stopped reading it
         elif kind == b"i" and payload:
             if not command.pending:
-                os.set_blocking(command.proc.stdin.fileno(), False)
-                self.selector.register(command.proc.stdin, selectors.EVENT_WRITE, self.feed)
+                os.set_blocking(command.feed, False)
+                self.poll.register(command.feed, select.POLLOUT)
             command.pending.append(payload)
             command.held += len(payload)
             self.pause(command.held > HELD)
         elif kind == b"e":
             command.ending = True
             if not command.pending:
-                command.proc.stdin.close()
+                self.close_stdin(command)
 
     def pause(self, paused: bool) -> None:
         """Stop reading frames while a command has too much stdin unread (or go on again)."""
         if paused == self.reading:
             self.reading = not paused
             if paused:
-                self.selector.unregister(0)
+                self.poll.unregister(0)
             else:
-                self.selector.register(0, selectors.EVENT_READ, self.read_frames)
+                self.poll.register(0, READ)
 
     # -- to and from the command
 
-    def feed(self, fd: int) -> bool:
-        command = self.command
-        assert command is not None and command.proc.stdin is not None
+    def feed(self, command: Command) -> None:
+        assert command.feed is not None
         try:
-            sent = os.write(fd, command.pending[0])
+            sent = os.write(command.feed, command.pending[0])
         except BlockingIOError:
-            return True
+            return
         except OSError:  # it ended before reading it all: its exit status says why
             self.close_stdin(command)
-            return True
+            return
         command.held -= sent
         command.pending[0] = command.pending[0][sent:]
         if not command.pending[0]:
             command.pending.pop(0)
         if not command.pending:
-            self.selector.unregister(fd)
+            self.poll.unregister(command.feed)
             if command.ending:
-                command.proc.stdin.close()
+                self.close_stdin(command)
         self.pause(command.held > HELD)
-        return True
 
     def close_stdin(self, command: Command) -> None:
-        stdin = command.proc.stdin
-        if stdin is not None and not stdin.closed:
+        if command.feed is not None:
             if command.pending:
-                self.selector.unregister(stdin)
-            stdin.close()
-        command.pending, command.held = [], 0
+                self.poll.unregister(command.feed)
+            os.close(command.feed)
+        command.feed, command.pending, command.held = None, [], 0
         self.pause(False)
 
-    def read_output(self, fd: int) -> bool:
-        command = self.command
-        assert command is not None
+    def read_output(self, command: Command, fd: int) -> None:
         chunk = os.read(fd, 1 << 16)
         if chunk:
             command.output[fd] += chunk
-            return True
-        self.selector.unregister(fd)
-        command.open.pop(fd).close()
+            return
+        self.poll.unregister(fd)
+        os.close(fd)
+        command.open.discard(fd)
         if not command.open:
             self.finish(command)
-        return True
 
     def finish(self, command: Command) -> None:
-        rc = command.proc.wait()
+        rc = status(os.waitpid(command.pid, 0)[1])
         self.close_stdin(command)
         self.command = None
         out, err = command.output.values()
-        rc = 128 - rc if rc < 0 else rc
         send(b"r", ANSWER.pack(rc, len(out)) + bytes(out) + bytes(err))
 
     def hang_up(self) -> None:
         """fxkit is gone: the running command's stdin ends and its process group gets SIGHUP,
         so that it ends as its traps say (a write removes its temp file)."""
         command = self.command
-        if command is not None and command.proc.poll() is None:
+        if command is not None:
             self.close_stdin(command)
-            with contextlib.suppress(OSError):
-                os.killpg(command.proc.pid, signal.SIGHUP)
+            try:  # noqa: SIM105 - contextlib would cost an import
+                os.killpg(command.pid, signals.SIGHUP)
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":

@@ -50,7 +50,13 @@ from fxkit.connection.base import (
     timed_out,
 )
 from fxkit.connection.become import Started, Sudo, become_settings, reveal
-from fxkit.connection.helper import HelperClient, HelperEnded, interpreter, start_command
+from fxkit.connection.helper import (
+    HelperClient,
+    HelperEnded,
+    bulk,
+    interpreter,
+    start_command,
+)
 from fxkit.connection.hostkeys import (
     AcceptNewKey,
     RefuseUnknownKey,
@@ -328,7 +334,8 @@ class SSHConnection(Connection):
         self, command: str, *, become: bool, timeout: float | None, stdin: Stdin
     ) -> tuple[int, bytes, bytes]:
         slot = self._helpers[self.needs_sudo(become)]
-        if slot.wanted and slot.lock.acquire(blocking=False):  # busy: a session of its own
+        stdin, bulky = bulk(stdin)
+        if slot.wanted and not bulky and slot.lock.acquire(blocking=False):  # busy: not this
             try:
                 helper = self._started_helper(slot)
                 if helper is not None:
