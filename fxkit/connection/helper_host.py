@@ -40,10 +40,13 @@ HELD = 4 << 20
 READ = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
-def send(kind: bytes, payload: bytes) -> None:
-    data = memoryview(FRAME.pack(kind, len(payload)) + payload)
-    while data:
-        data = data[os.write(1, data) :]
+def send(kind: bytes, *parts: "bytes | bytearray") -> None:
+    """One frame whose payload is ``parts`` one after the other (written as they are: a
+    command's output is not copied again)."""
+    for part in (FRAME.pack(kind, sum(map(len, parts))), *parts):
+        data = memoryview(part)
+        while data:
+            data = data[os.write(1, data) :]
 
 
 def spawn(command: bytes, stdin: bool) -> "tuple[int, int | None, int, int]":
@@ -200,7 +203,7 @@ class Helper:
         self.close_stdin(command)
         self.command = None
         out, err = command.output.values()
-        send(b"r", ANSWER.pack(rc, len(out)) + bytes(out) + bytes(err))
+        send(b"r", ANSWER.pack(rc, len(out)), out, err)
 
     def hang_up(self) -> None:
         """fxkit is gone: the running command's stdin ends and its process group gets SIGHUP,
