@@ -11,12 +11,14 @@ there is none), as ``ssh`` does: Host aliases, HostName, User, Port, IdentityFil
 builds the chain of jump hosts; every client in it verifies host keys fxkit's way
 (:mod:`fxkit.connection.hostkeys`), never Fabric's default of accepting any key.
 
-Commands do not go through Fabric's ``run`` (45 ms a command, 3.4 ms here): each opens an
-exec channel on the one transport, sets TCP_NODELAY and reads stdout and stderr itself. Each
-command's shell prints its PID first (:class:`~fxkit.connection.become.Started`): one that runs
-past its timeout, or is still running when :meth:`SSHConnection.cancel` is called (a second
-Ctrl-C), is killed with its whole process group, over another channel; closing the channel
-alone would leave it running. Files are read over SFTP and written atomically
+Commands do not go through Fabric's ``run`` (45 ms a command, 3.4 ms here). Most go to the
+host-side helper (:mod:`fxkit.connection.helper`), one request each on the session it was
+started on; the others each open an exec channel on the one transport, with TCP_NODELAY, and
+read stdout and stderr themselves. Either way fxkit knows the PID of the command's shell (the
+helper says it; a channel's shell prints it first, :class:`~fxkit.connection.become.Started`):
+a command that runs past its timeout, or is still running when :meth:`SSHConnection.cancel` is
+called (a second Ctrl-C), is killed with its whole process group, over another channel; closing
+the channel alone would leave it running. Files are read over SFTP and written atomically
 (:mod:`fxkit.connection.atomic`).
 """
 
@@ -633,8 +635,8 @@ class _HelperSlot:
         self.lock = threading.Lock()
 
     def stop(self, for_good: bool = False) -> None:
-        """Close its session: the helper kills the command it runs and exits. The next command
-        starts another, or, ``for_good``, runs in a session of its own."""
+        """Close its session: the helper hangs up the command it runs and exits. The next
+        command starts another, or, ``for_good``, runs in a session of its own."""
         session, self.session, self.client = self.session, None, None
         if for_good:
             self.wanted = False
