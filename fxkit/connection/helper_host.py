@@ -89,6 +89,8 @@ class Command:
         #: What its stdout and stderr wrote, by pipe, and the pipes still open.
         self.output = {out: bytearray(), err: bytearray()}
         self.open = {out, err}
+        for fd in self.open:  # an event polled before a pipe was closed and its number reused
+            os.set_blocking(fd, False)
 
 
 class Helper:
@@ -188,7 +190,10 @@ class Helper:
         self.pause(False)
 
     def read_output(self, command: Command, fd: int) -> None:
-        chunk = os.read(fd, 1 << 16)
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
         if chunk:
             command.output[fd] += chunk
             return
