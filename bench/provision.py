@@ -493,8 +493,8 @@ def measure(
 @contextmanager
 def ssh_counted() -> Iterator[dict[str, int]]:
     """Count, in this process, the SSH channels paramiko opens, the SFTP requests it sends and
-    the commands sent to fxkit's host-side helper (as ``bench/provision_probe`` does in a
-    tool's process)."""
+    the requests (commands, reads) sent to fxkit's host-side helper (as
+    ``bench/provision_probe`` does in a tool's process)."""
     import paramiko
     from paramiko.sftp_client import SFTPClient
 
@@ -503,7 +503,8 @@ def ssh_counted() -> Iterator[dict[str, int]]:
     counts = {"channels": 0, "sftp_requests": 0, "helper_requests": 0}
     patched = [(paramiko.Transport, "open_channel", "channels"),
                (SFTPClient, "_async_request", "sftp_requests"),
-               (HelperClient, "send", "helper_requests")]  # fmt: skip
+               (HelperClient, "send", "helper_requests"),  # a command, then a read:
+               (HelperClient, "ask", "helper_requests")]  # fmt: skip
     originals = [getattr(cls, name) for cls, name, _ in patched]
 
     def counting(original: Callable[..., object], key: str) -> Callable[..., object]:

@@ -141,8 +141,8 @@ def test_shell_metacharacters_are_data(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 class CountingConnection(LocalConnection):
-    """Counts the commands (a process on the host each) and the reads without one (stat, get:
-    SFTP requests over SSH)."""
+    """Counts the commands (a process on the host each) and the reads without one (stat, get,
+    inspect: requests to the host-side helper over SSH)."""
 
     def __init__(self) -> None:
         super().__init__("localhost")
@@ -160,6 +160,10 @@ class CountingConnection(LocalConnection):
     def stat(self, path: str, **kwargs):  # type: ignore[no-untyped-def]
         self.reads += 1
         return super().stat(path, **kwargs)
+
+    def inspect(self, path: str, **kwargs):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return super().inspect(path, **kwargs)
 
 
 @pytest.mark.parametrize(

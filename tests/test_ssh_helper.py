@@ -4,14 +4,18 @@ started left running."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import paramiko
 import pytest
 from sync_helpers import SAFETY, Meeting, run_past_timeout, when
 
+from fxkit.connection.base import PathStat
 from fxkit.connection.helper import BULK, HelperClient
-from fxkit.errors import ConnectionFailed
+from fxkit.errors import ConnectionFailed, FxkitError
+from fxkit.facts.base import FactCache
+from fxkit.facts.files import FileStat
 from fxkit.lab import SUDO_USER
 
 pytestmark = pytest.mark.lab
@@ -88,6 +92,50 @@ def test_an_upload_goes_in_a_session_of_its_own(lab_fleet, monkeypatch):
             str(helper),
         ]
         assert len(opened) == 2
+
+
+_PATHS = ("/srv/t/file", "/srv/t/dir", "/srv/t/link", "/srv/t/none", "/srv/t/file/x")
+
+
+def _reads(conn) -> list[object]:
+    """What the connection's reads find of :data:`_PATHS`, and the FileStat fact of each (the
+    mtimes in whole seconds, as SFTP has them; the helper has the fraction too)."""
+
+    def stat(path: str, follow: bool) -> PathStat | None:
+        found = conn.stat(path, follow=follow)
+        return found and dataclasses.replace(found, mtime=int(found.mtime))
+
+    found: list[object] = []
+    for path in _PATHS:
+        found += [conn.get(path) if path.endswith(("file", "none")) else None,
+                  stat(path, False), stat(path, True),
+                  FactCache(conn).get(FileStat, path)]  # fmt: skip
+    return found
+
+
+def test_reads_are_requests_to_the_helper(lab_fleet, monkeypatch):
+    """A file's content, a path's stat and the FileStat fact come from the helper itself, one
+    request each, with no SFTP session and no process; they equal what SFTP and the fact's
+    command find. A failure is the file's error, as SFTP's is."""
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01", fxkit_host_helper="false") as plain:
+        plain.run(
+            "mkdir -p /srv/t/dir && printf 'a\\nb' > /srv/t/file && chmod 640 /srv/t/file && "
+            "chown 1:2 /srv/t/file && ln -sfn file /srv/t/link"
+        )
+        over_sftp = _reads(plain)
+        by_command = [FileStat().parse(plain.run(FileStat().command(p)), p) for p in _PATHS]
+    with fleet.connect("lab01") as conn:
+        conn.run("true")  # the helper runs
+        opened, asked = _sessions(monkeypatch), []
+        original = HelperClient.ask
+        monkeypatch.setattr(HelperClient, "ask", lambda h, *a: asked.append(a) or original(h, *a))
+        assert _reads(conn) == over_sftp
+        assert over_sftp[3::4] == by_command and over_sftp[3].owner == "daemon"
+        assert len(asked) == 2 * 4 + 3 * 3 and opened == []  # one request per read
+        with pytest.raises(FxkitError, match="cannot read /srv/t/dir: Is a directory"):
+            conn.get("/srv/t/dir")
+        assert conn.run("echo $PPID").stdout.strip() == str(conn._helpers[False].client.pid)
 
 
 def test_a_command_that_ends_the_helper_fails_and_the_next_runs_alone(lab_fleet):
@@ -182,6 +230,12 @@ def test_become_commands_share_one_helper_started_through_sudo(lab_fleet, monkey
         helper = conn._helpers[True].client
         assert user == "root" and helper is not None and int(parent) == helper.pid
         assert conn.run("id -un").stdout == f"{SUDO_USER}\n"  # the login user's own helper
+        assert len(opened) == 2
+        # Root's files are read and stat'ed by the root helper itself (no sudo of their own).
+        conn.run("umask 077 && echo s > /root/.fxkit-secret", become=True)
+        assert conn.get("/root/.fxkit-secret", become=True) == b"s\n"
+        found = conn.stat("/root/.fxkit-secret", become=True)
+        assert found is not None and (found.size, found.st_mode & 0o777) == (2, 0o600)
         assert len(opened) == 2
         # Past its timeout a root command is killed through sudo (it is not the login user's).
         meeting = Meeting(conn)

@@ -1,8 +1,9 @@
 """Counts a tool's SSH round trips for bench/provision.py: loaded (through PYTHONPATH) into the
 tool's own Python, it counts the SSH channels paramiko opens (one per command, one per SFTP
-session), the SFTP requests it sends and the commands sent to fxkit's host-side helper (one
-request on its open channel each), and writes them as JSON to $FXBENCH_COUNTS at exit. fxkit
-and pyinfra both talk SSH through paramiko, so both are counted the same way."""
+session), the SFTP requests it sends and the requests sent to fxkit's host-side helper (a
+command or a read, one request on its open channel each), and writes them as JSON to
+$FXBENCH_COUNTS at exit. fxkit and pyinfra both talk SSH through paramiko, so both are counted
+the same way."""
 
 import atexit
 import json
@@ -34,7 +35,8 @@ if _path:
     except ImportError:  # not fxkit
         pass
     else:
-        _counting(HelperClient, "send", "helper_requests")
+        _counting(HelperClient, "send", "helper_requests")  # a command
+        _counting(HelperClient, "ask", "helper_requests")  # a read
 
     @atexit.register
     def _write():

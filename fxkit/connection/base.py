@@ -45,6 +45,19 @@ class PathStat:
 
 
 @dataclass(frozen=True)
+class PathState:
+    """What :meth:`Connection.inspect` learns of a path in one step."""
+
+    stat: PathStat
+    #: The names of its owner and group as the host's ``stat`` shows them ("" when none).
+    owner: str
+    group: str
+    #: The sha256 of a regular file's content, in hex; "" for anything else; None for a file
+    #: larger than asked.
+    sha256: str | None
+
+
+@dataclass(frozen=True)
 class RunResult:
     """The outcome of one remote command."""
 
@@ -195,12 +208,22 @@ class Connection(ABC):
         """Return the contents of the file ``path``, or None when it does not exist."""
 
     def stat(self, path: str, *, become: bool = False, follow: bool = False) -> PathStat | None:
-        """``path``'s :class:`PathStat` read without starting a process on the host (SFTP,
-        ``os.stat``); None when it does not exist; ``follow`` follows a symbolic link.
+        """``path``'s :class:`PathStat` read without starting a process on the host (the
+        host-side helper, SFTP, ``os.stat``); None when it does not exist; ``follow`` follows a
+        symbolic link.
 
-        Raises :class:`NotImplementedError` where the connection cannot (``become`` through sudo):
-        callers then use a command. Other errors as :meth:`get`."""
+        Raises :class:`NotImplementedError` where the connection cannot (``become`` through sudo
+        without a helper): callers then use a command. Other errors as :meth:`get`."""
         raise NotImplementedError(f"{type(self).__name__} has no stat without a command")
+
+    def inspect(self, path: str, *, become: bool = False, hash_limit: int) -> PathState | None:
+        """``path``'s :class:`PathState` (not following a symbolic link) in one step, without
+        a process on the host, its content hashed when it is a regular file of up to
+        ``hash_limit`` bytes; None when it does not exist.
+
+        Raises :class:`NotImplementedError` where the connection cannot: callers then compose
+        :meth:`stat` and :meth:`get`, or run a command. Other errors as :meth:`get`."""
+        raise NotImplementedError(f"{type(self).__name__} has no inspect")
 
     def put(self, path: str, data: bytes, *, become: bool = False) -> None:
         """Replace ``path`` with ``data`` atomically: the old file or the new one, whole, even

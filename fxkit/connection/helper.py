@@ -1,16 +1,18 @@
 """The controller's side of the host-side helper (:mod:`fxkit.connection.helper_host`).
 
-An SSH connection starts a helper on its first command, and one through sudo on its first
-command as the become user, and sends the commands through them: one request on a session that
+An SSH connection starts a helper on its first command or read, and one through sudo on its
+first as the become user, and sends the commands through them: one request on a session that
 stays open, where a command of its own costs a new SSH session, the login shell, ``sh`` (and
-sudo). A host without the interpreter (``python3``, or the inventory's
-``ansible_python_interpreter``) keeps the plain commands, as does a host whose
-``fxkit_host_helper`` is false, and so does a command that arrives while the helper is busy
-with another thread's, or one given :data:`BULK` stdin.
+sudo). Reads (a file's content, a path's state) are requests the helper answers itself,
+without a process, where SFTP took several round trips each. A host without the interpreter
+(``python3``, or the inventory's ``ansible_python_interpreter``) keeps the plain commands and
+SFTP, as does a host whose ``fxkit_host_helper`` is false, and so does a request that arrives
+while the helper is busy with another thread's, or a command given :data:`BULK` stdin.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import shlex
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fxkit.connection import helper_host
-from fxkit.connection.base import Stdin, buffers
+from fxkit.connection.base import PathStat, PathState, Stdin, buffers
 
 #: The helper's program, sent as its command line.
 SOURCE = Path(helper_host.__file__).read_text(encoding="utf-8")
@@ -29,6 +31,42 @@ PIECE = 1 << 20
 BULK = 1 << 20
 #: Interpreters of ``ansible_python_interpreter`` that mean "find it" (Ansible's discovery).
 DISCOVER = frozenset({"auto", "auto_silent", "auto_legacy", "auto_legacy_silent"})
+#: The errors of a path that does not exist, as OpenSSH's sftp-server maps them to "no such
+#: file" (sftp-server.c, ``errno_to_portable``): ENOENT, ENOTDIR, ELOOP.
+MISSING = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+
+
+def encoded(path: str) -> bytes:
+    """A path as the host's system calls take it (SFTP's UTF-8; odd bytes kept)."""
+    return path.encode("utf-8", "surrogateescape")
+
+
+def look_request(path: str, follow: bool, hash_limit: int) -> bytes:
+    """The payload of an ``l`` request (:data:`helper_host.LOOK`)."""
+    return helper_host.LOOK.pack(follow, hash_limit) + encoded(path)
+
+
+def path_state(
+    fields: tuple[int, int, int, int, float], owner: bytes, group: bytes, digest: bytes
+) -> PathState:
+    """A :class:`PathState` from :func:`helper_host.look`'s values (the stat's mode, ids, size
+    and mtime)."""
+    text = [n.decode("utf-8", "surrogateescape") for n in (owner, group)]
+    sha256 = None if digest == b"-" else digest.decode()
+    return PathState(PathStat(*fields), text[0], text[1], sha256)
+
+
+def looked(payload: bytes) -> PathState:
+    """The :class:`PathState` of an ``f`` answer."""
+    fields = helper_host.STAT.unpack_from(payload)
+    owner, group, digest = payload[helper_host.STAT.size :].split(b"\0", 2)
+    return path_state(fields, owner, group, digest)
+
+
+def failure(payload: bytes) -> tuple[int, str]:
+    """The errno and reason of an ``o`` answer."""
+    (number,) = helper_host.ERROR.unpack_from(payload)
+    return number, payload[helper_host.ERROR.size :].decode(errors="replace")
 
 
 class HelperEnded(Exception):
@@ -114,6 +152,16 @@ class HelperClient:
             else:
                 raise HelperEnded(f"it answered {kind!r} to a command")
         return None
+
+    def ask(self, kind: bytes, payload: bytes) -> tuple[bytes, bytes]:
+        """A request the helper answers itself (a path's state ``l``, a file's content ``g``):
+        the kind of its answer and its payload. Raises :class:`HelperEnded` as :meth:`answer`."""
+        self._send(kind, memoryview(payload))
+        frame = self._frame()
+        assert frame is not None
+        if frame[0] not in (b"f", b"c", b"o"):
+            raise HelperEnded(f"it answered {frame[0]!r} to a request of {kind!r}")
+        return frame
 
     def _send(self, kind: bytes, payload: memoryview) -> None:
         head = memoryview(helper_host.FRAME.pack(kind, len(payload)))

@@ -13,15 +13,22 @@ Frames both ways: a kind byte, the payload's length (4 bytes, big-endian), the p
   ``r``: its exit status (signed 4 bytes, 128 + N when killed by signal N), the length of its
   stdout (4 bytes), its stdout, its stderr.
 
+A path's state and a file's content are read by the helper itself, no process started: ``l``
+(:data:`LOOK`: whether to follow a last symbolic link, the largest regular file to hash, then
+the path) answers ``f`` (:data:`STAT`, the owner's and the group's names, each ended by a NUL
+byte, then the sha256 in hex: empty for what is not a regular file, ``-`` for a file larger
+than asked); ``g`` (the path) answers ``c``, the content. Either answers ``o`` when the path
+cannot be read: its errno (4 bytes) and the reason.
+
 One thread, a ``poll`` loop over the helper's stdin and the command's pipes, and ``fork`` and
-``exec`` of ``/bin/sh`` itself: the host starts nothing but the command's ``sh`` (a thread
-would take a PID too), and the helper imports only built-in modules, so that it starts as fast
-as a bare ``python3`` (``subprocess`` and ``json`` took more CPU to import than the helper then
-spends on a run's commands). Each command runs in a
-session of its own, so that fxkit can kill its process group (past its timeout, on a Ctrl-C)
-over another SSH session, as it does any command's. When the helper's
-stdin ends (fxkit closed the session, was killed, the link dropped), the running command's
-stdin ends, its process group gets SIGHUP (a terminal's hangup), and the helper exits.
+``exec`` of ``/bin/sh`` itself: the host starts nothing but the command's ``sh`` (a thread would
+take a PID too), and the helper imports only small modules of the standard library, so that it
+starts as fast as a bare ``python3`` (``subprocess`` and ``json`` took more CPU to import than
+the helper then spends on a run's commands). Each command runs in a session of its own, so that
+fxkit can kill its process group (past its timeout, on a Ctrl-C) over another SSH session, as
+it does any command's. When the helper's stdin ends (fxkit closed the session, was killed, the
+link dropped), the running command's stdin ends, its process group gets SIGHUP (a terminal's
+hangup), and the helper exits.
 """
 
 import os
@@ -38,6 +45,13 @@ ANSWER = struct.Struct(">iI")
 #: Bytes of stdin held for a command that has not read them, before frames are left waiting.
 HELD = 4 << 20
 READ = select.POLLIN | select.POLLHUP | select.POLLERR
+#: A path's ``l`` request: follow a last symbolic link, the largest file hashed (-1: none).
+LOOK = struct.Struct(">?q")
+#: A path's mode, owner's and group's ids, size and modification time.
+STAT = struct.Struct(">IIIQd")
+ERROR = struct.Struct(">I")
+S_IFMT, S_IFREG = 0o170000, 0o100000
+CHUNK = 1 << 20
 
 
 def send(kind: bytes, *parts: "bytes | bytearray") -> None:
@@ -76,6 +90,82 @@ def status(wait_status: int) -> int:
     if os.WIFSIGNALED(wait_status):
         return 128 + os.WTERMSIG(wait_status)
     return os.WEXITSTATUS(wait_status)
+
+
+def name(table: str, number: int) -> bytes:
+    """The user's (``pwd``) or group's (``grp``) name of an id, as ``stat -c %U`` looks it up
+    (the host's NSS); empty when it has none."""
+    try:
+        module = __import__(table)
+        entry = module.getpwuid(number) if table == "pwd" else module.getgrgid(number)
+    except (KeyError, ImportError):
+        return b""
+    return entry[0].encode("utf-8", "surrogateescape")
+
+
+def look(path: bytes, follow: bool, limit: int) -> "tuple[os.stat_result, bytes, bytes, bytes]":
+    """``path``'s stat (``lstat`` unless ``follow``), its owner's and group's names, and the
+    sha256 of a regular file up to ``limit`` bytes (empty for anything else, ``-`` when
+    larger). Raises :class:`OSError` as ``os.lstat`` or reading the file does."""
+    found = os.stat(path) if follow else os.lstat(path)
+    digest = b""
+    if found.st_mode & S_IFMT == S_IFREG:
+        digest = b"-"
+        if found.st_size <= limit:
+            hashed, found = hashed_file(path, follow)
+            digest = hashed if found.st_size <= limit else b"-"
+    return found, name("pwd", found.st_uid), name("grp", found.st_gid), digest
+
+
+def hashed_file(path: bytes, follow: bool) -> "tuple[bytes, os.stat_result]":
+    """The sha256 of the file's content, in hex, and its stat as opened (what was hashed)."""
+    try:  # the module of sha256 alone: hashlib would load OpenSSL
+        from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]  # <= 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
+        except ImportError:  # pragma: no cover - a build without them
+            from hashlib import sha256  # type: ignore[assignment,unused-ignore]
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+    try:
+        found, digest = os.fstat(fd), sha256()
+        while True:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                return digest.hexdigest().encode(), found
+            digest.update(chunk)
+    finally:
+        os.close(fd)
+
+
+def content(path: bytes) -> bytes:
+    """The whole content of the file ``path``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        chunks = []  # type: list[bytes]
+        while True:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def answer_path(kind: bytes, payload: memoryview) -> None:
+    """Answer an ``l`` or ``g`` request (see the module's docstring)."""
+    try:
+        if kind == b"g":
+            send(b"c", content(bytes(payload)))
+            return
+        follow, limit = LOOK.unpack_from(payload)
+        found, owner, group, digest = look(bytes(payload[LOOK.size :]), follow, limit)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        number = getattr(exc, "errno", 0) or 0
+        send(b"o", ERROR.pack(number), (getattr(exc, "strerror", "") or str(exc)).encode())
+        return
+    head = STAT.pack(found.st_mode, found.st_uid, found.st_gid, found.st_size, found.st_mtime)
+    send(b"f", head, owner, b"\0", group, b"\0", digest)
 
 
 class Command:
@@ -132,7 +222,9 @@ class Helper:
 
     def handle(self, kind: bytes, payload: memoryview) -> None:
         command = self.command
-        if kind == b"x":
+        if kind in (b"l", b"g"):
+            answer_path(kind, payload)
+        elif kind == b"x":
             command = self.command = Command(payload)
             send(b"p", str(command.pid).encode())
             for fd in command.open:

@@ -24,12 +24,15 @@ from fxkit.connection.base import (
     TIMEOUT_RC,
     Connection,
     PathStat,
+    PathState,
     Running,
     Stdin,
     buffers,
     timed_out,
 )
 from fxkit.connection.become import Sudo
+from fxkit.connection.helper import MISSING, path_state
+from fxkit.connection.helper_host import look
 from fxkit.errors import ConnectionFailed
 from fxkit.redaction import maskable
 
@@ -110,6 +113,19 @@ class LocalConnection(Connection):
         except OSError as exc:
             raise self.file_error("stat", path, exc.strerror or str(exc)) from None
         return PathStat(st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime)
+
+    def inspect(self, path: str, *, become: bool = False, hash_limit: int) -> PathState | None:
+        """What the host-side helper does, here in fxkit's process."""
+        if self.needs_sudo(become):
+            raise NotImplementedError("os.lstat runs as fxkit's user, not the become user")
+        try:
+            st, owner, group, digest = look(os.fsencode(path), False, hash_limit)
+        except OSError as exc:
+            if exc.errno in MISSING:
+                return None
+            raise self.file_error("stat", path, exc.strerror or str(exc)) from None
+        fields = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime)
+        return path_state(fields, owner, group, digest)
 
 
 class _Timeout(Exception):

@@ -18,7 +18,8 @@ read stdout and stderr themselves. Either way fxkit knows the PID of the command
 helper says it; a channel's shell prints it first, :class:`~fxkit.connection.become.Started`):
 a command that runs past its timeout, or is still running when :meth:`SSHConnection.cancel` is
 called (a second Ctrl-C), is killed with its whole process group, over another channel; closing
-the channel alone would leave it running. Files are read over SFTP and written atomically
+the channel alone would leave it running. Files are read by the helper itself (a path's state,
+a file's content: one request, no process), else over SFTP, and written atomically
 (:mod:`fxkit.connection.atomic`).
 """
 
@@ -46,6 +47,7 @@ from fxkit.connection.base import (
     TIMEOUT_RC,
     Connection,
     PathStat,
+    PathState,
     Running,
     Stdin,
     buffers,
@@ -53,10 +55,15 @@ from fxkit.connection.base import (
 )
 from fxkit.connection.become import Started, Sudo, become_settings, reveal
 from fxkit.connection.helper import (
+    MISSING,
     HelperClient,
     HelperEnded,
     bulk,
+    encoded,
+    failure,
     interpreter,
+    look_request,
+    looked,
     start_command,
 )
 from fxkit.connection.hostkeys import (
@@ -373,6 +380,31 @@ class SSHConnection(Connection):
         slot.client, slot.session = helper, session
         return helper
 
+    def _ask(self, become: bool, kind: bytes, payload: bytes) -> tuple[bytes, bytes] | None:
+        """A request the host-side helper answers itself (:meth:`HelperClient.ask`); None
+        where no helper can: not wanted, unable to start, busy with another thread's command,
+        or ended during it (the read is then made another way)."""
+        slot = self._helpers[self.needs_sudo(become)]
+        if not slot.wanted or not slot.lock.acquire(blocking=False):
+            return None
+        try:
+            helper = self._started_helper(slot)
+            if helper is None or slot.session is None:
+                return None
+            slot.session.deadline = None  # as an SFTP read: no timeout
+            with self._running.recorded(functools.partial(slot.stop, True)):
+                return helper.ask(kind, payload)
+        except HelperEnded:
+            slot.stop(for_good=True)
+            self._running.refuse(self._where)
+            if not self._transport().is_active():
+                raise self._lost("the SSH transport closed") from None
+            return None
+        except _LINK_ERRORS as exc:
+            raise self._lost(_describe(exc)) from None
+        finally:
+            slot.lock.release()
+
     def _helper_exec(
         self,
         slot: _HelperSlot,
@@ -535,6 +567,10 @@ class SSHConnection(Connection):
     # -- files -----------------------------------------------------------------------------
 
     def get(self, path: str, *, become: bool = False) -> bytes | None:
+        """Read by the host-side helper where it runs, else over SFTP (through sudo: ``cat``)."""
+        answer = self._ask(become, b"g", encoded(path))
+        if answer is not None:
+            return self._answered("read", path, answer)
         if self.needs_sudo(become):
             return self.read_as_root(path)
         conn = self._opened()
@@ -548,7 +584,12 @@ class SSHConnection(Connection):
             raise self._sftp_error(conn, "read", path, exc) from None
 
     def stat(self, path: str, *, become: bool = False, follow: bool = False) -> PathStat | None:
-        """Over the SFTP session :meth:`get` reads through: no process on the host."""
+        """By the host-side helper where it runs, else over the SFTP session :meth:`get` reads
+        through: no process on the host either way."""
+        answer = self._ask(become, b"l", look_request(path, follow, -1))
+        if answer is not None:
+            found = self._answered("stat", path, answer)
+            return None if found is None else looked(found).stat
         if self.needs_sudo(become):
             raise NotImplementedError("SFTP runs as the login user, not the become user")
         conn = self._opened()
@@ -566,6 +607,25 @@ class SSHConnection(Connection):
             attrs.st_size or 0,
             attrs.st_mtime or 0,
         )
+
+    def inspect(self, path: str, *, become: bool = False, hash_limit: int) -> PathState | None:
+        """One request to the host-side helper; NotImplementedError where none runs."""
+        answer = self._ask(become, b"l", look_request(path, False, hash_limit))
+        if answer is None:
+            raise NotImplementedError("no host-side helper runs on this host")
+        found = self._answered("stat", path, answer)
+        return None if found is None else looked(found)
+
+    def _answered(self, verb: str, path: str, answer: tuple[bytes, bytes]) -> bytes | None:
+        """The payload of the helper's answer about ``path``: None when the path does not
+        exist; a file error when it cannot be read."""
+        kind, payload = answer
+        if kind != b"o":
+            return payload
+        number, reason = failure(payload)
+        if number in MISSING:
+            return None
+        raise self.file_error(verb, path, reason)
 
     def sftp(self) -> paramiko.SFTPClient:
         """A new SFTP session on the connection (one per thread: each has its own channel)."""

@@ -44,9 +44,9 @@ class Fact(Generic[T]):
         raise NotImplementedError
 
     def direct(self, facts: FactCache, *args: Any, become: bool) -> T | None:
-        """The value learnt without a command (through the connection's SFTP session: no process
-        on the host, no round trip of its own), or None where it cannot be: then
-        :meth:`command` runs. Facts that can override it."""
+        """The value learnt without a command (the host-side helper or the connection's SFTP
+        session: no process on the host, no round trip of its own), or None where it cannot
+        be: then :meth:`command` runs. Facts that can override it."""
         return None
 
 

@@ -12,8 +12,8 @@ from fxkit.connection.base import PathStat, RunResult
 from fxkit.errors import ConnectionFailed, FxkitError
 from fxkit.facts.base import Fact, FactCache, FactError
 
-#: Largest file whose sha256 :meth:`FileStat.direct` takes on the controller (read over SFTP);
-#: a larger one is hashed on the host.
+#: Largest file whose sha256 :meth:`FileStat.direct` takes without a command (the host-side
+#: helper hashes it, or the controller reads it over SFTP); a larger one is hashed by the command.
 DIRECT_HASH_LIMIT = 4 << 20
 
 _TYPES = {
@@ -123,10 +123,29 @@ class FileStat(Fact[FileInfo]):
         )
 
     def direct(self, facts: FactCache, *args: Any, become: bool) -> FileInfo | None:
-        """Over SFTP where the connection has it: ``lstat``, the owner's names from
-        :class:`AccountNames` and, for a file up to :data:`DIRECT_HASH_LIMIT`, its content hashed
-        here. None (the command runs) where an id has no name there or anything fails."""
+        """In one step where the connection can (:meth:`Connection.inspect`: the host-side
+        helper, or fxkit's own process), else over SFTP: ``lstat``, the owner's names from
+        :class:`AccountNames` and the content hashed here. Either way a file larger than
+        :data:`DIRECT_HASH_LIMIT` is hashed by the command. None (the command runs) where an id
+        has no name or anything fails."""
         (path,) = args
+        try:
+            state = facts.conn.inspect(path, become=become, hash_limit=DIRECT_HASH_LIMIT)
+        except NotImplementedError:
+            return self._composed(facts, path, become)
+        except ConnectionFailed:
+            raise
+        except FxkitError:
+            return None
+        if state is None:
+            return ABSENT
+        if not state.owner or not state.group or state.sha256 is None:
+            return None
+        kind = _kind(state.stat.st_mode)
+        return _info(state.stat, kind, state.owner, state.group, state.sha256)
+
+    def _composed(self, facts: FactCache, path: str, become: bool) -> FileInfo | None:
+        """:meth:`direct` over SFTP: a stat, the account names, the content."""
         conn = facts.conn
         try:
             found = conn.stat(path, become=become)

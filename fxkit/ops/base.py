@@ -136,8 +136,8 @@ class OpContext:
         return self.conn.get(path, become=self.become)
 
     def exists(self, path: str) -> bool | None:
-        """Whether ``path`` exists (a link: its target), learnt without a command (SFTP); None
-        where the connection cannot tell without one (``become`` through sudo)."""
+        """Whether ``path`` exists (a link: its target), learnt without a command
+        (:meth:`Connection.stat`); None where the connection cannot tell without one."""
         try:
             return self.conn.stat(path, become=self.become, follow=True) is not None
         except ConnectionFailed:

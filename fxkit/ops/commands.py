@@ -34,8 +34,8 @@ def command(
     ``changed_when`` (a bool, or a function of the :class:`RunResult`) decides what a run that
     went through reports. Guards and command run in one round trip; check mode runs the guards
     only (they must change nothing). ``creates`` and ``removes`` are looked up first without a
-    command where the connection can (SFTP): a command they skip costs no process on the host.
-    ``data`` holds ``rc``, ``stdout``, ``stderr``; rc != 0
+    command where the connection can (the host-side helper, SFTP): a command they skip costs
+    no process on the host. ``data`` holds ``rc``, ``stdout``, ``stderr``; rc != 0
     fails with the tail of stderr. To read a command's output, also in check mode, use the
     facts :class:`~fxkit.facts.CommandOutput` and :class:`~fxkit.facts.CommandJSON`.
 
