@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sync_helpers import stopped, when
 
-from fxkit.connection.atomic import OPENSSL_FROM, TEMP_MARK
+from fxkit.connection.atomic import ONE_PASS_FROM, OPENSSL_FROM, TEMP_MARK
 from fxkit.connection.base import buffers
 from fxkit.connection.local import LocalConnection
 from fxkit.errors import FxkitError
@@ -75,10 +75,42 @@ def test_content_without_its_whole_sha256_line_is_not_installed(tmp_path: Path, 
     assert target.read_bytes() == b"old content\n" and _temps(tmp_path) == []
 
 
-#: Content hashed on the host by coreutils, and by openssl where installed (OPENSSL_FROM).
+#: Content hashed on the host by coreutils, by openssl where installed (OPENSSL_FROM), and
+#: while it is written by python3 (ONE_PASS_FROM).
 SIZES = pytest.mark.parametrize(
-    "content", [b"new content", b"n" * (OPENSSL_FROM + 5)], ids=["small", "openssl-sized"]
+    "content",
+    [b"new content", b"n" * (OPENSSL_FROM + 5), b"n" * (ONE_PASS_FROM + 5)],
+    ids=["small", "openssl-sized", "one-pass"],
 )
+
+
+@pytest.mark.parametrize("keep", [0, ONE_PASS_FROM // 2, ONE_PASS_FROM + 5, ONE_PASS_FROM + 40])
+def test_a_one_pass_write_that_breaks_off_leaves_the_old_file(tmp_path: Path, keep: int) -> None:
+    target = tmp_path / "big.bin"
+    target.write_bytes(b"old content\n")
+    size = ONE_PASS_FROM + 5
+    with pytest.raises(FxkitError, match=f"broke off after {min(keep, size)} of {size} bytes"):
+        DroppedLink(keep).put(str(target), b"n" * size)
+    assert target.read_bytes() == b"old content\n" and _temps(tmp_path) == []
+
+
+def test_without_python3_the_host_copies_then_hashes(tmp_path: Path, monkeypatch) -> None:
+    """A host without python3 gets dd and the hash after it: the same file, the same checks."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
+        for tool in Path(folder).iterdir():
+            if not tool.name.startswith("python") and not (bin_dir / tool.name).exists():
+                (bin_dir / tool.name).symlink_to(tool)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    conn = LocalConnection("localhost")
+    assert conn.run("command -v python3 || echo none").stdout == "none\n"
+    target, content = tmp_path / "big.bin", os.urandom(ONE_PASS_FROM + 5)
+    conn.put(str(target), content)
+    assert target.read_bytes() == content and _temps(tmp_path) == []
+    with pytest.raises(FxkitError, match=f"broke off after 1000 of {len(content)} bytes"):
+        DroppedLink(1000).put(str(target), content[::-1])
+    assert target.read_bytes() == content and _temps(tmp_path) == []
 
 
 @SIZES
