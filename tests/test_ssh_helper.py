@@ -11,6 +11,7 @@ import paramiko
 import pytest
 from sync_helpers import SAFETY, Meeting, run_past_timeout, when
 
+from fxkit.connection import helper
 from fxkit.connection.base import PathStat
 from fxkit.connection.helper import BULK, HelperClient
 from fxkit.errors import ConnectionFailed, FxkitError
@@ -136,6 +137,21 @@ def test_reads_are_requests_to_the_helper(lab_fleet, monkeypatch):
         with pytest.raises(FxkitError, match="cannot read /srv/t/dir: Is a directory"):
             conn.get("/srv/t/dir")
         assert conn.run("echo $PPID").stdout.strip() == str(conn._helpers[False].client.pid)
+
+
+def test_a_file_larger_than_one_answer_is_read_over_sftp(lab_fleet, monkeypatch):
+    """The helper answers EFBIG for a file beyond what one answer carries (4 GiB; here the
+    helper is told 10 bytes) and the read goes over SFTP, whole."""
+    source = helper.SOURCE.replace("LARGEST = (1 << 32) - 1", "LARGEST = 10")
+    assert source != helper.SOURCE
+    monkeypatch.setattr(helper, "SOURCE", source)
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        conn.run("printf 0123456789 > /tmp/ten && printf 0123456789a > /tmp/eleven")
+        opened = _sessions(monkeypatch)
+        assert conn.get("/tmp/ten") == b"0123456789" and opened == []
+        assert conn.get("/tmp/eleven") == b"0123456789a" and len(opened) == 1  # SFTP's
+        assert conn._helpers[False].wanted  # the helper goes on
 
 
 def test_a_command_that_ends_the_helper_fails_and_the_next_runs_alone(lab_fleet):

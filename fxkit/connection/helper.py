@@ -69,6 +69,12 @@ def failure(payload: bytes) -> tuple[int, str]:
     return number, payload[helper_host.ERROR.size :].decode(errors="replace")
 
 
+def oversized(answer: tuple[bytes, bytes]) -> bool:
+    """Whether a ``g`` answer says the file is larger than one answer carries."""
+    kind, payload = answer
+    return kind == b"o" and failure(payload)[0] == errno.EFBIG
+
+
 class HelperEnded(Exception):
     """The helper's session ended (the helper exited, was killed, or never started)."""
 

@@ -31,6 +31,7 @@ link dropped), the running command's stdin ends, its process group gets SIGHUP (
 hangup), and the helper exits.
 """
 
+import errno
 import os
 import select
 import struct
@@ -51,6 +52,9 @@ LOOK = struct.Struct(">?q")
 STAT = struct.Struct(">IIIQd")
 ERROR = struct.Struct(">I")
 S_IFMT, S_IFREG = 0o170000, 0o100000
+#: The largest content one answer carries (its length is 4 bytes): a larger file's read answers
+#: EFBIG, and fxkit reads it another way.
+LARGEST = (1 << 32) - 1
 CHUNK = 1 << 20
 
 
@@ -139,14 +143,19 @@ def hashed_file(path: bytes, follow: bool) -> "tuple[bytes, os.stat_result]":
 
 
 def content(path: bytes) -> bytes:
-    """The whole content of the file ``path``."""
+    """The whole content of the file ``path`` (EFBIG when it is larger than :data:`LARGEST`)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        chunks = []  # type: list[bytes]
+        if os.fstat(fd).st_size > LARGEST:
+            raise OSError(errno.EFBIG, "larger than one answer of the helper")
+        chunks, read = [], 0  # type: list[bytes], int
         while True:
             chunk = os.read(fd, CHUNK)
             if not chunk:
                 return b"".join(chunks)
+            read += len(chunk)
+            if read > LARGEST:  # it grew while read
+                raise OSError(errno.EFBIG, "larger than one answer of the helper")
             chunks.append(chunk)
     finally:
         os.close(fd)

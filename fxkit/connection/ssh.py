@@ -64,6 +64,7 @@ from fxkit.connection.helper import (
     interpreter,
     look_request,
     looked,
+    oversized,
     start_command,
 )
 from fxkit.connection.hostkeys import (
@@ -567,9 +568,10 @@ class SSHConnection(Connection):
     # -- files -----------------------------------------------------------------------------
 
     def get(self, path: str, *, become: bool = False) -> bytes | None:
-        """Read by the host-side helper where it runs, else over SFTP (through sudo: ``cat``)."""
+        """Read by the host-side helper where it runs (up to 4 GiB), else over SFTP (through
+        sudo: ``cat``)."""
         answer = self._ask(become, b"g", encoded(path))
-        if answer is not None:
+        if answer is not None and not oversized(answer):
             return self._answered("read", path, answer)
         if self.needs_sudo(become):
             return self.read_as_root(path)
