@@ -86,6 +86,7 @@ SIZES = pytest.mark.parametrize(
 
 @pytest.mark.parametrize("keep", [0, ONE_PASS_FROM // 2, ONE_PASS_FROM + 5, ONE_PASS_FROM + 40])
 def test_a_one_pass_write_that_breaks_off_leaves_the_old_file(tmp_path: Path, keep: int) -> None:
+    assert LocalConnection("localhost").run("command -v python3").ok  # the writer's path
     target = tmp_path / "big.bin"
     target.write_bytes(b"old content\n")
     size = ONE_PASS_FROM + 5

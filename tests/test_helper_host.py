@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ast
 import errno
+import grp
 import hashlib
 import os
+import pwd
 import select
 import subprocess
 import sys
@@ -110,9 +112,14 @@ def test_paths_are_read_by_the_helper_itself(helper, tmp_path):
         state = looked(payload)
         st = os.stat(path) if follow else os.lstat(path)
         assert (kind, state.stat.st_mode, state.stat.size) == (b"f", st.st_mode, st.st_size)
-        assert (state.owner, state.group) == ("root", "root")
+        assert (state.owner, state.group) == (
+            pwd.getpwuid(st.st_uid)[0],
+            grp.getgrgid(st.st_gid)[0],
+        )
         if not follow:
             assert local.inspect(path, hash_limit=limit) == state
+        nameless = looked(helper.ask(b"l", look_request(path, follow, -1, names=False))[1])
+        assert (nameless.stat, nameless.owner, nameless.group) == (state.stat, "", "")
     assert looked(helper.ask(b"l", look_request(str(odd), False, 4096))[1]).sha256 == (
         hashlib.sha256(data).hexdigest()
     )

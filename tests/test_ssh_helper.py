@@ -140,9 +140,9 @@ def test_reads_are_requests_to_the_helper(lab_fleet, monkeypatch):
 
 
 def test_a_file_larger_than_one_answer_is_read_over_sftp(lab_fleet, monkeypatch):
-    """The helper answers EFBIG for a file beyond what one answer carries (4 GiB; here the
-    helper is told 10 bytes) and the read goes over SFTP, whole."""
-    source = helper.SOURCE.replace("LARGEST = (1 << 32) - 1", "LARGEST = 10")
+    """The helper answers EFBIG for a file larger than it reads into its memory (64 MiB; here
+    it is told 10 bytes) and the read goes over SFTP, whole."""
+    source = helper.SOURCE.replace("LARGEST = 64 << 20", "LARGEST = 10")
     assert source != helper.SOURCE
     monkeypatch.setattr(helper, "SOURCE", source)
     fleet = lab_fleet(1)
@@ -152,6 +152,27 @@ def test_a_file_larger_than_one_answer_is_read_over_sftp(lab_fleet, monkeypatch)
         assert conn.get("/tmp/ten") == b"0123456789" and opened == []
         assert conn.get("/tmp/eleven") == b"0123456789a" and len(opened) == 1  # SFTP's
         assert conn._helpers[False].wanted  # the helper goes on
+
+
+def test_a_read_interrupted_before_its_answer_leaves_no_answer_behind(lab_fleet, monkeypatch):
+    """A Ctrl-C (KeyboardInterrupt) between a request and its answer stops that helper: the
+    next read gets its own answer, from a new helper, never the interrupted one's."""
+    fleet = lab_fleet(1)
+    with fleet.connect("lab01") as conn:
+        conn.run("echo first > /tmp/first && echo second > /tmp/second")
+        first = conn._helpers[False].client
+        original = HelperClient._frame
+
+        def interrupted(self, wait=True):  # type: ignore[no-untyped-def]
+            monkeypatch.setattr(HelperClient, "_frame", original)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(HelperClient, "_frame", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            conn.get("/tmp/first")
+        assert conn.get("/tmp/second") == b"second\n"
+        assert conn._helpers[False].client is not first
+        assert conn.run("echo $PPID").stdout.strip() == str(conn._helpers[False].client.pid)
 
 
 def test_a_command_that_ends_the_helper_fails_and_the_next_runs_alone(lab_fleet):

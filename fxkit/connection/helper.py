@@ -41,9 +41,9 @@ def encoded(path: str) -> bytes:
     return path.encode("utf-8", "surrogateescape")
 
 
-def look_request(path: str, follow: bool, hash_limit: int) -> bytes:
+def look_request(path: str, follow: bool, hash_limit: int, names: bool = True) -> bytes:
     """The payload of an ``l`` request (:data:`helper_host.LOOK`)."""
-    return helper_host.LOOK.pack(follow, hash_limit) + encoded(path)
+    return helper_host.LOOK.pack(follow, names, hash_limit) + encoded(path)
 
 
 def path_state(
@@ -70,7 +70,7 @@ def failure(payload: bytes) -> tuple[int, str]:
 
 
 def oversized(answer: tuple[bytes, bytes]) -> bool:
-    """Whether a ``g`` answer says the file is larger than one answer carries."""
+    """Whether a ``g`` answer says the file is larger than the helper reads for one answer."""
     kind, payload = answer
     return kind == b"o" and failure(payload)[0] == errno.EFBIG
 

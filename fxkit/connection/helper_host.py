@@ -14,11 +14,12 @@ Frames both ways: a kind byte, the payload's length (4 bytes, big-endian), the p
   stdout (4 bytes), its stdout, its stderr.
 
 A path's state and a file's content are read by the helper itself, no process started: ``l``
-(:data:`LOOK`: whether to follow a last symbolic link, the largest regular file to hash, then
-the path) answers ``f`` (:data:`STAT`, the owner's and the group's names, each ended by a NUL
-byte, then the sha256 in hex: empty for what is not a regular file, ``-`` for a file larger
-than asked); ``g`` (the path) answers ``c``, the content. Either answers ``o`` when the path
-cannot be read: its errno (4 bytes) and the reason.
+(:data:`LOOK`: whether to follow a last symbolic link, whether to look up the names of its
+owner and group, the largest regular file to hash, then the path) answers ``f`` (:data:`STAT`,
+the owner's and the group's names, each ended by a NUL byte, then the sha256 in hex: empty for
+what is not a regular file, ``-`` for a file larger than asked); ``g`` (the path) answers
+``c``, the content. Either answers ``o`` when the path cannot be read: its errno (4 bytes) and
+the reason.
 
 One thread, a ``poll`` loop over the helper's stdin and the command's pipes, and ``fork`` and
 ``exec`` of ``/bin/sh`` itself: the host starts nothing but the command's ``sh`` (a thread would
@@ -46,15 +47,16 @@ ANSWER = struct.Struct(">iI")
 #: Bytes of stdin held for a command that has not read them, before frames are left waiting.
 HELD = 4 << 20
 READ = select.POLLIN | select.POLLHUP | select.POLLERR
-#: A path's ``l`` request: follow a last symbolic link, the largest file hashed (-1: none).
-LOOK = struct.Struct(">?q")
+#: A path's ``l`` request: follow a last symbolic link, look up the names, the largest file
+#: hashed (-1: none).
+LOOK = struct.Struct(">??q")
 #: A path's mode, owner's and group's ids, size and modification time.
 STAT = struct.Struct(">IIIQd")
 ERROR = struct.Struct(">I")
 S_IFMT, S_IFREG = 0o170000, 0o100000
-#: The largest content one answer carries (its length is 4 bytes): a larger file's read answers
-#: EFBIG, and fxkit reads it another way.
-LARGEST = (1 << 32) - 1
+#: The largest content the helper reads into its memory for one answer: a larger file's read
+#: answers EFBIG, and fxkit reads it over SFTP.
+LARGEST = 64 << 20
 CHUNK = 1 << 20
 
 
@@ -107,7 +109,9 @@ def name(table: str, number: int) -> bytes:
     return entry[0].encode("utf-8", "surrogateescape")
 
 
-def look(path: bytes, follow: bool, limit: int) -> "tuple[os.stat_result, bytes, bytes, bytes]":
+def look(
+    path: bytes, follow: bool, names: bool, limit: int
+) -> "tuple[os.stat_result, bytes, bytes, bytes]":
     """``path``'s stat (``lstat`` unless ``follow``), its owner's and group's names, and the
     sha256 of a regular file up to ``limit`` bytes (empty for anything else, ``-`` when
     larger). Raises :class:`OSError` as ``os.lstat`` or reading the file does."""
@@ -118,6 +122,8 @@ def look(path: bytes, follow: bool, limit: int) -> "tuple[os.stat_result, bytes,
         if found.st_size <= limit:
             hashed, found = hashed_file(path, follow)
             digest = hashed if found.st_size <= limit else b"-"
+    if not names:
+        return found, b"", b"", digest
     return found, name("pwd", found.st_uid), name("grp", found.st_gid), digest
 
 
@@ -165,16 +171,19 @@ def answer_path(kind: bytes, payload: memoryview) -> None:
     """Answer an ``l`` or ``g`` request (see the module's docstring)."""
     try:
         if kind == b"g":
-            send(b"c", content(bytes(payload)))
-            return
-        follow, limit = LOOK.unpack_from(payload)
-        found, owner, group, digest = look(bytes(payload[LOOK.size :]), follow, limit)
+            answer = [content(bytes(payload))]  # type: list[bytes]
+        else:
+            follow, names, limit = LOOK.unpack_from(payload)
+            found, owner, group, digest = look(bytes(payload[LOOK.size :]), follow, names, limit)
+            head = STAT.pack(
+                found.st_mode, found.st_uid, found.st_gid, found.st_size, found.st_mtime
+            )
+            answer = [head, owner, b"\0", group, b"\0", digest]
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         number = getattr(exc, "errno", 0) or 0
         send(b"o", ERROR.pack(number), (getattr(exc, "strerror", "") or str(exc)).encode())
         return
-    head = STAT.pack(found.st_mode, found.st_uid, found.st_gid, found.st_size, found.st_mtime)
-    send(b"f", head, owner, b"\0", group, b"\0", digest)
+    send(b"c" if kind == b"g" else b"f", *answer)
 
 
 class Command:

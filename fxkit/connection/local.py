@@ -119,11 +119,13 @@ class LocalConnection(Connection):
         if self.needs_sudo(become):
             raise NotImplementedError("os.lstat runs as fxkit's user, not the become user")
         try:
-            st, owner, group, digest = look(os.fsencode(path), False, hash_limit)
+            st, owner, group, digest = look(os.fsencode(path), False, True, hash_limit)
         except OSError as exc:
             if exc.errno in MISSING:
                 return None
             raise self.file_error("stat", path, exc.strerror or str(exc)) from None
+        except ValueError as exc:  # a NUL byte in the path
+            raise self.file_error("stat", path, str(exc)) from None
         fields = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime)
         return path_state(fields, owner, group, digest)
 

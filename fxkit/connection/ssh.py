@@ -389,20 +389,22 @@ class SSHConnection(Connection):
         if not slot.wanted or not slot.lock.acquire(blocking=False):
             return None
         try:
-            helper = self._started_helper(slot)
-            if helper is None or slot.session is None:
+            helper, session = self._started_helper(slot), slot.session
+            if helper is None or session is None:
                 return None
-            slot.session.deadline = None  # as an SFTP read: no timeout
+            session.deadline = None  # as an SFTP read: no timeout
             with self._running.recorded(functools.partial(slot.stop, True)):
                 return helper.ask(kind, payload)
         except HelperEnded:
             slot.stop(for_good=True)
             self._running.refuse(self._where)
-            if not self._transport().is_active():
-                raise self._lost("the SSH transport closed") from None
+            self._transport()  # ConnectionFailed when the link went with it
             return None
         except _LINK_ERRORS as exc:
             raise self._lost(_describe(exc)) from None
+        except BaseException:  # a Ctrl-C mid-request: its answer must not be the next one's
+            slot.stop()
+            raise
         finally:
             slot.lock.release()
 
@@ -438,6 +440,9 @@ class SSHConnection(Connection):
             return 255, b"", err.encode()
         except _LINK_ERRORS as exc:
             raise self._lost(_describe(exc)) from None
+        except BaseException:  # a Ctrl-C: the helper hangs the command up as its session ends
+            slot.stop()
+            raise
 
     def _helped_timeout(
         self, slot: _HelperSlot, helper: HelperClient, session: _Session, timeout: float
@@ -568,7 +573,7 @@ class SSHConnection(Connection):
     # -- files -----------------------------------------------------------------------------
 
     def get(self, path: str, *, become: bool = False) -> bytes | None:
-        """Read by the host-side helper where it runs (up to 4 GiB), else over SFTP (through
+        """Read by the host-side helper where it runs (up to 64 MiB), else over SFTP (through
         sudo: ``cat``)."""
         answer = self._ask(become, b"g", encoded(path))
         if answer is not None and not oversized(answer):
@@ -588,7 +593,7 @@ class SSHConnection(Connection):
     def stat(self, path: str, *, become: bool = False, follow: bool = False) -> PathStat | None:
         """By the host-side helper where it runs, else over the SFTP session :meth:`get` reads
         through: no process on the host either way."""
-        answer = self._ask(become, b"l", look_request(path, follow, -1))
+        answer = self._ask(become, b"l", look_request(path, follow, -1, names=False))
         if answer is not None:
             found = self._answered("stat", path, answer)
             return None if found is None else looked(found).stat
@@ -786,11 +791,10 @@ class _Session:
     def write(self, view: memoryview) -> bool:
         """Send all of ``view``; False when the command ended before reading it."""
         while view:
-            if self.deadline is not None:
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    raise _Timeout
-                self.chan.settimeout(left)
+            left = None if self.deadline is None else self.deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise _Timeout
+            self.chan.settimeout(left)  # None: the last command's timeout no longer holds
             try:
                 view = view[self.chan.send(view) :]  # type: ignore[arg-type]  # any buffer
             except TimeoutError:
