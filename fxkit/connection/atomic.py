@@ -46,7 +46,8 @@ ABSENT = "absent"
 #: Bytes from which a write is hashed on the host with openssl, not coreutils (:func:`_hasher`).
 OPENSSL_FROM = 2**20
 #: Bytes from which the host writes and hashes the content in one pass (:data:`WRITER`), where
-#: it has python3. Below it the hash after the copy costs little (64 MiB: 50 ms with openssl).
+#: it has python3. fxkit's own choice, no vendor figure: below it the hash after the copy costs
+#: little (64 MiB: 50 ms with openssl here; docs/BENCHMARKS.md, Uploads, "One pass").
 ONE_PASS_FROM = 64 << 20
 #: Copies exactly argv[1] bytes of stdin (never more: the sha256 line follows) into the temp
 #: file argv[2], hashing them on the way (hashlib's OpenSSL), and prints their sha256; stops

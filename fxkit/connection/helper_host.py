@@ -55,7 +55,8 @@ STAT = struct.Struct(">IIIQd")
 ERROR = struct.Struct(">I")
 S_IFMT, S_IFREG = 0o170000, 0o100000
 #: The largest content the helper reads into its memory for one answer: a larger file's read
-#: answers EFBIG, and fxkit reads it over SFTP.
+#: answers EFBIG, and fxkit reads it over SFTP. fxkit's own bound (no vendor figure): it keeps
+#: the helper's memory small on the host.
 LARGEST = 64 << 20
 CHUNK = 1 << 20
 
