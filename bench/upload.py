@@ -5,10 +5,14 @@ host from one process (threads, as ``fxkit play`` runs hosts), the file mapped a
 maps it and written with ``put()`` as every file operation writes (the sha256 sent after the
 content, the temp file's size and sha256 checked on the host, rename); ``fxkit-copy``: the
 operation ``host.copy()`` itself (the host's file stat'ed first, then the same write); scp and
-sftp (OpenSSH's, one process per host, the same key and known_hosts). Each round runs the
+sftp (OpenSSH's, one process per host, the same key and known_hosts); ``ssh-verified``: the
+verified copy a user would build from OpenSSH and coreutils, for the verification's own cost:
+the file's sha256 (openssl's, SHA-NI where the CPU has it, as fxkit's hashlib) taken on the
+controller while ``ssh`` sends it to a remote ``tee`` that writes it and feeds the host's
+openssl (both hashes beside the copy, as fxkit's), the two digests compared. Each round runs the
 tools in a rotating order; every upload is timed from connecting to the last host done, then
 checked (sha256 on every host) and removed (the lab hosts keep /tmp in memory). Reported: the
-median seconds, MB/s, and the ratio of fxkit to scp and to sftp.
+median seconds, MB/s, and the ratio of fxkit to scp, sftp and ssh-verified.
 
     .venv/bin/python bench/upload.py --sizes 10M,100M,1G --hosts 1,8 --runs 3
 
@@ -23,6 +27,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -40,8 +45,11 @@ from fxkit.lab import Fleet  # noqa: E402
 from fxkit.ops.base import OpContext  # noqa: E402
 from fxkit.ops.transfer import copy, local_file  # noqa: E402
 
-TOOLS = ("fxkit", "fxkit-copy", "scp", "sftp")
+TOOLS = ("fxkit", "fxkit-copy", "scp", "sftp", "ssh-verified")
+#: The peers fxkit's tools are reported against, as ratios.
+BASES = ("scp", "sftp", "ssh-verified")
 DEST = "/tmp/fxkit-upload-bench"
+SHA256 = "openssl dgst -sha256 -r"
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 
 
@@ -84,14 +92,15 @@ def upload_fxkit_copy(fleet: Fleet, names: list[str], src: Path) -> None:
     _parallel(one, names)
 
 
-def _openssh(fleet: Fleet, name: str) -> list[str]:
+def _openssh(fleet: Fleet, name: str, port: str = "-P") -> list[str]:
+    """OpenSSH's options for lab host ``name`` (``port``: scp's and sftp's -P, ssh's -p)."""
     hv = fleet.hostvars(name)
     return [
         "-q",
         "-o", "BatchMode=yes",
         "-o", f"UserKnownHostsFile={fleet.known_hosts}",
         "-i", str(hv["ansible_ssh_private_key_file"]),
-        "-P", str(hv["ansible_port"]),
+        port, str(hv["ansible_port"]),
     ]  # fmt: skip
 
 
@@ -109,6 +118,23 @@ def upload_sftp(fleet: Fleet, names: list[str], src: Path) -> None:
             (["sftp", *_openssh(fleet, name), "-b", "-", f"root@{fleet.address(name)}"], batch)
         )
     _processes([c for c, _ in commands], [b for _, b in commands])
+
+
+def upload_ssh_verified(fleet: Fleet, names: list[str], src: Path) -> None:
+    """scp's transfer with fxkit's checks, from standard tools: each side hashes in the pass."""
+    commands = []
+    for name in names:
+        remote = shlex.quote(f"tee {DEST} | {SHA256}")
+        ssh = shlex.join(["ssh", *_openssh(fleet, name, "-p"), f"root@{fleet.address(name)}"])
+        src_ = shlex.quote(str(src))
+        script = (
+            f"{SHA256} {src_} > {src_}.{name}.sum & "
+            f"sent=$({ssh} {remote} < {src_}) && wait $! && read -r local _ < {src_}.{name}.sum "
+            f'&& rm -f {src_}.{name}.sum && [ "${{sent%% *}}" = "$local" ] || '
+            '{ echo "ssh-verified: the digests differ" >&2; exit 1; }'
+        )
+        commands.append(["bash", "-c", script])
+    _processes(commands)
 
 
 def _processes(commands: list[list[str]], inputs: list[str] | None = None) -> None:
@@ -133,6 +159,7 @@ UPLOADS = {
     "fxkit-copy": upload_fxkit_copy,
     "scp": upload_scp,
     "sftp": upload_sftp,
+    "ssh-verified": upload_ssh_verified,
 }
 
 
@@ -206,7 +233,7 @@ def report(
         )
     medians = {(r["size_bytes"], r["hosts"], r["tool"]): r["median_s"] for r in results}
     for row in results:
-        for base in ("scp", "sftp"):
+        for base in BASES:
             other = medians.get((row["size_bytes"], row["hosts"], base))
             if other:
                 row[f"ratio_to_{base}"] = row["median_s"] / other
@@ -227,7 +254,7 @@ def report(
 def table(result: dict) -> str:
     used = [t for t in TOOLS if any(r["tool"] == t for r in result["results"])]
     ours = [t for t in used if t.startswith("fxkit")]
-    ratios = [f"{t} / {base}" for t in ours for base in ("scp", "sftp") if base in used]
+    ratios = [f"{t} / {base}" for t in ours for base in BASES if base in used]
     lines = [
         "| size | hosts | "
         + " | ".join([*(f"{t} s" for t in used), *ratios, f"controller CPU s: {' / '.join(used)}"])
@@ -240,10 +267,7 @@ def table(result: dict) -> str:
     for (size, hosts), tools in sorted(cells.items()):
         seconds = [f"{tools[t]['median_s']:.2f}" if t in tools else "-" for t in used]
         found = [
-            tools.get(t, {}).get(f"ratio_to_{base}")
-            for t in ours
-            for base in ("scp", "sftp")
-            if base in used
+            tools.get(t, {}).get(f"ratio_to_{base}") for t in ours for base in BASES if base in used
         ]
         label = f"{size / 2**30:g} GiB" if size >= 2**30 else f"{size / 2**20:g} MiB"
         cpu = " / ".join(f"{tools[t]['median_cpu_s']:.2f}" if t in tools else "-" for t in used)
