@@ -19,6 +19,9 @@
 #   fxkit/facts/system.py SessionMemory).
 # systemd-timesyncd: the service of docs/HOWTO-ROLE.md's example role, which its test runs on a
 #   lab host (lab hosts use this machine's /usr).
+# systemd-container + debootstrap: the lab host where systemd runs (tests/systemd_host.py: a
+#   Debian tree booted by systemd-nspawn); systemd-container at the version of the systemd
+#   installed here, so that installing it upgrades nothing.
 set -euo pipefail
 need=()
 command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -49,6 +52,11 @@ command -v ps >/dev/null || need+=(procps)
 if [ "$(id -u)" = 0 ]; then
     for f in /etc/subuid /etc/subgid; do [ -e "$f" ] || touch "$f"; done
 fi
+command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+if ! command -v systemd-nspawn >/dev/null; then
+    systemd=$(dpkg-query -W -f '${Version}' systemd 2>/dev/null || true)
+    need+=("systemd-container${systemd:+=$systemd}")
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing Debian packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2
@@ -56,4 +64,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
-apt-get install -y -q --no-install-recommends "${need[@]}"
+if ! apt-get install -y -q --no-install-recommends "${need[@]}"; then
+    # The mirror may no longer have this systemd's version: take its own.
+    apt-get install -y -q --no-install-recommends "${need[@]/%=*/}"
+fi

@@ -24,12 +24,15 @@ session ends. Tests are skipped, with the reason, where the lab cannot run (not 
 from __future__ import annotations
 
 import random
+import socket
 import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import systemd_host
+from systemd_host import SystemdHost
 
 from fxkit.connection.base import Connection
 from fxkit.lab import SUDO_USER, AddressInUse, Fleet, LabError, check_requirements
@@ -79,6 +82,25 @@ def lab_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...
 
 
 @pytest.fixture(scope="session")
+def systemd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdHost]:
+    """A host where systemd runs (tests/systemd_host.py), booted once for the session; skipped,
+    with the reason, where it cannot run."""
+    why = systemd_host.missing()
+    if why:
+        pytest.skip(f"no systemd host here: {why}")
+    host = SystemdHost(tmp_path_factory.mktemp("systemd-host"), _free_address())
+    try:
+        host.up()
+    except systemd_host.Unavailable as exc:
+        host.down()
+        pytest.skip(f"no systemd host here: {exc}")
+    try:
+        yield host
+    finally:
+        host.down()
+
+
+@pytest.fixture(scope="session")
 def fleet(lab_fleet: Callable[..., Fleet]) -> Fleet:
     """The operation tests' own lab host (they change /etc, /usr and users: not the shared one)."""
     return lab_fleet(1, name="ops")
@@ -97,6 +119,18 @@ def root(fleet: Fleet) -> Iterator[Connection]:
     """A root connection to the operation tests' lab host."""
     with fleet.connect("lab01") as conn:
         yield conn
+
+
+def _free_address() -> str:
+    """A random 127.x.y.1 on which nothing listens on port 22 (the lab's fleets take 127.100+)."""
+    rng = random.Random()
+    for _ in range(20):
+        address = f"127.{rng.randint(60, 99)}.{rng.randint(0, 255)}.1"
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex((address, 22)) != 0:
+                return address
+    raise LabError("no free 127.x.y.1 address for the systemd lab host after 20 tries")
 
 
 def _new_fleet(

@@ -27,7 +27,7 @@ def systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script = bin_dir / "systemctl"
     script.write_text(
         f'#!/bin/sh\necho "$*" >> {log}\n'
-        f'case "$1" in restart) touch {state};; stop) rm -f {state};;\n'
+        f'case "$1" in restart) touch {state};; stop|disable) rm -f {state};;\n'
         f"  is-active) if [ -e {state} ]; then echo active; else echo inactive; exit 3; fi;;\n"
         "esac\n"
     )
@@ -74,7 +74,7 @@ def test_systemd_starts_enables_and_restarts_only_on_change(tmp_path: Path, syst
     assert calls(systemctl)[2:] == [f"enable -q -- {UNIT}", f"restart -- {UNIT}"]
 
     assert run(tmp_path, env, state="stopped").changed
-    assert calls(systemctl)[-1] == f"stop -- {UNIT}"
+    assert calls(systemctl)[-1] == f"disable -q --now -- {UNIT}"  # not back at boot
     assert not (tmp_path / "state" / f"{UNIT}.json").exists()
 
 

@@ -40,12 +40,14 @@ def with_gpus(path: Path, **gpus: int) -> Path:
 
 
 def copies_left(fx: dict[str, Any], host: str) -> str:
-    """What is left of surge copies on ``host``: records, environment files, a listener."""
+    """What is left of surge copies on ``host``: records, environment and unit files, a
+    listener."""
     address = fx["fleet"].address(host)
     listening = f"import socket; socket.create_connection(({address!r}, 8002), 1)"
     with fx["fleet"].connect(host) as conn:
         done = conn.run(
-            "ls /var/lib/fxkit/instances/ /etc/fxkit/*/ 2>/dev/null | grep -- -surge; "
+            "ls /var/lib/fxkit/instances/ /etc/fxkit/*/ /etc/systemd/system/ 2>/dev/null "
+            "| grep -- -surge; "
             f"python3 -c {quote(listening)} 2>/dev/null && echo 'port 8002 answers'; true"
         )
     return done.stdout.strip()

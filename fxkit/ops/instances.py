@@ -214,7 +214,8 @@ def instance(
     """Ensure the instance ``unit`` runs ``argv`` with exactly ``env``: ``started`` starts it, or
     restarts it when the command or environment differ from its last start; ``restarted``
     always restarts; ``stopped`` stops it. Under systemd it starts/restarts and enables the unit
-    (whose files must say the same as ``argv`` and ``env``); without systemd it runs the command
+    (whose files must say the same as ``argv`` and ``env``), and ``stopped`` disables it too;
+    without systemd it runs the command
     itself (see the module's docstring). ``data``: :class:`InstanceStarted` (unit, backend,
     restarted, started_at, pid).
 
@@ -234,8 +235,11 @@ def instance(
     if state == "stopped":
         if not alive:
             return ok(f"{unit} is stopped")
+        # Under systemd also disabled: started enables it, so it would come back at boot.
+        systemd = record is None or record.backend == "systemd"
+        stop = f"systemctl disable -q --now -- {quote(unit)}" if systemd else _stop(unit, record)
         return ctx.change(
-            f"{_stop(unit, record)}; rm -f -- {quote(record_path)} {quote(env_path)}",
+            f"{stop}; rm -f -- {quote(record_path)} {quote(env_path)}",
             would=f"stop {unit}",
             done=f"stopped {unit}",
             diff=f"{unit}: running -> stopped\n",

@@ -38,9 +38,10 @@ from fxkit.facts.base import FactCache, FactError
 from fxkit.facts.system import Memory, SessionMemory
 from fxkit.ops.base import OpContext
 from fxkit.ops.instances import instance
+from fxkit.ops.systemd import systemd_missing
 from fxkit.rollout.drain import metrics_url, wait_drained
 from fxkit.rollout.report import Hooks, Instance, InstanceStatus
-from fxkit.rollout.rollback import Previous
+from fxkit.rollout.rollback import UNIT_DIR, Previous
 from fxkit.rollout.state import InstanceState, opened
 from fxkit.rollout.swap import target
 
@@ -172,8 +173,8 @@ class Surge:
         return [i for i in group if i.status is not InstanceStatus.FAILED]
 
     def retire(self, copies: list[Instance], hooks: bool = True) -> str | None:
-        """Deregister, drain and stop the copies (their environment files removed); why a
-        hook failed (None: all went)."""
+        """Deregister, drain and stop the copies (their environment and unit files removed);
+        why a hook failed (None: all went)."""
         error = None
         for copy in copies:
             if hooks and self.hooks.deregister and copy.status is InstanceStatus.READY:
@@ -187,7 +188,9 @@ class Surge:
                 ctx = OpContext(conn=conn, facts=FactCache(conn), check=False, diff=False,
                                 become=become)  # fmt: skip
                 instance(ctx, copy.unit, spec.argv, spec.env, state="stopped")
-                conn.run(f"rm -f -- {quote(spec.env_file)}", become=become)
+                own_unit = quote(f"{UNIT_DIR}/{copy.unit}")  # its switch wrote it
+                reload = "" if systemd_missing(ctx) else " && systemctl daemon-reload"
+                conn.run(f"rm -f -- {quote(spec.env_file)} {own_unit}{reload}", become=become)
             self.copies = {k: c for k, c in self.copies.items() if c is not copy}
         return error
 

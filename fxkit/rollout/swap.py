@@ -86,7 +86,7 @@ class Swap:
         done)."""
         for item in filter(self.changing, group):
             ctx = self.context(item.host)
-            was = capture(ctx.conn, ctx.become, item.unit)
+            was = capture(ctx.conn, ctx.become, item.unit, self.folders.get(item.host, ""))
             if was is not None:
                 self.previous[item.key] = was
                 keep(ctx.conn, ctx.become, self.folders[item.host], item.name, was)
@@ -169,7 +169,7 @@ class Swap:
             if error:
                 return f"{item.key}: {error}"
             if ctx:  # after the register hook: not part of the time out of service
-                now = capture(ctx.conn, ctx.become, item.unit)
+                now = capture(ctx.conn, ctx.become, item.unit, self.folders[item.host])
                 if now is not None:
                     keep(ctx.conn, ctx.become, self.folders[item.host], item.name, now)
         for item in group:
@@ -197,7 +197,7 @@ class Swap:
             was = self.previous.get(item.key)
             if was is None:
                 told.append(
-                    f"{item.key} not rolled back (no run of it was read: under systemd, or stopped)"
+                    f"{item.key} not rolled back (no run of it was read: it was not running)"
                 )
                 continue
             ctx = self.context(item.host)

@@ -7,8 +7,9 @@
    torch vLLM brought, and torch's version is read back: a change fails the host;
 2. LMCache's configuration file, rendered from variables (``local_disk`` must lie on a mounted
    filesystem other than / with room for the budget of every GPU worker);
-3. the template unit ``vllm@.service`` and one environment file per instance (the layout
-   ``TP4x2`` or explicit GPU sets, ports from a base port);
+3. the template unit ``vllm@.service``, and per instance an environment file and its own unit
+   file with the template's text (the layout ``TP4x2`` or explicit GPU sets, ports from a base
+   port; a rollback pins an instance to its revision's unit through its own file);
 4. :func:`start_instances` (the rollout's part).
 
 A serving role (:class:`fxkit.engine.serving.ServingRole`): :func:`instance_specs` is pure, the
@@ -51,6 +52,7 @@ from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok, skip
 from fxkit.ops.files import file as write_file
 from fxkit.ops.files import link as make_link
 from fxkit.ops.instances import STATE_DIR, instance, instance_ready
+from fxkit.ops.systemd import unit as install_unit
 from fxkit.ops.transfer import copy
 from fxkit.rollout.revision import (
     ENV_VAR,
@@ -1069,13 +1071,16 @@ def chosen(v: Vars, specs: list[InstanceSpec]) -> list[InstanceSpec]:
 
 
 def start_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
-    """The chosen instances: each one's environment file, then each started (restarted only
-    when its command or environment changed) and, once all are starting, awaited in turn."""
+    """The chosen instances: each one's environment file and own unit file (the template's
+    text: a rollback may have pinned the instance to another revision's), then each started
+    (restarted only when its command or environment changed) and, once all are starting,
+    awaited in turn."""
     specs = chosen(v, specs)
     for spec in specs:
         host.task(f"env file {spec.name}").file(
             spec.env_file, env_file_text(spec), mode="0600", secret=bool(v.vllm_lmcache_env)
         )
+        host.unit(spec.unit, unit_text(v))
         host.instance(spec.unit, spec.argv, spec.env)
     for spec in specs:
         host.instance_ready(
@@ -1108,8 +1113,10 @@ def prepare_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
 def switch_instance(ctx: OpContext, v: Vars, spec: InstanceSpec, revision: str) -> Result:
     """Point the instance at ``revision`` and start it (restarted when it runs another): its
     environment file replaced, in one rename, by the one the revision's preparation wrote (a
-    surge copy's, which is not prepared, written from ``spec``), then
-    :func:`~fxkit.ops.instances.instance`. Fails when the revision was not prepared."""
+    surge copy's, which is not prepared, written from ``spec``), its own unit file
+    (``/etc/systemd/system/vllm@NAME.service``, which systemd prefers to the template) given
+    the revision's unit text, then :func:`~fxkit.ops.instances.instance`. Fails when the
+    revision was not prepared."""
     spec = replace(spec, env={**spec.env, ENV_VAR: revision})
     q = quote(spec.env_file)
     if spec.name in {s.name for s in instance_specs(v)}:
@@ -1124,6 +1131,8 @@ def switch_instance(ctx: OpContext, v: Vars, spec: InstanceSpec, revision: str) 
         done=f"pointed {spec.name} at {revision}",
         stdin=stdin,
     )
+    if not pointed.failed:  # its own unit file: this revision's text, whatever the template's
+        pointed = install_unit(ctx, spec.unit, unit_text(v))
     if pointed.failed:
         return failed(
             f"{spec.unit}: cannot point it at {revision} (prepared by the batch's run?): "
