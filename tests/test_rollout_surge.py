@@ -8,6 +8,7 @@ from __future__ import annotations
 from test_role_vllm_lmcache import CODE, host_vars, wheel  # noqa: F401 (the module's fixture)
 
 from fxkit.rollout.report import Hooks, Instance
+from fxkit.rollout.rollback import Previous, moved
 from fxkit.rollout.state import InstanceState
 from fxkit.rollout.surge import Surge
 
@@ -111,3 +112,26 @@ def test_copies_are_accepted_by_gpus_then_the_node_limit_then_memory(wheel: str)
     surge.figures = ({100: gib}, int(2.5 * gib))
     [why] = surge.room("gpu01", lm, items[:1], CODE.surge_copies(lm, one))  # type: ignore[union-attr]
     assert why.startswith("no room in gpu01's memory: its copy needs 3.00 GiB"), why
+
+
+def test_an_earlier_revisions_run_is_moved_to_its_surge_copy() -> None:
+    """Undo's copy under systemd: the instance's kept unit text as the copy's own unit file, and
+    its environment file at the copy's path with the copy's values (fxkit/rollout/rollback.py)."""
+    unit = "/etc/systemd/system/vllm@tp4-0.service"
+    env_file = "# Written by fxkit\nFXKIT_PORT='8000'\nHIP_VISIBLE_DEVICES='0,1,2,3'\nX='a b'\n"
+    kept = {unit: "[Service]\nExecStart=/v/bin/vllm\n", "/etc/fxkit/vllm/d/tp4-0.env": env_file}
+    copy_env = {"FXKIT_PORT": "8002", "HIP_VISIBLE_DEVICES": "8,9,10,11", "X": "a b", "LANG": "C"}
+    run = Previous(["/v/bin/vllm", "--port", "8002"], copy_env, kept)
+    moved_run = moved(run, "vllm@tp4-0-surge.service", "/etc/fxkit/vllm/d/tp4-0-surge.env")
+    assert moved_run.argv == run.argv and moved_run.env == copy_env
+    assert moved_run.files == {
+        "/etc/systemd/system/vllm@tp4-0-surge.service": kept[unit],
+        "/etc/fxkit/vllm/d/tp4-0-surge.env": "# Written by fxkit\nFXKIT_PORT='8002'\n"
+        "HIP_VISIBLE_DEVICES='8,9,10,11'\nX='a b'\n",
+    }
+    # A value the file cannot hold single-quoted: no environment file, so restore refuses.
+    quoted = moved(Previous(run.argv, {**copy_env, "X": "it's"}, kept), "c.service", "/c.env")
+    assert list(quoted.files) == ["/etc/systemd/system/c.service"]
+    # Without systemd there are no files: the run is the copy's as it is.
+    bare = Previous(run.argv, copy_env)
+    assert moved(bare, "c.service", "/c.env") == bare

@@ -8,7 +8,9 @@ main process's environ):
 - a revision that cannot start is rolled back: the instance runs the previous revision again,
   from its own unit file with that revision's text while the template holds the new one;
 - a change to the unit alone (``Nice=``) is rolled out and systemd applies it;
-- ``fxkit rollout undo`` returns both to the first revision, ``Nice=`` and all.
+- ``fxkit rollout undo --max-surge 1`` returns both to the first revision, ``Nice=`` and all,
+  each beside a copy of the first revision on the GPUs the layout leaves free (its own unit
+  file and environment file, retired after: stopped, disabled, its files gone).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def lab(systemd_lab: SystemdHost, tmp_path_factory: pytest.TempPathFactory) -> d
         vllm_lmcache_env={"HF_TOKEN": TOKEN},
         nfs_path=NFS,
         nfs_checkpoint=str(checkpoint),
+        vllm_lmcache_gpus=12,  # TP4x2 takes 8: room for one copy (--max-surge)
     )
     del variables["vllm_lmcache_rollout_instances"]
     return {"host": systemd_lab, "folder": folder, "vars": variables}
@@ -156,12 +159,22 @@ def test_rollout_rollback_unit_change_and_undo_under_systemd(lab: dict[str, Any]
     now = systemd(lab)
     assert {now[u]["Nice"] for u in UNITS} == {"5"} and {now[u]["revision"] for u in UNITS} == {r3}
 
-    # Undo: both back on r1, as they ran it (Nice 0).
-    code, out, report = rollout(lab, nice, "undo", "--serial", "1")
+    # Undo with surge: both back on r1, as they ran it (Nice 0), each beside a copy of r1.
+    code, out, report = rollout(lab, nice, "undo", "--serial", "1", "--max-surge", "1")
     assert code == 0, out
-    assert {r["revision"] for r in rows(report).values()} == {r1}, out
+    found = rows(report)
+    assert {r["revision"] for r in found.values()} == {r1}, out
+    for name in ("tp4-0", "tp4-1"):
+        assert found[f"sd01/{name}"]["surge"] == f"{name}-surge (port 8002, GPUs [8, 9, 10, 11])"
     undone = systemd(lab)
     for unit in UNITS:
         assert undone[unit]["revision"] == r1 and undone[unit]["Nice"] == "0"
         assert undone[unit]["own"] == first[unit]["own"]
         assert undone[unit]["ActiveState"] == "active"
+    with lab["host"].connect() as conn:
+        left = conn.run(
+            "ls /etc/systemd/system /etc/fxkit/vllm/probe | grep -- -surge; "
+            "systemctl is-enabled vllm@tp4-0-surge.service; "
+            "systemctl show -p ActiveState --value vllm@tp4-0-surge.service"
+        ).stdout.split()
+    assert left == ["disabled", "inactive"], left  # no file of it left, not back at boot

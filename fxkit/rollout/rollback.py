@@ -24,7 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from shlex import quote
 
 from fxkit.connection import Connection
@@ -158,6 +158,35 @@ def _write_files(conn: Connection, become: bool, files: dict[str, str]) -> str:
             return f"{path}: {done.stderr.strip()}"
     reloaded = conn.run("systemctl daemon-reload", become=become)
     return "" if reloaded.ok else f"systemctl daemon-reload: {reloaded.stderr.strip()}"
+
+
+def moved(run: Previous, unit: str, env_file: str) -> Previous:
+    """``run`` (the command line and environment of another instance ``unit``, a surge copy of
+    an earlier revision, with the files of the instance it copies) with those files made the
+    copy's: under systemd the unit text as ``unit``'s own file, the environment file at
+    ``env_file``, each name it sets given ``run.env``'s value (single-quoted, as systemd.exec(5)
+    reads it; with a value that cannot be, the file is left out and the copy fails to
+    restore)."""
+    if not run.files:
+        return run
+    files = {}
+    for path, text in run.files.items():
+        if path.startswith(f"{UNIT_DIR}/"):
+            files[f"{UNIT_DIR}/{unit}"] = text
+            continue
+        lines = []
+        for line in text.splitlines(keepends=True):
+            name = line.partition("=")[0].strip()
+            value = run.env.get(name)
+            if line.lstrip().startswith("#") or "=" not in line or value is None:
+                lines.append(line)
+            elif "'" in value or "\n" in value:
+                break
+            else:
+                lines.append(f"{name}='{value}'\n")
+        else:
+            files[env_file] = "".join(lines)
+    return replace(run, files=files)
 
 
 def run_path(folder: str, revision: str, name: str) -> str:

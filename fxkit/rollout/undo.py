@@ -23,7 +23,7 @@ from fxkit.errors import FxkitError, PlaybookError, masked_errors
 from fxkit.rollout import batches, folders, instances_of, planner, serving_hosts
 from fxkit.rollout.batches import Batches
 from fxkit.rollout.report import Hooks, Instance, InstanceStatus, Rollout
-from fxkit.rollout.rollback import Previous, load, restore
+from fxkit.rollout.rollback import Previous, load, moved, restore
 from fxkit.rollout.state import HostHistory, InstanceState, gather
 from fxkit.rollout.surge import Surge
 from fxkit.rollout.swap import Swap
@@ -62,9 +62,12 @@ class UndoBatches(Batches):
     def start_copies(self, copies: list[Instance]) -> None:
         """Start the surge copies as the target revision ran, and await them."""
         assert self.surge is not None
+        beside = {c.unit: key for key, c in self.surge.copies.items()}
         for copy in copies:
             spec = self.surge.specs[copy.unit]
-            self.restart(copy, Previous(spec.argv, spec.env))
+            kept = self.runs.get(beside.get(copy.unit, ""))
+            run = Previous(spec.argv, spec.env, kept.files if kept else {})
+            self.restart(copy, moved(run, copy.unit, spec.env_file))
 
     def step(self, number: int, count: int, group: list[Instance], order: list[str]) -> bool:
         assert self.drain is not None
