@@ -94,6 +94,9 @@ def systemd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdHos
     except systemd_host.Unavailable as exc:
         host.down()
         pytest.skip(f"no systemd host here: {exc}")
+    except BaseException:
+        host.down()  # what did start (a timeout, Ctrl-C)
+        raise
     try:
         yield host
     finally:

@@ -98,11 +98,15 @@ def tree(cache: Path = CACHE) -> Path:
             return root
         making = cache / "root.tmp"
         shutil.rmtree(making, ignore_errors=True)
-        made = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", _codename(),
-             str(making), MIRROR],
-            capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
+        try:
+            made = subprocess.run(
+                ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", _codename(),
+                 str(making), MIRROR],
+                capture_output=True, text=True, timeout=480,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            shutil.rmtree(making, ignore_errors=True)
+            raise Unavailable(f"debootstrap from {MIRROR} took over {exc.timeout:.0f} s") from exc
         if made.returncode != 0:
             shutil.rmtree(making, ignore_errors=True)
             tail = (made.stdout + made.stderr).strip().splitlines()[-3:]
@@ -232,21 +236,31 @@ class SystemdHost:
         )
 
     def down(self) -> None:
-        """Stop the relay, power the container off (SIGTERM: a clean shutdown), remove its
-        cgroups."""
-        for proc, grace in ((self.relay, 2.0), (self.nspawn, 20.0)):
+        """Stop the relay (its whole session: each connection is a process of it), power the
+        container off (SIGTERM: a clean shutdown; SIGKILL after 90 s), kill what is left in
+        its cgroups and remove them."""
+        for proc, grace in ((self.relay, 2.0), (self.nspawn, 90.0)):
             if proc is None or proc.poll() is not None:
                 continue
-            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(grace)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         for cgroup in self.cgroups:
-            for folder in sorted(cgroup.rglob("*"), key=lambda p: -len(p.parts)):
-                if folder.is_dir():
-                    with contextlib.suppress(OSError):
+            if not cgroup.is_dir():
+                continue
+            folders = [p for p in cgroup.rglob("*") if p.is_dir()]
+            for folder in sorted([cgroup, *folders], key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError, ValueError):
+                    for pid in (folder / "cgroup.procs").read_text().split():
+                        os.kill(int(pid), signal.SIGKILL)
+                for _ in range(50):  # the killed leave their cgroup as they are reaped
+                    try:
                         folder.rmdir()
-            with contextlib.suppress(OSError):
-                cgroup.rmdir()
+                        break
+                    except OSError:
+                        time.sleep(0.02)

@@ -129,6 +129,17 @@ def test_instance_is_enabled_restarted_on_change_and_disabled_when_stopped(conn:
     assert shown(conn, "ActiveState") == "inactive"
     assert conn.run(f"systemctl is-enabled {UNIT}").stdout.strip() == "disabled"
 
+    # One that died (a failed surge copy): still enabled, so stopping it disables it.
+    start(conn, "a", "r-aaaaaaaaaaaa")
+    assert conn.run(f"kill -9 {shown(conn, 'MainPID')}").ok
+    failed = f"until systemctl is-failed -q {UNIT}; do sleep 0.1; done"
+    assert conn.run(f"timeout 10 sh -c '{failed}'").ok
+    dead = instance(context(conn), UNIT, ARGV, env_of("r-aaaaaaaaaaaa"), state="stopped")
+    assert dead.changed and dead.msg == f"disabled {UNIT} (it was not running)"
+    assert conn.run(f"systemctl is-enabled {UNIT}").stdout.strip() == "disabled"
+    assert shown(conn, "ActiveState") == "inactive"  # reset-failed: not "failed"
+    assert instance(context(conn), UNIT, ARGV, {}, state="stopped").msg == f"{UNIT} is stopped"
+
 
 def test_rollback_restores_the_unit_and_environment_of_the_revision_it_ran(conn: Connection):
     record = {"revision": "r-aaaaaaaaaaaa", "inputs": {"unit": unit_text("a")}}

@@ -233,16 +233,21 @@ def instance(
     wanted = digest(argv, env)
     how = "under systemd" if backend == "systemd" else "directly (no systemd on this host)"
     if state == "stopped":
-        if not alive:
+        # Under systemd also disabled (started enables it, so it would come back at boot),
+        # a unit that failed as well: it is still enabled.
+        systemd = record is not None and record.backend == "systemd"
+        if not alive and not systemd:
             return ok(f"{unit} is stopped")
-        # Under systemd also disabled: started enables it, so it would come back at boot.
-        systemd = record is None or record.backend == "systemd"
-        stop = f"systemctl disable -q --now -- {quote(unit)}" if systemd else _stop(unit, record)
+        stop = (
+            f"systemctl disable -q --now -- {quote(unit)}; systemctl reset-failed -- {quote(unit)}"
+            if systemd
+            else _stop(unit, record)
+        )
         return ctx.change(
-            f"{stop}; rm -f -- {quote(record_path)} {quote(env_path)}",
-            would=f"stop {unit}",
-            done=f"stopped {unit}",
-            diff=f"{unit}: running -> stopped\n",
+            f"{stop} 2>/dev/null; rm -f -- {quote(record_path)} {quote(env_path)}",
+            would=f"stop {unit}" if alive else f"disable {unit} (it is not running)",
+            done=f"stopped {unit}" if alive else f"disabled {unit} (it was not running)",
+            diff=f"{unit}: {'running' if alive else 'stopped, enabled'} -> stopped\n",
         )
     same = record is not None and record.digest == wanted and record.backend == backend
     if alive and same and state == "started":

@@ -43,6 +43,10 @@ _RELOAD = "daemon-reload"
 _SAFE = re.compile(r"[A-Za-z0-9:_.]")
 
 
+#: The system's folder of local units (systemd.unit(5), "Unit File Load Path").
+UNIT_DIR = "/etc/systemd/system"
+
+
 def systemd_missing(ctx: OpContext) -> str:
     """Why systemd cannot be asked to do anything on this host; empty when it can."""
     init = ctx.fact(InitSystem)
@@ -96,7 +100,7 @@ def unit(
     ctx: OpContext,
     name: str,
     content: str,
-    unit_dir: str = "/etc/systemd/system",
+    unit_dir: str = UNIT_DIR,
     daemon_reload: bool = True,
 ) -> Result:
     """Install the unit file ``unit_dir/name`` (a template ``name@.service`` too); when it
@@ -116,7 +120,7 @@ def dropin(
     unit: str,
     name: str,
     content: str,
-    unit_dir: str = "/etc/systemd/system",
+    unit_dir: str = UNIT_DIR,
     daemon_reload: bool = True,
 ) -> Result:
     """Install the drop-in ``unit_dir/<unit>.d/<name>.conf`` that overrides parts of ``unit``

@@ -32,11 +32,8 @@ from fxkit.engine.runner import shielded
 from fxkit.facts.base import FactCache
 from fxkit.ops.base import OpContext, Result, failed
 from fxkit.ops.instances import PATH, STATE_DIR, Record, instance, instance_ready
-from fxkit.ops.systemd import systemd_missing
+from fxkit.ops.systemd import UNIT_DIR, systemd_missing
 from fxkit.rollout.revision import ENV_VAR
-
-#: Where a unit's own file goes (systemd.unit(5): the system's unit folder for local units).
-UNIT_DIR = "/etc/systemd/system"
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ from fxkit.facts.base import FactCache, FactError
 from fxkit.facts.system import Memory, SessionMemory
 from fxkit.ops.base import OpContext
 from fxkit.ops.instances import instance
-from fxkit.ops.systemd import systemd_missing
+from fxkit.ops.systemd import UNIT_DIR, systemd_missing
 from fxkit.rollout.drain import metrics_url, wait_drained
 from fxkit.rollout.report import Hooks, Instance, InstanceStatus
-from fxkit.rollout.rollback import UNIT_DIR, Previous
+from fxkit.rollout.rollback import Previous
 from fxkit.rollout.state import InstanceState, opened
 from fxkit.rollout.swap import target
 

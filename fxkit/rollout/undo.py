@@ -20,6 +20,7 @@ from pathlib import Path
 from fxkit.engine.record import Recorder
 from fxkit.engine.runner import RunOptions, interruptible
 from fxkit.errors import FxkitError, PlaybookError, masked_errors
+from fxkit.ops.systemd import systemd_missing
 from fxkit.rollout import batches, folders, instances_of, planner, serving_hosts
 from fxkit.rollout.batches import Batches
 from fxkit.rollout.report import Hooks, Instance, InstanceStatus, Rollout
@@ -47,9 +48,11 @@ class UndoBatches(Batches):
                 ctx = swap.context(item.host)
                 state = swap.before[item.key]
                 run = load(ctx.conn, ctx.become, swap.folders[item.host], state.wanted, item.name)
-                if run is None:
+                if run is None or not (run.files or systemd_missing(ctx)):
                     item.status = InstanceStatus.FAILED
                     item.msg = f"{item.host} keeps no run of {state.wanted} for {item.name}"
+                    if run is not None:  # under systemd a run needs its files
+                        item.msg += " with its unit and environment file (kept by an earlier fxkit)"
                     continue
                 self.runs[item.key] = run
             rest.append(item)

@@ -52,7 +52,7 @@ from fxkit.ops.base import OpContext, Result, changed, combine, failed, ok, skip
 from fxkit.ops.files import file as write_file
 from fxkit.ops.files import link as make_link
 from fxkit.ops.instances import STATE_DIR, instance, instance_ready
-from fxkit.ops.systemd import unit as install_unit
+from fxkit.ops.systemd import UNIT_DIR, systemd_missing
 from fxkit.ops.transfer import copy
 from fxkit.rollout.revision import (
     ENV_VAR,
@@ -1095,14 +1095,24 @@ def prepared_env_file(v: Vars, name: str, revision: str) -> str:
     return posixpath.join(folder, f"{revision}.env", f"{name}.env")
 
 
+def prepared_unit_file(v: Vars, revision: str) -> str:
+    """Where a revision's unit text is prepared, beside its environment files (pruned with
+    them): what a switch makes each instance's own unit file."""
+    folder = posixpath.dirname(prepared_env_file(v, "", revision))
+    return posixpath.join(folder, v.vllm_lmcache_unit)
+
+
 def prepare_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
-    """The chosen instances' environment files of this revision, under its name; nothing
-    started or stopped (:func:`switch_instance` points each instance at its file)."""
+    """The chosen instances' environment files of this revision and its unit text, under its
+    name; nothing started or stopped (:func:`switch_instance` points each instance at them)."""
     specs = chosen(v, specs)
     if not specs:
         return
     revision = specs[0].env[ENV_VAR]
     host.directory(posixpath.dirname(prepared_env_file(v, "", revision)), mode="0700")
+    host.task(f"unit of {revision}").file(
+        prepared_unit_file(v, revision), unit_text(v), mode="0644"
+    )
     for spec in specs:
         path = prepared_env_file(v, spec.name, revision)
         host.task(f"env file {spec.name} of {revision}").file(
@@ -1113,26 +1123,32 @@ def prepare_instances(host: Host, v: Vars, specs: list[InstanceSpec]) -> None:
 def switch_instance(ctx: OpContext, v: Vars, spec: InstanceSpec, revision: str) -> Result:
     """Point the instance at ``revision`` and start it (restarted when it runs another): its
     environment file replaced, in one rename, by the one the revision's preparation wrote (a
-    surge copy's, which is not prepared, written from ``spec``), its own unit file
-    (``/etc/systemd/system/vllm@NAME.service``, which systemd prefers to the template) given
-    the revision's unit text, then :func:`~fxkit.ops.instances.instance`. Fails when the
-    revision was not prepared."""
+    surge copy's, which is not prepared, written from ``spec``), and its own unit file
+    (``/etc/systemd/system/vllm@NAME.service``, which systemd prefers to the template) by the
+    revision's prepared unit text (systemd reloaded), in the same command; then
+    :func:`~fxkit.ops.instances.instance`. Fails when the revision was not prepared."""
     spec = replace(spec, env={**spec.env, ENV_VAR: revision})
     q = quote(spec.env_file)
     if spec.name in {s.name for s in instance_specs(v)}:
         src = quote(prepared_env_file(v, spec.name, revision))
-        write, stdin = f"umask 077 && cp -f -- {src} {q}.tmp && mv -f -- {q}.tmp {q}", None
+        write = f"test -r {src} && (umask 077 && cp -f -- {src} {q}.tmp) && mv -f -- {q}.tmp {q}"
+        stdin = None
     else:
         write = f"(umask 077 && cat > {q}.tmp) && mv -f -- {q}.tmp {q}"
         stdin = env_file_text(spec).encode()
+    own, unit_src = quote(f"{UNIT_DIR}/{spec.unit}"), quote(prepared_unit_file(v, revision))
+    # Both prepared files are there before either is put in place.
+    write = f"test -r {unit_src} && mkdir -p -- {quote(UNIT_DIR)} && {write}"
+    write += f" && cp -f -- {unit_src} {own}.tmp && chmod 0644 -- {own}.tmp"
+    write += f" && mv -f -- {own}.tmp {own}"
+    if not systemd_missing(ctx):
+        write += " && systemctl daemon-reload"
     pointed = ctx.change(
         write,
         would=f"point {spec.name} at {revision}",
         done=f"pointed {spec.name} at {revision}",
         stdin=stdin,
     )
-    if not pointed.failed:  # its own unit file: this revision's text, whatever the template's
-        pointed = install_unit(ctx, spec.unit, unit_text(v))
     if pointed.failed:
         return failed(
             f"{spec.unit}: cannot point it at {revision} (prepared by the batch's run?): "
