@@ -74,7 +74,8 @@ def test_systemd_starts_enables_and_restarts_only_on_change(tmp_path: Path, syst
     assert calls(systemctl)[2:] == [f"enable -q -- {UNIT}", f"restart -- {UNIT}"]
 
     assert run(tmp_path, env, state="stopped").changed
-    assert calls(systemctl)[-1] == f"disable -q --now -- {UNIT}"  # not back at boot
+    # Disabled too (not back at boot), and a failed state cleared.
+    assert calls(systemctl)[-2:] == [f"disable -q --now -- {UNIT}", f"reset-failed -- {UNIT}"]
     assert not (tmp_path / "state" / f"{UNIT}.json").exists()
 
 
