@@ -25,11 +25,8 @@ import lab_wheelhouse
 import pytest
 import yaml
 from systemd_host import SystemdHost
-from test_play_lab import FXKIT, write_role
-from test_role_vllm_lmcache_lab import lab_vars
-from test_rollout_vllm_lab import MODEL, NFS, NFS_ROLE, TOKEN, rows
-
-from fxkit import paths
+from test_play_lab import FXKIT
+from test_rollout_vllm_lab import TOKEN, rollout_folder, rows
 
 pytestmark = pytest.mark.lab
 
@@ -41,28 +38,8 @@ UNIT_DIR = "/etc/systemd/system"
 def lab(systemd_lab: SystemdHost, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     house = lab_wheelhouse.build(tmp_path_factory.mktemp("wheelhouse") / "wheels")
     folder = tmp_path_factory.mktemp("rollout-systemd")
-    checkpoint = folder / "checkpoint"
-    made = subprocess.run(
-        [str(FXKIT), "make-checkpoint", str(checkpoint), "--size", "48MB", "--shards", "2"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    write_role(folder, "lab_nfs", NFS_ROLE)
-    rollout = yaml.safe_load(paths.builtin("playbooks").joinpath("rollout.yml").read_text())
-    book = [{"name": "NFS stand-in", "hosts": "gpu_nodes", "roles": ["lab_nfs"]}, *rollout]
-    (folder / "rollout.yml").write_text(yaml.safe_dump(book))
-    variables = lab_vars(
-        house,
-        vllm_lmcache_model=MODEL,
-        vllm_lmcache_model_source=NFS,
-        vllm_lmcache_served_name="tiny",
-        vllm_lmcache_ready_timeout=300,
-        vllm_lmcache_env={"HF_TOKEN": TOKEN},
-        nfs_path=NFS,
-        nfs_checkpoint=str(checkpoint),
-        vllm_lmcache_gpus=12,  # TP4x2 takes 8: room for one copy (--max-surge)
-    )
-    del variables["vllm_lmcache_rollout_instances"]
+    variables = rollout_folder(folder, house)
+    variables["vllm_lmcache_gpus"] = 12  # TP4x2 takes 8: room for one copy (--max-surge)
     return {"host": systemd_lab, "folder": folder, "vars": variables}
 
 

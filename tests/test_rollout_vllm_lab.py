@@ -50,6 +50,13 @@ def lab(lab_fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     house = lab_wheelhouse.build(tmp_path_factory.mktemp("wheelhouse") / "wheels")
     fleet = lab_fleet(2, name="vllm-lmcache")
     folder = tmp_path_factory.mktemp("rollout")
+    variables = rollout_folder(folder, house)
+    return {"fleet": fleet, "folder": folder, "vars": variables}
+
+
+def rollout_folder(folder: Path, house: Path) -> dict[str, Any]:
+    """``folder`` made ready for ``fxkit rollout``: a generated checkpoint, the NFS stand-in
+    role and rollout.yml behind it; the inventory's variables (the wheelhouse ``house``)."""
     checkpoint = folder / "checkpoint"
     made = subprocess.run(
         [str(FXKIT), "make-checkpoint", str(checkpoint), "--size", "48MB", "--shards", "2"],
@@ -73,7 +80,7 @@ def lab(lab_fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
         nfs_checkpoint=str(checkpoint),
     )
     del variables["vllm_lmcache_rollout_instances"]
-    return {"fleet": fleet, "folder": folder, "vars": variables}
+    return variables
 
 
 def inventory(lab: dict[str, Any], name: str, **host_vars: dict[str, Any]) -> Path:
