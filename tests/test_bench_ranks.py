@@ -228,3 +228,25 @@ def test_files_behind_a_mount_are_evicted_too(model: Path, tmp_path: Path) -> No
     )
     assert not report.eviction_failures and all(not r.error for r in report.runs)
     assert sum(cache.resident_bytes(f) for f in files) == 0
+
+
+def test_the_order_probe_groups_runs_by_their_predecessor(model: Path, tmp_path: Path) -> None:
+    """bench/order_probe.py: real runs of the harness in sequence, each filed under the method
+    run just before it; ``--settle`` waits after the eviction, outside the node time."""
+    out = tmp_path / "order.json"
+    probe = Path(__file__).resolve().parent.parent / "bench" / "order_probe.py"
+    argv = [sys.executable, str(probe), str(model), "--sequence", "baseline,fxkit",
+            "--repeat", "2", "--settle", "0.5", "-o", "threads=2", "--json", str(out)]  # fmt: skip
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    wall = time.monotonic() - start
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert data["ranks"] == 1 and data["settle"] == 0.5 and data["options"] == {"threads": 2}
+    seconds = data["seconds"]
+    assert sorted(seconds) == ["baseline after fxkit", "baseline after nothing",
+                               "fxkit after baseline"]  # fmt: skip
+    assert [len(seconds[k]) for k in sorted(seconds)] == [1, 1, 2]
+    runs = [s for values in seconds.values() for s in values]
+    assert all(s > 0 for s in runs) and wall > 4 * 0.5 + sum(runs)
+    assert "fxkit after baseline" in done.stdout and "median" in done.stdout

@@ -281,10 +281,11 @@ def run_node(
     disk: str | None = None,
     timeout: float = RANK_TIMEOUT,
     also_evict: Sequence[Path] = (),
+    settle: float = 0.0,
 ) -> str | None:
     """``world`` ranks load ``path`` with ``method``, cold (``also_evict`` too: the server's
-    copies behind a network mount); fills ``run``; returns an eviction problem, if any (the run
-    still goes ahead)."""
+    copies behind a network mount), ``settle`` seconds after the eviction; fills ``run``;
+    returns an eviction problem, if any (the run still goes ahead)."""
     spec = RANK_METHODS[method]
     files = model_files(path).files
     run.nbytes = sum(f.stat().st_size for f in files)
@@ -302,6 +303,7 @@ def run_node(
             left = evict_all([*files, *also_evict])
             run.resident_before = sum(left.values())
             problem = f"still resident after eviction: {left}" if left else None
+            time.sleep(settle)
             before = sectors_read(disk) if disk else 0
             start = time.monotonic()
             for rank in ranks:
