@@ -129,9 +129,11 @@ def test_an_earlier_revisions_run_is_moved_to_its_surge_copy() -> None:
         "/etc/fxkit/vllm/d/tp4-0-surge.env": "# Written by fxkit\nFXKIT_PORT='8002'\n"
         "HIP_VISIBLE_DEVICES='8,9,10,11'\nX='a b'\n",
     }
-    # A value the file cannot hold single-quoted: no environment file, so restore refuses.
-    quoted = moved(Previous(run.argv, {**copy_env, "X": "it's"}, kept), "c.service", "/c.env")
-    assert list(quoted.files) == ["/etc/systemd/system/c.service"]
+    # A value with a single quote: double-quoted, with systemd's escapes (tests/test_systemd_lab.py
+    # has systemd read it back).
+    odd = 'it\'s "$HOME" `id` \\n'
+    quoted = moved(Previous(run.argv, {**copy_env, "X": odd}, kept), "c.service", "/c.env")
+    assert quoted.files["/c.env"].endswith('\nX="it\'s \\"\\$HOME\\" \\`id\\` \\\\n"\n')
     # Without systemd there are no files: the run is the copy's as it is.
     bare = Previous(run.argv, copy_env)
     assert moved(bare, "c.service", "/c.env") == bare

@@ -12,7 +12,8 @@ against systemd's own account (``systemctl show``, ``is-enabled``, the process's
   of the revision the instance ran (from its revision's record) as the instance's own unit file,
   which systemd prefers to the template, and restarts it on that revision, its files and
   process as before; a run kept without its files is refused under systemd, the instance left
-  running.
+  running; a surge copy's environment file (``moved``) gives systemd back every value, quotes
+  and dollar signs included.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from fxkit.facts import FactCache
 from fxkit.ops.base import OpContext
 from fxkit.ops.instances import instance, instance_ready
 from fxkit.ops.systemd import unit
-from fxkit.rollout.rollback import Previous, capture, keep, load, restore
+from fxkit.rollout.rollback import Previous, capture, keep, load, moved, restore
 
 pytestmark = pytest.mark.lab
 
@@ -176,3 +177,11 @@ def test_rollback_restores_the_unit_and_environment_of_the_revision_it_ran(conn:
     modes = conn.run(f"stat -c %a {OWN} {ENV_FILE}").stdout.split()
     assert modes == ["644", "600"]
     assert conn.run(f"systemctl is-enabled {UNIT}").stdout.strip() == "enabled"
+
+    # A copy's files as undo --max-surge makes them (moved()), with a value that needs double
+    # quotes and escapes: systemd gives the process that very value.
+    odd = 'it\'s "$HOME" `id` \\n\tend'
+    env = {**before.env, "HF_TOKEN": odd}
+    copy = moved(Previous(before.argv, env, before.files), UNIT, ENV_FILE)
+    assert not restore(conn, False, UNIT, copy, URL, "tiny", 30).failed
+    assert environ(conn)["HF_TOKEN"] == odd and environ(conn)["FXKIT_REVISION"] == "r-aaaaaaaaaaaa"

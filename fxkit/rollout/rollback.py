@@ -161,9 +161,7 @@ def moved(run: Previous, unit: str, env_file: str) -> Previous:
     """``run`` (the command line and environment of another instance ``unit``, a surge copy of
     an earlier revision, with the files of the instance it copies) with those files made the
     copy's: under systemd the unit text as ``unit``'s own file, the environment file at
-    ``env_file``, each name it sets given ``run.env``'s value (single-quoted, as systemd.exec(5)
-    reads it; with a value that cannot be, the file is left out and the copy fails to
-    restore)."""
+    ``env_file``, each name it sets given ``run.env``'s value (:func:`env_assignment`)."""
     if not run.files:
         return run
     files = {}
@@ -177,13 +175,21 @@ def moved(run: Previous, unit: str, env_file: str) -> Previous:
             value = run.env.get(name)
             if line.lstrip().startswith("#") or "=" not in line or value is None:
                 lines.append(line)
-            elif "'" in value or "\n" in value:
-                break
             else:
-                lines.append(f"{name}='{value}'\n")
-        else:
-            files[env_file] = "".join(lines)
+                lines.append(env_assignment(name, value))
+        files[env_file] = "".join(lines)
     return replace(run, files=files)
+
+
+def env_assignment(name: str, value: str) -> str:
+    """One line of an EnvironmentFile that systemd reads back as ``value`` (systemd.exec(5)):
+    single-quoted, nothing expanded; a value holding a single quote double-quoted instead, with
+    a backslash before each double quote, backslash, backtick and dollar sign (the escapes
+    systemd undoes there)."""
+    if "'" not in value:
+        return f"{name}='{value}'\n"
+    escaped = "".join("\\" + c if c in '"\\`$' else c for c in value)
+    return f'{name}="{escaped}"\n'
 
 
 def run_path(folder: str, revision: str, name: str) -> str:
