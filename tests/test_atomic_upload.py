@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,6 +113,36 @@ def test_without_python3_the_host_copies_then_hashes(tmp_path: Path, monkeypatch
     with pytest.raises(FxkitError, match=f"broke off after 1000 of {len(content)} bytes"):
         DroppedLink(1000).put(str(target), content[::-1])
     assert target.read_bytes() == content and _temps(tmp_path) == []
+
+
+def test_the_one_pass_writer_is_the_hosts_python(tmp_path: Path, monkeypatch) -> None:
+    """The inventory's interpreter (``Connection.python``, from ansible_python_interpreter)
+    writes and hashes a big file, not whatever python3 is first on PATH; one that is not there
+    gets dd and the hash after it."""
+    real = shutil.which("python3")
+    assert real is not None
+
+    def logging_python(name: str) -> Path:
+        wrapper = tmp_path / name
+        wrapper.write_text(f'#!/bin/sh\necho "$*" >> {wrapper}.log\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+        return wrapper
+
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    logging_python("bin/python3")
+    monkeypatch.setenv("PATH", f"{on_path}:{os.environ['PATH']}")
+    chosen = logging_python("chosen-python")
+    content = os.urandom(ONE_PASS_FROM + 5)
+    conn = LocalConnection("localhost")
+    conn.python = str(chosen)
+    conn.put(str(tmp_path / "a.bin"), content)
+    assert (tmp_path / "a.bin").read_bytes() == content
+    assert Path(f"{chosen}.log").read_text().startswith("-I -S -c import hashlib")
+    conn.python = str(tmp_path / "absent" / "python3")
+    conn.put(str(tmp_path / "b.bin"), content)
+    assert (tmp_path / "b.bin").read_bytes() == content and _temps(tmp_path) == []
+    assert not (on_path / "python3.log").exists()  # PATH's python3 never ran
 
 
 @SIZES

@@ -5,6 +5,7 @@ started left running."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 
 import paramiko
@@ -281,3 +282,17 @@ def test_become_commands_share_one_helper_started_through_sudo(lab_fleet, monkey
         )
         assert result.rc == 124 and "it was killed" in result.stderr, result
         assert conn.run("id -u", become=True).stdout == "0\n"
+
+
+def test_a_big_upload_follows_ansible_python_interpreter(lab_fleet):
+    """The one-pass writer is the inventory's interpreter: one that is not on the host gets dd
+    and the hash after it (python3 is on the lab host's PATH, and is not used)."""
+    from fxkit.connection.atomic import ONE_PASS_FROM
+
+    fleet = lab_fleet(1)
+    content = bytes(range(256)) * ((ONE_PASS_FROM + 256) // 256)
+    with fleet.connect("lab01", ansible_python_interpreter="/nonexistent/python3") as conn:
+        assert conn.python == "/nonexistent/python3" and conn.run("command -v python3").ok
+        conn.put("/tmp/one-pass.bin", content)
+        digest = conn.run("sha256sum < /tmp/one-pass.bin").stdout.split()[0]
+    assert digest == hashlib.sha256(content).hexdigest()

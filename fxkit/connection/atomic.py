@@ -21,8 +21,9 @@ the check; a host without ``flock`` (util-linux) gets the check alone.
 The host needs sh and GNU coreutils only (``dd`` with ``count_bytes`` never reads past its count,
 so the sha256 line is left for ``read``); openssl's sha256 is used for a file of 1 MiB or more
 where it is installed. A file of :data:`ONE_PASS_FROM` or more is written and hashed in one pass
-by python3 where the host has it (:data:`WRITER`): the hash then runs while the content arrives,
-not after it, and the temp file is not read back.
+by the host's python3 (the inventory's ``ansible_python_interpreter``) where it has one
+(:data:`WRITER`): the hash then runs while the content arrives, not after it, and the temp file
+is not read back.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def replace_command(
     before_rename: str = "",
     expect: str | None = None,
     umask: int = 0o077,
+    python: str = "python3",
 ) -> str:
     """The shell command that replaces ``path`` with the ``size`` bytes of
     :func:`content_stream`, which it reads on its stdin.
@@ -118,7 +120,7 @@ def replace_command(
         "set +C",
         "trap 'rm -f -- \"$t\"' EXIT",
         "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 141' PIPE; trap 'exit 143' TERM",
-        _copy(size, one_pass=expect in (None, ABSENT) and size >= ONE_PASS_FROM),
+        _copy(size, expect in (None, ABSENT) and size >= ONE_PASS_FROM, python),
         # The sha256 line comes after the content: without it the transfer broke off (a content
         # cut short leaves dd reading into the sha256 line, and read then finds none).
         f'read -r want || {{ got=$(wc -c < "$t"); echo "fxkit: the transfer broke '
@@ -134,14 +136,15 @@ def replace_command(
     return "\n".join(steps)
 
 
-def _copy(size: int, one_pass: bool) -> str:
+def _copy(size: int, one_pass: bool, python: str) -> str:
     """Copies the content into the temp file; sets ``$sum`` where it was hashed on the way
-    (``one_pass`` and python3 on the host), else leaves it empty."""
+    (``one_pass`` and ``python`` on the host), else leaves it empty."""
     dd = f'dd bs={CHUNK} iflag=fullblock,count_bytes count={size} status=none of="$t" || exit 1'
     if not one_pass:
         return f"sum=; {dd}"
-    writer = f'python3 -I -S -c {quote(WRITER)} {size} "$t" "$p"'
-    return f"if command -v python3 >/dev/null; then sum=$({writer}) || exit 1; else sum=; {dd}; fi"
+    writer = f'{quote(python)} -I -S -c {quote(WRITER)} {size} "$t" "$p"'
+    found = f"command -v {quote(python)} >/dev/null"
+    return f"if {found}; then sum=$({writer}) || exit 1; else sum=; {dd}; fi"
 
 
 def _hasher(size: int) -> str:

@@ -152,6 +152,8 @@ class Connection(ABC):
     #: The user commands run as, and the one ``become`` runs them as (through sudo).
     user: str
     become_user: str = "root"
+    #: The host's Python (the inventory's ``ansible_python_interpreter``), where fxkit runs any.
+    python: str = "python3"
     #: Values masked in every result and error (passwords), longest first.
     secrets: Sequence[str] = ()
     #: Whether a run takes the host's run lock (:mod:`fxkit.engine.runlock`) over this connection.
@@ -228,7 +230,7 @@ class Connection(ABC):
     def put(self, path: str, data: bytes, *, become: bool = False) -> None:
         """Replace ``path`` with ``data`` atomically: the old file or the new one, whole, even
         when the transfer breaks off (see :mod:`fxkit.connection.atomic`)."""
-        command = replace_command(path, len(data))
+        command = replace_command(path, len(data), python=self.python)
         rc, _, err = self.execute(command, become=become, timeout=None, stdin=content_stream(data))
         if rc != 0:
             raise self.file_error("write", path, err)

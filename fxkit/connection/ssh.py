@@ -185,7 +185,7 @@ class SSHConnection(Connection):
         #: become user's through sudo (by whether a command needs sudo).
         wanted = truthy(hostvars.get("fxkit_host_helper", True))
         self._helpers = {False: _HelperSlot(False, wanted), True: _HelperSlot(True, wanted)}
-        self._python = interpreter(hostvars.get("ansible_python_interpreter"))
+        self.python = interpreter(hostvars.get("ansible_python_interpreter"))
         # Resolved now, so that a mistake in the config shows before any host is contacted.
         self._fabric = self._resolve()
         self.user = self._fabric.user
@@ -367,7 +367,7 @@ class SSHConnection(Connection):
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
             session = _Session(chan, transport, time.monotonic() + self.options.connect_timeout)
-            chan.exec_command(starter.command(start_command(self._python)))
+            chan.exec_command(starter.command(start_command(self.python)))
             if starter.start(session) is not None:
                 raise HelperEnded("it did not start")
             helper = HelperClient(session)

@@ -108,9 +108,11 @@ def write_command(
     group: Owner = None,
     backup: bool = False,
     expect: str | None = None,
+    python: str = "python3",
 ) -> str:
     """The one command that atomically replaces ``path`` with ``data``, sent to its stdin as
-    :func:`fxkit.connection.atomic.content_stream`.
+    :func:`fxkit.connection.atomic.content_stream`; ``python`` the host's interpreter, that
+    writes and hashes a big file in one pass.
 
     The host verifies size and sha256 before the rename: a broken transfer leaves the old file
     (see :mod:`fxkit.connection.atomic`, also for ``expect``). The new file takes the old file's
@@ -141,7 +143,12 @@ def write_command(
             'cp -p -- "$p" "$b" && echo "$b"; }; }'
         )
     return replace_command(
-        path, len(data), before_rename=" && ".join(steps), expect=expect, umask=umask
+        path,
+        len(data),
+        before_rename=" && ".join(steps),
+        expect=expect,
+        umask=umask,
+        python=python,
     )
 
 
@@ -234,7 +241,14 @@ def _put(
     """Write new content (in check mode: say it would)."""
     verb = "update" if exists else "create"
     command = write_command(
-        path, data, mode=mode, owner=owner, group=group, backup=backup, expect=expect
+        path,
+        data,
+        mode=mode,
+        owner=owner,
+        group=group,
+        backup=backup,
+        expect=expect,
+        python=ctx.conn.python,
     )
     result = ctx.change(
         command,

@@ -163,7 +163,15 @@ def copy(
             )
         verb = "update" if info.exists else "create"
         result = ctx.change(
-            write_command(dest, data, mode=want_mode, owner=owner, group=group, backup=backup),
+            write_command(
+                dest,
+                data,
+                mode=want_mode,
+                owner=owner,
+                group=group,
+                backup=backup,
+                python=ctx.conn.python,
+            ),
             stdin=content_stream(data) if digest is None else known_stream(data, digest),
             would=f"{verb} {dest}",
             done=f"{verb}d {dest}",
