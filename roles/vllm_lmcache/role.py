@@ -67,6 +67,7 @@ from fxkit.rollout.revision import (
     revision_id,
     write_command,
 )
+from fxkit.rollout.rollback import env_assignment
 
 #: Filesystems that hold no files of their own: never a place for LMCache's disk tier.
 PSEUDO_FS = frozenset(
@@ -793,9 +794,8 @@ def instance_specs(v: Vars) -> list[InstanceSpec]:
 def env_file_text(spec: InstanceSpec) -> str:
     """An EnvironmentFile: every value single-quoted, which systemd.exec(5) reads as POSIX shell
     single-quoted text (nothing expanded; values with ' or newlines are refused by validate)."""
-    lines = [f"# Written by fxkit (role vllm_lmcache): instance {spec.name} ({spec.unit})."]
-    lines += [f"{name}='{value}'" for name, value in spec.env.items()]
-    return "\n".join(lines) + "\n"
+    head = f"# Written by fxkit (role vllm_lmcache): instance {spec.name} ({spec.unit}).\n"
+    return head + "".join(env_assignment(name, value) for name, value in spec.env.items())
 
 
 def unit_text(v: Vars) -> str:
