@@ -24,11 +24,13 @@ CAP_SYS_MODULE, CAP_SYS_BOOT, CAP_SYS_TIME, CAP_SYS_ADMIN = 16, 22, 25, 21
 
 
 def _files(fleet: Fleet) -> dict[str, tuple[int, bytes]]:
-    """Every file of the state directory but the host logs, with mtime and content."""
+    """Every file of the state directory but the logs, with mtime and content: a host's log and
+    its relay's, where socat notes a client that hung up while sshd still wrote to it ("E write(1,
+    ...): Broken pipe"), whenever that happens."""
     return {
         str(p.relative_to(fleet.dir)): (p.stat().st_mtime_ns, p.read_bytes())
         for p in sorted(fleet.dir.rglob("*"))
-        if p.is_file() and p.name != "log"
+        if p.is_file() and p.name not in ("log", "relay.log")
     }
 
 
