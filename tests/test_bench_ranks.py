@@ -22,7 +22,7 @@ from fxkit.loader.files import model_files
 from safetensors.torch import save_file
 
 from fxkit.cli import cli
-from fxkit.loadbench import bench, bench_ranks
+from fxkit.loadbench import balloon, bench, bench_ranks
 from fxkit.loadbench.bench_ranks import RankMethod, RankRun
 
 # /proc/diskstats of this machine (Linux 6.18: 20 fields, with discards and flushes) and of a
@@ -178,6 +178,10 @@ def test_cli_ranks_2_json_every_method(model: Path, tmp_path: Path) -> None:
         assert run["gbps"] == pytest.approx(data["nbytes"] / run["seconds"] / 1e9)
         assert run["read_bytes"] == sum(p["read_bytes"] for p in run["per_rank"])
         assert (run["disk_bytes"] is None) == (data["disk"] is None)
+        counted = balloon.reported_bytes() is not None  # this VM's kernel counts what it reports
+        assert (run["handed_back"] is not None) == counted and (run["handed_back"] or 0) >= 0
+    assert data["machine"]["free_page_reporting"] == balloon.reporting()
+    assert ("handed back GiB" in result.output) == (balloon.reported_bytes() is not None)
     assert {"baseline", "prefetch", "runai", "fastsafetensors"} >= set(data["targets"]["2"]) - {
         "disk"
     }
@@ -250,3 +254,11 @@ def test_the_order_probe_groups_runs_by_their_predecessor(model: Path, tmp_path:
     runs = [s for values in seconds.values() for s in values]
     assert all(s > 0 for s in runs) and wall > 4 * 0.5 + sum(runs)
     assert "fxkit after baseline" in done.stdout and "median" in done.stdout
+    assert data["free_page_reporting"] == balloon.reporting()
+    if balloon.reported_bytes() is not None:  # one figure per run, in MiB
+        assert {k: len(v) for k, v in data["handed_back_mib"].items()} == {
+            k: len(v) for k, v in seconds.items()
+        }
+        assert "MiB handed back" in done.stdout
+    else:
+        assert data["handed_back_mib"] == {}

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fxkit.loadbench import balloon
 from fxkit.loader import LoaderError, evict_all, model_files, touch, warm
 from fxkit.localfile import write_whole
 
@@ -481,7 +482,8 @@ class Report:
 
 
 def machine() -> dict[str, Any]:
-    """What the numbers depend on: cores, memory, kernel, CPU."""
+    """What the numbers depend on: cores, memory, kernel, CPU, and whether the VM hands free
+    memory back to its host (:func:`.balloon.reporting`; None: it does not)."""
     cpu = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
          if line.startswith("model name")),
@@ -493,7 +495,14 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "cpu": cpu,
         "python": platform.python_version(),
+        "free_page_reporting": balloon.reporting(),
     }
+
+
+def _reporting(machine: dict[str, Any]) -> str:
+    """``; free page reporting on (...)`` for a machine that has it, else nothing."""
+    state = machine.get("free_page_reporting")
+    return f"; free page reporting {state}" if state else ""
 
 
 def filesystem(path: Path) -> str:
@@ -721,7 +730,7 @@ def render(report: Report, console: Any) -> None:
     console.print(table)
     console.print(
         f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['mem_bytes'] / 2**30:.0f} GiB RAM, "
-        f"Linux {m['kernel']}, {m['filesystem']}"
+        f"Linux {m['kernel']}, {m['filesystem']}{_reporting(m)}"
     )
     for failure in report.eviction_failures:
         console.print(f"[yellow]page cache: {failure}[/]", highlight=False)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from fxkit.loadbench import bench
+from fxkit.loadbench import balloon, bench
 from fxkit.loader import LoaderError, evict_all, model_files
 
 SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
@@ -200,11 +200,14 @@ def _mem_available() -> int:
 class RankRun(bench.Run):
     """One method's load at N ranks: ``seconds`` and ``gbps`` are the node's; ``peak_rss`` the
     largest rank's; ``disk_bytes`` the device's reads, ``read_bytes`` the ranks' own (their
-    /proc/self/io, which other processes cannot add to); ``per_rank`` what each rank reported."""
+    /proc/self/io, which other processes cannot add to); ``per_rank`` what each rank reported;
+    ``handed_back`` the free memory the VM reported to its host from the eviction to the end
+    (:func:`.balloon.reported_bytes`; None where the kernel does not count it)."""
 
     ranks: int = 1
     disk_bytes: int | None = None
     read_bytes: int | None = None
+    handed_back: int | None = None
     per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     def line(self) -> str:
@@ -212,6 +215,8 @@ class RankRun(bench.Run):
         disk = f", disk {self.disk_bytes / self.nbytes:.2f}x" if self.disk_bytes else ""
         if self.read_bytes is not None:
             disk += f", ranks read {self.read_bytes / self.nbytes:.2f}x"
+        if self.handed_back is not None:
+            disk += f", {self.handed_back / 2**30:.2f} GiB handed back"
         result = self.error or f"{self.gbps:.3f} GB/s ({self.seconds:.1f} s){disk}"
         return f"N={self.ranks:<3} round {self.round + 1:<2} {self.method:<16} {result}"
 
@@ -300,6 +305,7 @@ def run_node(
             if isinstance(ready, str) or set(ready) != {"ready"}:
                 run.error = ready if isinstance(ready, str) else f"not ready: {ready}"
                 return None
+            reported = balloon.reported_bytes()
             left = evict_all([*files, *also_evict])
             run.resident_before = sum(left.values())
             problem = f"still resident after eviction: {left}" if left else None
@@ -311,6 +317,8 @@ def run_node(
             answers = _collect(ranks, deadline)
             if disk:
                 run.disk_bytes = (sectors_read(disk) - before) * SECTOR
+            if reported is not None:
+                run.handed_back = (balloon.reported_bytes() or reported) - reported
             if isinstance(answers, str):
                 run.error = answers
                 return problem
@@ -383,6 +391,7 @@ class RankSummary:
     checksum_ok: bool | None = None
     rss_per_rank: int | None = None
     rss_sum: int | None = None
+    handed_back: int | None = None
     skipped: str | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -431,6 +440,8 @@ def _summarise(spec: RankMethod, world: int, runs: list[RankRun], nbytes: int) -
         s.checksum_ok = all(p["checksum"] == reference for r in good for p in r.per_rank)
     s.rss_per_rank = max(r.peak_rss or 0 for r in good)
     s.rss_sum = max(sum(p["peak_rss"] for p in r.per_rank) for r in good)
+    back = [r.handed_back for r in good if r.handed_back is not None]
+    s.handed_back = int(statistics.median(back)) if back else None
     return s
 
 
@@ -513,7 +524,7 @@ def bench_ranks(
 
 
 def _gib(n: int | None) -> str:
-    return f"{n / 2**30:.2f}" if n else "-"
+    return f"{n / 2**30:.2f}" if n is not None else "-"
 
 
 def render(report: RanksReport, console: Any) -> None:
@@ -529,9 +540,16 @@ def render(report: RanksReport, console: Any) -> None:
         "(the whole device: other processes add to it); ranks read: the same from the ranks' own "
         "/proc/self/io; ratios: median of within-round ratios"
     )
+    counted = any(s.handed_back is not None for s in report.summaries)
+    if counted:
+        caption += (
+            "; handed back: free memory the VM reported to its host per run, from the eviction "
+            "on (median), which the host must back again when it is next used"
+        )
     table = Table(title=title, caption=caption)
     columns = ("N", "method", "node s", "min", "max", "GB/s", "x baseline", "disk", "ranks read",
-               "RSS/rank GiB", "RSS sum GiB", "notes")  # fmt: skip
+               "RSS/rank GiB", "RSS sum GiB", *(["handed back GiB"] if counted else []),
+               "notes")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="left" if col in ("method", "notes") else "right")
     for s in report.summaries:
@@ -545,8 +563,8 @@ def render(report: RanksReport, console: Any) -> None:
         table.add_row(
             str(s.ranks), s.method, *secs, f"{s.gbps:.2f}" if s.gbps else "-",
             bench._x(s.vs_baseline), bench._x(s.disk_ratio), bench._x(s.read_ratio),
-            _gib(s.rss_per_rank),
-            _gib(s.rss_sum), notes,
+            _gib(s.rss_per_rank), _gib(s.rss_sum),
+            *([_gib(s.handed_back)] if counted else []), notes,
         )  # fmt: skip
     console.print(table)
     m = report.machine
@@ -557,7 +575,7 @@ def render(report: RanksReport, console: Any) -> None:
     )
     console.print(
         f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['mem_bytes'] / 2**30:.0f} GiB RAM, "
-        f"Linux {m['kernel']}, {m['filesystem']}; {device}"
+        f"Linux {m['kernel']}, {m['filesystem']}; {device}{bench._reporting(m)}"
     )
     for failure in report.eviction_failures:
         console.print(f"[yellow]page cache: {failure}[/]", highlight=False)
