@@ -8,7 +8,7 @@ waits that long after the eviction, before the go (on a VM whose balloon reports
 the host, memory freed more than about 2 s earlier has been handed back). The report is the
 seconds of each method grouped by its predecessor (docs/BENCHMARKS.md, "Several local ranks:
 what the order is not"), and, where the kernel counts it, the free memory the VM handed back to
-its host in each run, from the eviction to the end (fxkit.loadbench.balloon).
+its host in each run, from the start of its ranks to the end (fxkit.loadbench.balloon).
 
     python bench/order_probe.py .cache/bench/llama-1gb --sequence baseline,fxkit,fxkit,baseline \
         --repeat 3 [--ranks 1] [--settle 4] [-o direct_io=on] [--json out.json]

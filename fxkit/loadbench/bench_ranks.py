@@ -201,8 +201,9 @@ class RankRun(bench.Run):
     """One method's load at N ranks: ``seconds`` and ``gbps`` are the node's; ``peak_rss`` the
     largest rank's; ``disk_bytes`` the device's reads, ``read_bytes`` the ranks' own (their
     /proc/self/io, which other processes cannot add to); ``per_rank`` what each rank reported;
-    ``handed_back`` the free memory the VM reported to its host from the eviction to the end
-    (:func:`.balloon.reported_bytes`; None where the kernel does not count it)."""
+    ``handed_back`` the free memory the VM reported to its host from the start of the ranks to
+    the end: mostly what the last run's ranks freed when they exited, which this run's
+    allocations then find gone (:func:`.balloon.reported_bytes`; None where not counted)."""
 
     ranks: int = 1
     disk_bytes: int | None = None
@@ -295,6 +296,7 @@ def run_node(
     files = model_files(path).files
     run.nbytes = sum(f.stat().st_size for f in files)
     problem = None
+    reported = balloon.reported_bytes()
     with tempfile.TemporaryDirectory(prefix="fxkit-ranks-") as tmp:
         argv = [sys.executable, "-m", "fxkit.loadbench.bench_ranks", method, str(path)]
         argv += [json.dumps(options), str(world), str(Path(tmp) / "store")]
@@ -305,7 +307,6 @@ def run_node(
             if isinstance(ready, str) or set(ready) != {"ready"}:
                 run.error = ready if isinstance(ready, str) else f"not ready: {ready}"
                 return None
-            reported = balloon.reported_bytes()
             left = evict_all([*files, *also_evict])
             run.resident_before = sum(left.values())
             problem = f"still resident after eviction: {left}" if left else None
@@ -543,8 +544,8 @@ def render(report: RanksReport, console: Any) -> None:
     counted = any(s.handed_back is not None for s in report.summaries)
     if counted:
         caption += (
-            "; handed back: free memory the VM reported to its host per run, from the eviction "
-            "on (median), which the host must back again when it is next used"
+            "; handed back: free memory the VM reported to its host per run, from the start of "
+            "its ranks (median): the host must back it again when it is next used"
         )
     table = Table(title=title, caption=caption)
     columns = ("N", "method", "node s", "min", "max", "GB/s", "x baseline", "disk", "ranks read",
