@@ -41,7 +41,7 @@ def main() -> None:
         help="an fxkit.loader option for the fxkit runs (JSON values)",
     )
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()  # fmt: skip
+    args = parser.parse_args()
     options = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.options)}
     disk = block_device(args.checkpoint)
     by_prior: dict[str, list[float]] = {}

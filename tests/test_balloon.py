@@ -27,22 +27,22 @@ def _sysfs(root: Path, features: str | None, **params: str) -> Path:
 
 
 def test_a_balloon_that_reports_free_pages_says_so_with_its_settings(tmp_path: Path) -> None:
-    sys = _sysfs(tmp_path, FEATURES, page_reporting_order="9", min_free_ms="0",
+    root = _sysfs(tmp_path, FEATURES, page_reporting_order="9", min_free_ms="0",
                  reported_kib="353617628")  # fmt: skip
-    assert balloon.reporting(sys) == "on (page_reporting_order 9, min_free_ms 0)"
-    assert balloon.reported_bytes(sys) == 353617628 * 1024
+    assert balloon.reporting(root) == "on (page_reporting_order 9, min_free_ms 0)"
+    assert balloon.reported_bytes(root) == 353617628 * 1024
 
 
 def test_upstreams_kernel_shows_only_the_order_and_counts_nothing(tmp_path: Path) -> None:
-    sys = _sysfs(tmp_path, FEATURES, page_reporting_order="9")
-    assert balloon.reporting(sys) == "on (page_reporting_order 9)"
-    assert balloon.reported_bytes(sys) is None
+    root = _sysfs(tmp_path, FEATURES, page_reporting_order="9")
+    assert balloon.reporting(root) == "on (page_reporting_order 9)"
+    assert balloon.reported_bytes(root) is None
 
 
 @pytest.mark.parametrize("features", [None, FEATURES[:5] + "0" + FEATURES[6:], "01100"])
 def test_no_balloon_or_one_without_reporting_is_none(tmp_path: Path, features: str | None) -> None:
-    sys = _sysfs(tmp_path, features, page_reporting_order="9", reported_kib="12")
-    assert balloon.reporting(sys) is None
+    root = _sysfs(tmp_path, features, page_reporting_order="9", reported_kib="12")
+    assert balloon.reporting(root) is None
 
 
 def test_an_unreadable_counter_is_none(tmp_path: Path) -> None:

@@ -17,17 +17,18 @@ REPORTING_BIT = 5
 #: What the kernel's page_reporting shows of its settings and counters.
 SETTINGS = ("page_reporting_order", "min_free_ms")
 COUNTER = "reported_kib"
+PARAMETERS = "module/page_reporting/parameters"
 
 
-def reporting(sys: Path = Path("/sys")) -> str | None:
+def reporting(root: Path = Path("/sys")) -> str | None:
     """``on (page_reporting_order 9, min_free_ms 0)`` where a virtio balloon reports free pages
     (each virtio device's ``features`` is a string of 0/1, bit 0 first), else None. Settings the
     kernel does not show are left out (``min_free_ms`` is not upstream's)."""
-    devices = sys / "bus/virtio/drivers/virtio_balloon"
+    devices = root / "bus/virtio/drivers/virtio_balloon"
     for features in sorted(devices.glob("virtio*/features")):
         bits = features.read_text().strip()
         if len(bits) > REPORTING_BIT and bits[REPORTING_BIT] == "1":
-            params = sys / "module/page_reporting/parameters"
+            params = root / PARAMETERS
             shown = [
                 f"{name} {(params / name).read_text().strip()}"
                 for name in SETTINGS
@@ -37,10 +38,10 @@ def reporting(sys: Path = Path("/sys")) -> str | None:
     return None
 
 
-def reported_bytes(sys: Path = Path("/sys")) -> int | None:
+def reported_bytes(root: Path = Path("/sys")) -> int | None:
     """Bytes of free memory reported to the host since boot, where the kernel counts them (the
     development VM's does, in ``reported_kib``; upstream's does not): None elsewhere."""
     try:
-        return int((sys / "module/page_reporting/parameters" / COUNTER).read_text()) << 10
+        return int((root / PARAMETERS / COUNTER).read_text()) << 10
     except (OSError, ValueError):
         return None
